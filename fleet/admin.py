@@ -1,0 +1,130 @@
+"""The inventory in the Django admin, with search and filters. Host state is read-only here:
+state changes go through the services so they are guarded and leave events."""
+
+from django.contrib import admin
+
+from fleet.models import (
+    CapacityReservation,
+    CompatibilityRule,
+    Component,
+    ComponentVersion,
+    Host,
+    InstalledVersion,
+    MaintenanceDomain,
+    OptOutWindow,
+    Pool,
+    Service,
+    ServicePlacement,
+)
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "workload_class",
+        "planned_buffer_hosts",
+        "planned_buffer_fraction",
+        "failure_buffer_hosts",
+        "failure_buffer_fraction",
+    ]
+    list_filter = ["workload_class"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(MaintenanceDomain)
+class MaintenanceDomainAdmin(admin.ModelAdmin):
+    list_display = ["name", "pool", "kind", "position"]
+    list_filter = ["kind", "pool"]
+    search_fields = ["name", "pool__name"]
+    list_select_related = ["pool"]
+
+
+class InstalledVersionInline(admin.TabularInline):
+    model = InstalledVersion
+    extra = 0
+    raw_id_fields = ["version"]
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = ["hostname", "pool", "domain", "state", "sku", "gpu_count", "state_changed_at"]
+    list_filter = ["state", "pool", "sku"]
+    search_fields = ["hostname", "domain__name"]
+    list_select_related = ["pool", "domain"]
+    raw_id_fields = ["domain"]
+    readonly_fields = ["state", "state_changed_at", "created_at"]
+    show_full_result_count = False
+    inlines = [InstalledVersionInline]
+
+
+@admin.register(Component)
+class ComponentAdmin(admin.ModelAdmin):
+    list_display = ["name", "display_name", "layer", "needs_reboot", "needs_drain"]
+    list_filter = ["layer", "needs_reboot"]
+    search_fields = ["name", "display_name"]
+
+
+@admin.register(ComponentVersion)
+class ComponentVersionAdmin(admin.ModelAdmin):
+    list_display = ["component", "version", "released_at"]
+    list_filter = ["component"]
+    search_fields = ["version", "component__name"]
+    list_select_related = ["component"]
+
+
+@admin.register(InstalledVersion)
+class InstalledVersionAdmin(admin.ModelAdmin):
+    list_display = ["host", "component", "version", "installed_at"]
+    list_filter = ["component"]
+    search_fields = ["host__hostname", "version__version"]
+    list_select_related = ["host", "component", "version__component"]
+    raw_id_fields = ["host", "version"]
+    show_full_result_count = False
+
+
+@admin.register(CompatibilityRule)
+class CompatibilityRuleAdmin(admin.ModelAdmin):
+    list_display = ["job_facing_version", "lower_component", "min_version", "max_version", "note"]
+    list_filter = ["lower_component"]
+    search_fields = ["note", "lower_component__name", "job_facing_version__version"]
+    list_select_related = ["job_facing_version__component", "lower_component"]
+
+
+class ServicePlacementInline(admin.TabularInline):
+    model = ServicePlacement
+    extra = 0
+    raw_id_fields = ["host"]
+
+
+@admin.register(Service)
+class ServiceAdmin(admin.ModelAdmin):
+    list_display = ["name", "display_name"]
+    search_fields = ["name", "display_name", "owners__username"]
+    filter_horizontal = ["owners"]
+
+
+@admin.register(ServicePlacement)
+class ServicePlacementAdmin(admin.ModelAdmin):
+    list_display = ["service", "host", "running_jobs"]
+    list_filter = ["service"]
+    search_fields = ["host__hostname", "service__name"]
+    list_select_related = ["service", "host"]
+    raw_id_fields = ["host"]
+    show_full_result_count = False
+
+
+@admin.register(OptOutWindow)
+class OptOutWindowAdmin(admin.ModelAdmin):
+    list_display = ["service", "starts_at", "ends_at", "reason", "cancelled_at"]
+    list_filter = ["service", "cancelled_at"]
+    search_fields = ["service__name", "reason"]
+    date_hierarchy = "starts_at"
+
+
+@admin.register(CapacityReservation)
+class CapacityReservationAdmin(admin.ModelAdmin):
+    list_display = ["service", "pool", "min_hosts_in_service", "starts_at", "ends_at", "cancelled_at"]
+    list_filter = ["pool", "service", "cancelled_at"]
+    search_fields = ["service__name", "reason"]
+    date_hierarchy = "starts_at"

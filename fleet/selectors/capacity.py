@@ -1,0 +1,54 @@
+"""How many hosts of each pool are in service, out for planned work and out broken."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import Count
+
+from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, BufferSize, Host, HostState, Pool
+
+
+@dataclass
+class PoolCapacity:
+    pool: Pool
+    by_state: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+    @property
+    def in_service(self) -> int:
+        return self.by_state.get(HostState.IN_SERVICE, 0)
+
+    @property
+    def planned_out(self) -> int:
+        return sum(self.by_state.get(state, 0) for state in PLANNED_OUT_STATES)
+
+    @property
+    def failure_out(self) -> int:
+        return sum(self.by_state.get(state, 0) for state in FAILURE_OUT_STATES)
+
+    @property
+    def buffers(self) -> BufferSize:
+        return self.pool.buffers_for(self.total)
+
+    @property
+    def state_counts(self) -> list[tuple[str, int]]:
+        """(label, count) for every state, in lifecycle order, for display."""
+        return [(label, self.by_state.get(value, 0)) for value, label in HostState.choices]
+
+
+def pool_capacities() -> list[PoolCapacity]:
+    """Every pool with its host counts by state: two queries, whatever the fleet size."""
+    capacities = {pool.pk: PoolCapacity(pool=pool) for pool in Pool.objects.order_by("name")}
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    for pool_id, state, count in (
+        Host.objects.values("pool_id", "state").annotate(count=Count("id")).values_list("pool_id", "state", "count")
+    ):
+        counts[pool_id][state] = count
+    for pool_id, capacity in capacities.items():
+        capacity.by_state = counts.get(pool_id, {})
+    return list(capacities.values())

@@ -1,0 +1,31 @@
+"""Inventory pages (read-only until the dashboard issue adds the live views)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_GET
+
+from fleet.models import Host, HostState, Pool
+
+HOSTS_PER_PAGE = 100
+
+
+@login_required
+@require_GET
+def pool_hosts(request: HttpRequest, name: str) -> HttpResponse:
+    pool = get_object_or_404(Pool, name=name)
+    hosts = Host.objects.filter(pool=pool).select_related("domain").order_by("domain__position", "hostname")
+    state = request.GET.get("state", "")
+    if state in HostState.values:
+        hosts = hosts.filter(state=state)
+    else:
+        state = ""
+    page = Paginator(hosts, HOSTS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "fleet/pool_hosts.html",
+        {"pool": pool, "page": page, "state": state, "states": HostState.choices},
+    )

@@ -1,0 +1,46 @@
+"""Set-based inserts that skip rows already present: COPY on PostgreSQL, bulk_create elsewhere.
+
+Used where many rows are written at once (seeding a 100,000-host fleet, later the admission step).
+Rows already present (by any unique constraint) are left untouched, which makes callers idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection, models
+
+SQLITE_BATCH = 500
+
+
+def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+    """Insert rows (tuples in the order of columns, which are column names); return how many were new."""
+    rows = list(rows)
+    if not rows:
+        return 0
+    if connection.vendor == "postgresql":
+        return _copy_insert_missing(model._meta.db_table, columns, rows)
+    before = model.objects.count()
+    model.objects.bulk_create(
+        [model(**dict(zip(columns, row, strict=True))) for row in rows],
+        ignore_conflicts=True,
+        batch_size=SQLITE_BATCH,
+    )
+    return model.objects.count() - before
+
+
+def _copy_insert_missing(table: str, columns: Sequence[str], rows: list[Sequence[Any]]) -> int:
+    quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    staging = connection.ops.quote_name(f"staging_{table}")
+    with connection.cursor() as cursor:
+        # A column-typed copy of the target without its constraints, dropped with the transaction.
+        cursor.execute(f"DROP TABLE IF EXISTS {staging}")
+        cursor.execute(f"CREATE TEMP TABLE {staging} ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA")
+        with cursor.cursor.copy(f"COPY {staging} ({quoted}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM {staging} ON CONFLICT DO NOTHING")
+        inserted = cursor.rowcount
+        cursor.execute(f"DROP TABLE {staging}")
+    return inserted

@@ -1,0 +1,162 @@
+"""Typed readers for environment variables that fail loudly on a bad value.
+
+Every setting that comes from the environment goes through one of these helpers, so a typo in a
+deployment ("DEBUG=ture", "DATABASE_URL=postgress://...") stops the process at start-up with a
+message naming the variable, instead of silently running with a default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+
+class EnvError(ValueError):
+    """A variable is set to something we cannot use; the message names it and says why."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_MISSING = object()
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    source = os.environ if environ is None else environ
+    value = source.get(name)
+    return None if value is None else value.strip()
+
+
+def env_str(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str:
+    value = _raw(name, environ)
+    if value is None or value == "":
+        if default is None:
+            raise EnvError(f"{name} must be set (no default in this mode)")
+        return default
+    return value
+
+
+def env_optional_str(name: str, *, environ: Mapping[str, str] | None = None) -> str | None:
+    value = _raw(name, environ)
+    return value or None
+
+
+def env_bool(name: str, default: bool, *, environ: Mapping[str, str] | None = None) -> bool:
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise EnvError(f"{name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    value = _raw(name, environ)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a whole number") from None
+    if minimum is not None and number < minimum:
+        raise EnvError(f"{name}={number} is below the minimum of {minimum}")
+    if maximum is not None and number > maximum:
+        raise EnvError(f"{name}={number} is above the maximum of {maximum}")
+    return number
+
+
+def env_list(name: str, default: list[str], *, environ: Mapping[str, str] | None = None) -> list[str]:
+    value = _raw(name, environ)
+    if value is None or value == "":
+        return list(default)
+    items = [item.strip() for item in value.split(",")]
+    if any(not item for item in items):
+        raise EnvError(f"{name}={value!r} has an empty entry; separate values with single commas")
+    return items
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """The parts of DATABASE_URL that Django's DATABASES entry needs."""
+
+    engine: str
+    name: str
+    user: str = ""
+    password: str = ""
+    host: str = ""
+    port: str = ""
+    options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine == "django.db.backends.sqlite3"
+
+
+_POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
+
+
+def parse_database_url(name: str, url: str) -> DatabaseConfig:
+    """Parse postgres://user:pass@host:port/db?opt=v or sqlite:///relative or sqlite:////absolute."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        # sqlite:///var/db.sqlite3 is relative to the working directory, sqlite:////tmp/x absolute.
+        path = unquote(parts.path)
+        if parts.netloc:
+            raise EnvError(f"{name}={url!r}: a sqlite URL has no host; write sqlite:///path/to/file")
+        if path.startswith("/"):
+            path = path[1:]
+        if not path:
+            raise EnvError(f"{name}={url!r}: the sqlite URL names no file")
+        return DatabaseConfig(engine="django.db.backends.sqlite3", name=str(Path(path)))
+    if scheme in _POSTGRES_SCHEMES:
+        database = unquote(parts.path.lstrip("/"))
+        if not database:
+            raise EnvError(f"{name}={url!r}: the PostgreSQL URL names no database (…/dbname)")
+        try:
+            port = parts.port
+        except ValueError:
+            raise EnvError(f"{name}={url!r}: the port is not a number between 0 and 65535") from None
+        return DatabaseConfig(
+            engine="django.db.backends.postgresql",
+            name=database,
+            user=unquote(parts.username or ""),
+            password=unquote(parts.password or ""),
+            host=parts.hostname or "",
+            port=str(port or ""),
+            options=tuple(parse_qsl(parts.query)),
+        )
+    raise EnvError(f"{name}={url!r}: unsupported scheme {parts.scheme!r}; use postgresql://… or sqlite:///…")
+
+
+def env_database(name: str, default: str, *, environ: Mapping[str, str] | None = None) -> DatabaseConfig:
+    return parse_database_url(name, env_str(name, default, environ=environ))
+
+
+def env_redis_url(name: str, *, environ: Mapping[str, str] | None = None) -> str | None:
+    """A redis:// or rediss:// URL, or None when unset (the embedded mode)."""
+    value = env_optional_str(name, environ=environ)
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in {"redis", "rediss", "unix"}:
+        raise EnvError(f"{name}={value!r}: use redis://host:port/db, rediss://… or unix://…")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise EnvError(f"{name}={value!r}: the Redis URL names no host")
+    try:
+        _ = parts.port  # urlsplit validates the port lazily
+    except ValueError:
+        raise EnvError(f"{name}={value!r}: the port is not a number between 0 and 65535") from None
+    return value

@@ -1,0 +1,57 @@
+"""Writing events. Services call event_record inside their transaction, so the event commits or
+rolls back with the change it describes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from opsplanner import clock
+from opsplanner.models import Event
+
+Actor = AbstractBaseUser | AnonymousUser | str | None
+SYSTEM_ACTOR = "system"
+
+
+def actor_fields(actor: Actor) -> tuple[int | None, str]:
+    """(actor_id, actor label) for a user, a named system part ("seed_demo"), or None (system)."""
+    if actor is None:
+        return None, SYSTEM_ACTOR
+    if isinstance(actor, str):
+        return None, actor or SYSTEM_ACTOR
+    if not actor.is_authenticated:
+        return None, "anonymous"
+    return actor.pk, actor.get_username()
+
+
+def event_record(
+    *,
+    kind: str,
+    subject: Any,
+    actor: Actor = None,
+    reason: str = "",
+    pool_id: int | None = None,
+    host_id: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    actor_id, actor_label = actor_fields(actor)
+    return Event.objects.create(
+        created_at=clock.now(),
+        kind=kind,
+        actor_id=actor_id,
+        actor=actor_label,
+        subject_type=subject._meta.label_lower,
+        subject_id=subject.pk,
+        pool_id=pool_id,
+        host_id=host_id,
+        reason=reason,
+        data=data or {},
+    )
+
+
+def actor_user(actor: Actor) -> AbstractBaseUser | None:
+    """The user behind an actor, for created_by fields; None for the system or anonymous."""
+    if actor is None or isinstance(actor, str) or not actor.is_authenticated:
+        return None
+    return actor  # type: ignore[return-value]

@@ -1,0 +1,211 @@
+"""OpsPlanner settings: one module, every knob read from the environment through opsplanner.env.
+
+Two shapes:
+- embedded default (no DATABASE_URL, no REDIS_URL): SQLite in WAL mode and a Celery broker on the
+  filesystem, so one machine with nothing but Python runs the web server, a worker and the beat;
+- production (DATABASE_URL=postgresql://…, REDIS_URL=redis://…): any number of workers anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opsplanner.env import (
+    EnvError,
+    env_bool,
+    env_database,
+    env_int,
+    env_list,
+    env_optional_str,
+    env_redis_url,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("OPSPLANNER_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+
+DEBUG = env_bool("DEBUG", False)
+
+# A development key exists only so `make run` works out of the box; production must bring its own.
+DEVELOPMENT_SECRET_KEY = "opsplanner-development-only-not-secret"
+SECRET_KEY = env_optional_str("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if not DEBUG:
+        raise EnvError("SECRET_KEY must be set when DEBUG is off (the development key is refused)")
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
+elif SECRET_KEY == DEVELOPMENT_SECRET_KEY and not DEBUG:
+    raise EnvError("SECRET_KEY is the development key; set a real secret when DEBUG is off")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_htmx",
+    "channels",
+    "opsplanner",
+    "fleet",
+    "trains",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "opsplanner.urls"
+ASGI_APPLICATION = "opsplanner.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+_database = env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'opsplanner.sqlite3'}")
+if _database.is_sqlite:
+    DATABASES = {
+        "default": {
+            "ENGINE": _database.engine,
+            "NAME": _database.name,
+            "OPTIONS": {
+                # WAL lets the web server read while the worker writes; IMMEDIATE takes the write
+                # lock at BEGIN so two writers queue on busy_timeout instead of failing mid-way.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": _database.engine,
+            "NAME": _database.name,
+            "USER": _database.user,
+            "PASSWORD": _database.password,
+            "HOST": _database.host,
+            "PORT": _database.port,
+            "OPTIONS": dict(_database.options),
+            "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+            "CONN_HEALTH_CHECKS": True,
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASE_IS_SQLITE = _database.is_sqlite
+
+# --- Redis, Celery, Channels --------------------------------------------------------------------
+REDIS_URL = env_redis_url("REDIS_URL")
+EMBEDDED_BROKER_DIR = VAR_DIR / "broker"
+
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    # kombu's filesystem transport: messages are files, so a worker and the beat in other
+    # processes see them without any server. Not crash-safe and not shared across machines.
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(EMBEDDED_BROKER_DIR / "queue"),
+        "data_folder_out": str(EMBEDDED_BROKER_DIR / "queue"),
+        "processed_folder": str(EMBEDDED_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "opsplanner")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=3600)
+CELERY_BEAT_SCHEDULE = {
+    "worker-heartbeat": {
+        "task": "opsplanner.tasks.worker_heartbeat",
+        "schedule": float(WORKER_HEARTBEAT_SECONDS),
+        "options": {"expires": float(WORKER_HEARTBEAT_SECONDS)},
+    },
+}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True
+
+# --- Security headers (tightened further when DEBUG is off) -------------------------------------
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise EnvError(f"LOG_LEVEL={LOG_LEVEL!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TrainsConfig(AppConfig):
+    name = "trains"
+    verbose_name = "Maintenance trains"
