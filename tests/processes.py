@@ -1,0 +1,87 @@
+"""Real processes for tests: Celery workers against the test database, and the embedded `serve`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], object], *, timeout: float, what: str, interval: float = 0.2) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_database_url() -> str:
+    """The URL of the database pytest-django created, for processes that must share it."""
+    db = connection.settings_dict
+    credentials = quote(db["USER"] or "")
+    if db["PASSWORD"]:
+        credentials += ":" + quote(db["PASSWORD"])
+    return f"postgresql://{credentials}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    queue: str
+    process: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_worker(tmp_path: Path, *, concurrency: int = 1) -> WorkerProcess:
+    """A real Celery worker on its own queue (so runs never share messages), on the test database."""
+    tag = uuid.uuid4().hex[:8]
+    name = f"test-{tag}@{socket.gethostname()}"
+    queue = f"test-{tag}"
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": test_database_url(),
+            "CELERY_QUEUE": queue,
+            "DEBUG": "1",
+            "OPSPLANNER_VAR_DIR": str(tmp_path / f"var-{tag}"),
+        }
+    )
+    log = tmp_path / f"worker-{tag}.log"
+    command = [
+        *(sys.executable, "-m", "celery", "-A", "opsplanner", "worker", "-Q", queue, "-n", name),
+        *("--concurrency", str(concurrency), "--loglevel", "INFO", "--without-mingle", "--without-gossip"),
+    ]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return WorkerProcess(name=name, queue=queue, process=process, log=log)

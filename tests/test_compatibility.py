@@ -1,0 +1,57 @@
+"""Hosts whose lower-level versions do not work with their pinned job-facing version are found."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet import services
+from fleet.models import ComponentLayer, Host
+from fleet.seeding import demo_fleet_seed
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.progress import Progress
+from tests.builders import make_component, make_host, make_version
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cuda_and_driver():
+    cuda = make_component(ComponentLayer.JOB_FACING, name="cuda")
+    driver = make_component(name="driver")
+    cuda_124 = make_version(cuda, "12.4.1")
+    services.compatibility_rule_create(job_facing_version=cuda_124, lower_component=driver, min_version="550.54.14")
+    return cuda_124, driver
+
+
+def test_a_driver_below_the_minimum_of_the_pinned_cuda_runtime_is_reported(cuda_and_driver) -> None:
+    cuda_124, driver = cuda_and_driver
+    good, bad = make_host(), make_host()
+    for host, driver_version in ((good, "560.35.03"), (bad, "535.183.01")):
+        services.installed_version_set(host=host, version=cuda_124)
+        services.installed_version_set(host=host, version=make_version(driver, driver_version))
+    problems = host_incompatibilities([good.pk, bad.pk])
+    assert list(problems) == [bad.pk]
+    assert problems[bad.pk] == ["driver 535.183.01 does not work with cuda 12.4.1 (needs [550.54.14, any])"]
+
+
+def test_a_host_missing_a_constrained_component_is_reported(cuda_and_driver) -> None:
+    cuda_124, _ = cuda_and_driver
+    host = make_host()
+    services.installed_version_set(host=host, version=cuda_124)
+    assert "the host has none installed" in host_incompatibilities([host.pk])[host.pk][0]
+
+
+def test_any_of_several_ranges_for_the_same_pair_is_enough(cuda_and_driver) -> None:
+    cuda_124, driver = cuda_and_driver
+    services.compatibility_rule_create(
+        job_facing_version=cuda_124, lower_component=driver, min_version="535.100", max_version="535.200"
+    )
+    host = make_host()
+    services.installed_version_set(host=host, version=cuda_124)
+    services.installed_version_set(host=host, version=make_version(driver, "535.183.01"))
+    assert host_incompatibilities([host.pk]) == {}
+
+
+def test_the_demo_fleet_is_entirely_compatible() -> None:
+    demo_fleet_seed(hosts=300, progress=Progress("test", stream=open("/dev/null", "w")))  # noqa: SIM115
+    assert host_incompatibilities(Host.objects.values_list("pk", flat=True)) == {}

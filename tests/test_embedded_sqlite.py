@@ -1,0 +1,70 @@
+"""The embedded default (SQLite) enforces the same inventory constraints as PostgreSQL.
+
+SQLite cannot add a multi-column foreign key to an existing table, so the migration installs
+triggers there; this test drives a real SQLite database through the real migrations.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+from django.db import IntegrityError, transaction
+from fleet.models import Host, InstalledVersion, MaintenanceDomain
+from fleet import services
+from tests.builders import make_component, make_domain, make_host, make_pool, make_version
+
+host = make_host()
+other_rack = make_domain(make_pool())
+outcomes = []
+def attempt(name, write):
+    try:
+        with transaction.atomic():
+            write()
+        outcomes.append(name + ":accepted")
+    except IntegrityError as error:
+        outcomes.append(name + ":refused")
+attempt("host-in-foreign-domain", lambda: Host.objects.create(
+    hostname="stray", pool_id=host.pool_id, domain=other_rack, sku="x"))
+attempt("move-host", lambda: Host.objects.filter(pk=host.pk).update(domain=other_rack))
+attempt("move-domain", lambda: MaintenanceDomain.objects.filter(pk=host.domain_id).update(pool_id=other_rack.pool_id))
+bios, kernel = make_component(), make_component()
+attempt("wrong-component", lambda: InstalledVersion.objects.create(
+    host=host, component=bios, version=make_version(kernel, "6.1")))
+attempt("same-pool-ok", lambda: Host.objects.create(
+    hostname="fine", pool_id=host.pool_id, domain_id=host.domain_id, sku="x"))
+print(" ".join(outcomes))
+print(Host.objects.count())
+"""
+
+
+def test_sqlite_refuses_hosts_in_foreign_domains_and_versions_of_other_components(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "opsplanner.settings"})
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    outcomes, host_count = result.stdout.strip().splitlines()[-2:]
+    assert outcomes.split() == [
+        "host-in-foreign-domain:refused",
+        "move-host:refused",
+        "move-domain:refused",
+        "wrong-component:refused",
+        "same-pool-ok:accepted",
+    ]
+    assert host_count == "2"

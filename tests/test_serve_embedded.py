@@ -1,0 +1,99 @@
+"""`make run`'s command, end to end, in the embedded default: SQLite, the filesystem broker, no servers.
+
+It migrates, seeds, prints the logins, serves the fleet page, runs a worker and the beat (the
+heartbeat the beat schedules keeps arriving), and Ctrl-C stops all of it.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.processes import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _get(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, str]:
+    try:
+        with opener.open(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path / "var"), "WORKER_HEARTBEAT_SECONDS": "1"})
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        serve = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--demo-hosts", "60", "--concurrency", "1"],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    try:
+        wait_for(
+            lambda: _get(opener, f"{base}/healthz/workers")[0] == 200 or serve.poll() is not None,
+            timeout=120,
+            what="the web server and a live worker",
+            interval=0.5,
+        )
+        assert serve.poll() is None, log.read_text()
+        first_beat = json.loads(_get(opener, f"{base}/healthz/workers")[1])["newest_heartbeat"]
+        wait_for(
+            lambda: json.loads(_get(opener, f"{base}/healthz/workers")[1])["newest_heartbeat"] != first_beat,
+            timeout=30,
+            what="the beat to schedule another heartbeat",
+            interval=0.5,
+        )
+
+        output = log.read_text()
+        assert f"running in embedded (SQLite, filesystem broker) mode at http://127.0.0.1:{port}/" in output
+        password = re.search(r"login: operator\s+password: (\S+)", output).group(1)
+        assert password == (tmp_path / "var" / "demo-credentials.txt").read_text().strip()
+
+        status, login_page = _get(opener, f"{base}/login/")
+        assert status == 200
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page).group(1)
+        form = urllib.parse.urlencode(
+            {"username": "operator", "password": password, "csrfmiddlewaretoken": token, "next": "/"}
+        ).encode()
+        request = urllib.request.Request(f"{base}/login/", data=form, headers={"Referer": f"{base}/login/"})
+        with opener.open(request, timeout=10) as response:
+            home = response.read().decode()
+        for pool in ("ai-train-east", "ai-infer-west", "web-central", "storage-north"):
+            assert f'id="pool-{pool}"' in home
+        assert "In service: 24" in home  # 40% of 60 hosts in the training pool
+        assert _get(opener, f"{base}/static/css/opsplanner.css")[0] == 200
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            code = serve.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            raise
+    assert code == 0, log.read_text()
+    assert "OpsPlanner stopped." in log.read_text()
+    time.sleep(0.5)
+    assert _get(opener, f"{base}/healthz")[0] == 0  # nothing listens any more
