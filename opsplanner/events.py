@@ -55,3 +55,35 @@ def actor_user(actor: Actor) -> AbstractBaseUser | None:
     if actor is None or isinstance(actor, str) or not actor.is_authenticated:
         return None
     return actor  # type: ignore[return-value]
+
+
+def event_row(
+    *,
+    kind: str,
+    subject_type: str,
+    subject_id: int | None,
+    now: Any,
+    actor: str = "scheduler",
+    reason: str = "",
+    pool_id: int | None = None,
+    host_id: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    """An unsaved event, for set-based code that writes many at once with events_bulk_create."""
+    return Event(
+        created_at=now,
+        kind=kind,
+        actor_id=None,
+        actor=actor,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        pool_id=pool_id,
+        host_id=host_id,
+        reason=reason,
+        data=data or {},
+    )
+
+
+def events_bulk_create(events: list[Event]) -> None:
+    if events:
+        Event.objects.bulk_create(events, batch_size=2000)

@@ -153,8 +153,26 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Who repairs failed hosts: the simulated repair flow, or an external system claiming repair items.
+REPAIR_EXECUTOR = env_str("REPAIR_EXECUTOR", "simulated")
+if REPAIR_EXECUTOR not in {"simulated", "external"}:
+    raise EnvError(f"REPAIR_EXECUTOR={REPAIR_EXECUTOR!r} must be 'simulated' or 'external'")
+# After a commit that creates work, enqueue the step that acts on it at once instead of waiting for
+# the beat. The test process turns this off (its workers, in their own processes, keep it on).
+KICK_TASKS = env_bool("KICK_TASKS", True)
+TICK_SECONDS = float(env_int("TICK_SECONDS", 2, minimum=1, maximum=3600))
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=3600)
 CELERY_BEAT_SCHEDULE = {
+    "tick": {
+        "task": "opsplanner.tasks.tick",
+        "schedule": TICK_SECONDS,
+        "options": {"expires": TICK_SECONDS * 5},
+    },
+    "simulated-work": {
+        "task": "opsplanner.tasks.simulated_work_step",
+        "schedule": 1.0,
+        "options": {"expires": 5.0},
+    },
     "worker-heartbeat": {
         "task": "opsplanner.tasks.worker_heartbeat",
         "schedule": float(WORKER_HEARTBEAT_SECONDS),

@@ -11,6 +11,8 @@ from opsplanner.preflight import ServiceUnavailable, require_postgres, require_r
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Worker processes started by tests enqueue follow-up steps themselves; this process does not.
+    settings.KICK_TASKS = False
     try:
         if settings.DATABASE_IS_SQLITE:
             raise ServiceUnavailable(

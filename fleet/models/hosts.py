@@ -20,7 +20,7 @@ class HostState(models.TextChoices):
     """A host's lifecycle: in service, out for planned work, or out broken.
 
     in_service → draining → maintenance → verifying → returning → in_service for planned work;
-    any planned state → failed → repair → in_service (or escalated, which needs a human).
+    any out state → failed → repair → in_service (or escalated, which needs a human).
     """
 
     IN_SERVICE = "in_service", "In service"
@@ -45,7 +45,8 @@ HOST_TRANSITIONS: dict[str, frozenset[str]] = {
     HostState.VERIFYING: frozenset({HostState.MAINTENANCE, HostState.RETURNING, HostState.FAILED}),
     HostState.RETURNING: frozenset({HostState.IN_SERVICE, HostState.FAILED}),
     HostState.FAILED: frozenset({HostState.REPAIR, HostState.ESCALATED}),
-    HostState.REPAIR: frozenset({HostState.VERIFYING, HostState.FAILED, HostState.ESCALATED}),
+    # A repaired host is verified and returned while still counted as broken (failure buffer).
+    HostState.REPAIR: frozenset({HostState.IN_SERVICE, HostState.FAILED, HostState.ESCALATED}),
     HostState.ESCALATED: frozenset({HostState.REPAIR}),
 }
 

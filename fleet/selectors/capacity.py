@@ -41,6 +41,14 @@ class PoolCapacity:
         return [(label, self.by_state.get(value, 0)) for value, label in HostState.choices]
 
 
+def pool_capacity(pool: Pool) -> PoolCapacity:
+    """One pool's host counts by state, in one query."""
+    by_state = dict(
+        Host.objects.filter(pool=pool).values("state").annotate(count=Count("id")).values_list("state", "count")
+    )
+    return PoolCapacity(pool=pool, by_state=by_state)
+
+
 def pool_capacities() -> list[PoolCapacity]:
     """Every pool with its host counts by state: two queries, whatever the fleet size."""
     capacities = {pool.pk: PoolCapacity(pool=pool) for pool in Pool.objects.order_by("name")}

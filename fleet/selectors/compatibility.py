@@ -1,57 +1,81 @@
-"""Which hosts run lower-level versions their job-facing versions do not work with."""
+"""Which hosts run (or would run) lower-level versions their job-facing versions do not work with."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from fleet.models import CompatibilityRule, ComponentLayer, InstalledVersion
+from fleet.models import CompatibilityRule, ComponentLayer, ComponentVersion, InstalledVersion
 
 
-def host_incompatibilities(host_ids: Iterable[int]) -> dict[int, list[str]]:
-    """{host_id: [reason, …]} for the hosts that break a compatibility rule; compatible hosts are absent.
+@dataclass(frozen=True)
+class _Installed:
+    component_id: int
+    component: str
+    layer: str
+    version_id: int
+    version: str
+    sort_key: str
 
-    Set-based: one query for the hosts' installed versions and one for the rules that apply.
+
+def host_incompatibilities(
+    host_ids: Iterable[int], *, planned: Iterable[ComponentVersion] = ()
+) -> dict[int, list[str]]:
+    """{host_id: [reason, …]} for hosts that break a compatibility rule; compatible hosts are absent.
+
+    `planned` versions replace what the hosts run of those components, to ask "would this upgrade
+    break a rule?" before it is created. Set-based: one query for installed versions, one for rules.
     """
     ids = list(host_ids)
     if not ids:
         return {}
-    installed = (
-        InstalledVersion.objects.filter(host_id__in=ids)
-        .select_related("version", "component")
-        .only("host_id", "component__name", "component__layer", "version__version", "version__sort_key")
-    )
-    job_facing: dict[int, list[InstalledVersion]] = defaultdict(list)
-    lower: dict[tuple[int, int], InstalledVersion] = {}
-    for row in installed:
-        if row.component.layer == ComponentLayer.JOB_FACING:
-            job_facing[row.host_id].append(row)
-        else:
-            lower[(row.host_id, row.component_id)] = row
-    version_ids = {row.version_id for rows in job_facing.values() for row in rows}
-    rules: dict[tuple[int, int], list[CompatibilityRule]] = defaultdict(list)
-    for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=version_ids).select_related(
+    hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
+    rows = InstalledVersion.objects.filter(host_id__in=ids).values_list(
+        "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
+        "version__sort_key",
+    )  # fmt: skip
+    for host_id, component_id, name, layer, version_id, version, key in rows:
+        hosts[host_id][component_id] = _Installed(component_id, name, layer, version_id, version, key)
+    overrides = [
+        _Installed(v.component_id, v.component.name, v.component.layer, v.pk, v.version, v.sort_key) for v in planned
+    ]
+    for host_id in ids:
+        for override in overrides:
+            hosts[host_id][override.component_id] = override
+
+    pinned_versions = {
+        row.version_id
+        for versions in hosts.values()
+        for row in versions.values()
+        if row.layer == ComponentLayer.JOB_FACING
+    }
+    rules: dict[int, dict[int, list[CompatibilityRule]]] = defaultdict(lambda: defaultdict(list))
+    for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=pinned_versions).select_related(
         "lower_component"
     ):
-        rules[(rule.job_facing_version_id, rule.lower_component_id)].append(rule)
+        rules[rule.job_facing_version_id][rule.lower_component_id].append(rule)
 
-    problems: dict[int, list[str]] = defaultdict(list)
-    for host_id, pinned_rows in job_facing.items():
-        for pinned in pinned_rows:
-            for (version_id, component_id), allowed in rules.items():
-                if version_id != pinned.version_id:
-                    continue
-                actual = lower.get((host_id, component_id))
-                component_name = allowed[0].lower_component.name
+    problems: dict[int, list[str]] = {}
+    for host_id, installed in hosts.items():
+        reasons = []
+        for pinned in installed.values():
+            if pinned.layer != ComponentLayer.JOB_FACING:
+                continue
+            for component_id, allowed in rules.get(pinned.version_id, {}).items():
                 ranges = ", ".join(f"[{r.min_version or 'any'}, {r.max_version or 'any'}]" for r in allowed)
+                component = allowed[0].lower_component.name
+                actual = installed.get(component_id)
                 if actual is None:
-                    problems[host_id].append(
-                        f"{pinned.component.name} {pinned.version.version} needs {component_name} in {ranges}; "
+                    reasons.append(
+                        f"{pinned.component} {pinned.version} needs {component} in {ranges}; "
                         "the host has none installed"
                     )
-                elif not any(rule.allows(actual.version.sort_key) for rule in allowed):
-                    problems[host_id].append(
-                        f"{component_name} {actual.version.version} does not work with "
-                        f"{pinned.component.name} {pinned.version.version} (needs {ranges})"
+                elif not any(rule.allows(actual.sort_key) for rule in allowed):
+                    reasons.append(
+                        f"{component} {actual.version} does not work with {pinned.component} {pinned.version} "
+                        f"(needs {ranges})"
                     )
-    return dict(problems)
+        if reasons:
+            problems[host_id] = reasons
+    return problems

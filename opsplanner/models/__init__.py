@@ -1,4 +1,51 @@
 from opsplanner.models.events import Event
+from opsplanner.models.leases import Lease
+from opsplanner.models.operations import (
+    ACTIVE_TASK_STATES,
+    MAX_PRIORITY,
+    REPAIR_PRIORITY,
+    TERMINAL_TASK_STATES,
+    Adapter,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    OperationState,
+    TaskState,
+    WaitingCode,
+)
+from opsplanner.models.simulator import SimulatorProfile
+from opsplanner.models.work_items import (
+    FINISHED_WORK_STATES,
+    VERIFY_CLASSES,
+    VerifyClass,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
 from opsplanner.models.workers import WorkerHeartbeat
 
-__all__ = ["Event", "WorkerHeartbeat"]
+__all__ = [
+    "ACTIVE_TASK_STATES",
+    "FINISHED_WORK_STATES",
+    "MAX_PRIORITY",
+    "REPAIR_PRIORITY",
+    "TERMINAL_TASK_STATES",
+    "VERIFY_CLASSES",
+    "Adapter",
+    "Event",
+    "HostTask",
+    "Lease",
+    "Operation",
+    "OperationKind",
+    "OperationSource",
+    "OperationState",
+    "SimulatorProfile",
+    "TaskState",
+    "VerifyClass",
+    "WaitingCode",
+    "WorkItem",
+    "WorkKind",
+    "WorkState",
+    "WorkerHeartbeat",
+]

@@ -1,0 +1,155 @@
+"""Operations (one unit of disruptive work over a set of hosts) and their per-host tasks."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from fleet.models import ComponentVersion, Host
+from opsplanner import clock
+
+
+class OperationKind(models.TextChoices):
+    UPGRADE = "upgrade", "Upgrade"
+    REBOOT = "reboot", "Reboot"
+    VERIFICATION = "verification", "Verification"
+    REPAIR = "repair", "Repair"
+
+
+class OperationSource(models.TextChoices):
+    TRAIN = "train", "Maintenance train"
+    AD_HOC = "ad_hoc", "Ad hoc"
+    EMERGENCY = "emergency", "Emergency"
+    REPAIR = "repair", "Repair flow"
+
+
+class OperationState(models.TextChoices):
+    OPEN = "open", "Open"
+    COMPLETED = "completed", "Completed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Adapter(models.TextChoices):
+    """Who does the work items: the built-in simulator, or an outside system through the API."""
+
+    SIMULATED = "simulated", "Simulated"
+    EXTERNAL = "external", "External"
+
+
+MAX_PRIORITY = 1000
+REPAIR_PRIORITY = MAX_PRIORITY
+
+
+class Operation(models.Model):
+    kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    component_version = models.ForeignKey(
+        ComponentVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="operations",
+        help_text="the target version, for upgrades",
+    )  # fmt: skip
+    scope = models.CharField(max_length=500, help_text="as submitted: a host list or a selector")
+    priority = models.PositiveSmallIntegerField(
+        default=100, validators=[MinValueValidator(0), MaxValueValidator(MAX_PRIORITY)], help_text="higher goes first"
+    )
+    source = models.CharField(max_length=16, choices=OperationSource.choices, default=OperationSource.AD_HOC)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requester = models.CharField(max_length=150, help_text="username or the system part that asked")
+    reason = models.CharField(max_length=500)
+    needs_drain = models.BooleanField(default=True)
+    gang = models.BooleanField(default=False, help_text="all hosts are held at once, or none")
+    estimated_duration_s = models.PositiveIntegerField(default=1800)
+    executor = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
+    drainer = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
+    max_attempts = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1), MaxValueValidator(10)])
+    drain_timeout_s = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
+    state = models.CharField(max_length=16, choices=OperationState.choices, default=OperationState.OPEN)
+    created_at = models.DateTimeField(default=clock.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "-priority", "created_at"], name="operation_open_order_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(priority__lte=MAX_PRIORITY), name="operation_priority_range"),
+            models.CheckConstraint(
+                condition=~Q(kind=OperationKind.UPGRADE) | Q(component_version__isnull=False),
+                name="operation_upgrade_has_target",
+                violation_error_message="An upgrade needs a target version.",
+            ),
+            models.CheckConstraint(condition=~Q(reason=""), name="operation_reason_given"),
+        ]
+
+    def __str__(self) -> str:
+        target = f" to {self.component_version}" if self.component_version_id else ""
+        return f"#{self.pk} {self.kind}{target}"
+
+
+class TaskState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    ADMITTED = "admitted", "Admitted"
+    DRAINING = "draining", "Draining"
+    RUNNING = "running", "Running"
+    VERIFYING = "verifying", "Verifying"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    HANDED_OVER = "handed_over", "Handed over"
+
+
+TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER})
+ACTIVE_TASK_STATES = frozenset({TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING})
+
+
+class WaitingCode(models.TextChoices):
+    """Why a pending task was not admitted, as a code the UI and API can filter on."""
+
+    NONE = "", "Not waiting"
+    PLANNED_BUFFER = "planned_buffer", "Planned buffer full"
+    FLOOR = "floor", "Capacity floor"
+    RESERVATION = "reservation", "Capacity reservation"
+    HOST_HELD = "host_held", "Host held by another operation"
+    QUEUED = "queued", "Queued behind higher-priority work"
+    HOST_STATE = "host_state", "Host not in service"
+    OPTOUT = "optout", "Opt-out window"
+    GANG = "gang", "Gang cannot be taken whole"
+
+
+class HostTask(models.Model):
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="tasks")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="tasks")
+    pool_id = models.BigIntegerField(help_text="the host's pool, copied so each pool's tick reads only its rows")
+    priority = models.PositiveSmallIntegerField(help_text="the operation's, copied for the admission order")
+    state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.PENDING)
+    drain_key = models.BigIntegerField(
+        null=True, blank=True, help_text="the task that drained the host; shared by tasks handed over in that drain"
+    )
+    waiting_code = models.CharField(max_length=16, choices=WaitingCode.choices, blank=True, default="")
+    waiting_reason = models.CharField(max_length=300, blank=True, default="")
+    failure_reason = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(default=clock.now)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(default=clock.now)
+
+    class Meta:
+        ordering = ["-priority", "created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "host"], name="host_task_once_per_operation"),
+            models.CheckConstraint(condition=Q(state__in=TaskState.values), name="host_task_state_valid"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["pool_id", "-priority", "created_at", "id"],
+                name="host_task_pending_order_idx",
+                condition=Q(state="pending"),
+            ),
+            models.Index(fields=["host", "state"], name="host_task_host_state_idx"),
+            models.Index(fields=["pool_id", "state"], name="host_task_pool_state_idx"),
+            models.Index(fields=["operation", "state"], name="host_task_operation_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task #{self.pk} of operation #{self.operation_id} on host {self.host_id}"

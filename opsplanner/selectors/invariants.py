@@ -1,0 +1,124 @@
+"""check_invariants: verify a live database against DESIGN.md's invariants 1-5.
+
+Each check is one set-based query; a violation names what is wrong and where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Count, Exists, OuterRef
+from django.db.models.fields.json import KT
+
+from fleet.models import Host, HostState, Pool
+from fleet.selectors.capacity import pool_capacities
+from opsplanner.models import Event, HostTask, Lease, TaskState, VerifyClass, WorkItem, WorkKind, WorkState
+
+TERMINAL = [TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER]
+
+
+@dataclass(frozen=True)
+class Violation:
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
+    violations: list[Violation] = []
+    hosts = Host.objects.all() if pool is None else Host.objects.filter(pool=pool)
+    leases = Lease.objects.filter(active=True) if pool is None else Lease.objects.filter(active=True, pool_id=pool.pk)
+    tasks = HostTask.objects.all() if pool is None else HostTask.objects.filter(pool_id=pool.pk)
+
+    # 1. Overlap serialisation: one holder per host (the index forbids more; we check anyway).
+    for host_id, count in leases.values("host_id").annotate(n=Count("id")).filter(n__gt=1).values_list("host_id", "n"):
+        violations.append(Violation("double_lease", f"host {host_id} has {count} active leases"))
+    for lease_id, host_id, task_id in leases.filter(host_task__state=TaskState.PENDING).values_list(
+        "id", "host_id", "host_task_id"
+    ):
+        violations.append(Violation("lease_of_pending_task", f"lease {lease_id} on host {host_id} by task {task_id}"))
+
+    # 2. Capacity floor, per pool.
+    for capacity in pool_capacities():
+        if pool is not None and capacity.pool.pk != pool.pk:
+            continue
+        buffers = capacity.buffers
+        name = capacity.pool.name
+        if capacity.planned_out > buffers.planned:
+            violations.append(
+                Violation(
+                    "planned_buffer",
+                    f"pool {name}: {capacity.planned_out} hosts out for planned work, buffer {buffers.planned}",
+                )
+            )
+        if capacity.in_service < buffers.floor and capacity.failure_out <= buffers.failure:
+            violations.append(
+                Violation("floor", f"pool {name}: {capacity.in_service} hosts in service, floor {buffers.floor}")
+            )
+
+    # 3. Pre-return verification: a drained task is done only after three passed checks and a return.
+    passed = WorkItem.objects.filter(
+        host_task=OuterRef("pk"), kind=WorkKind.VERIFY, state=WorkState.DONE, result__passed=True
+    )
+    returned = WorkItem.objects.filter(host_task=OuterRef("pk"), kind=WorkKind.UNDRAIN, state=WorkState.DONE)
+    done_drained = tasks.filter(state=TaskState.DONE, drain_key__isnull=False)
+    for verify_class in (VerifyClass.HEALTH, VerifyClass.BURN_IN, VerifyClass.COLLECTIVE):
+        for task_id, host_id in done_drained.exclude(Exists(passed.filter(verify_class=verify_class))).values_list(
+            "id", "host_id"
+        ):
+            violations.append(
+                Violation(
+                    "unverified_return",
+                    f"task {task_id} on host {host_id} is done without a passed {verify_class} check",
+                )
+            )
+    for task_id, host_id in done_drained.exclude(Exists(returned)).values_list("id", "host_id"):
+        violations.append(
+            Violation("unverified_return", f"task {task_id} on host {host_id} is done but never returned")
+        )
+    for host_id, task_id in leases.filter(
+        host__state=HostState.IN_SERVICE, host_task__drain_key__isnull=False
+    ).values_list("host_id", "host_task_id"):
+        violations.append(
+            Violation("unverified_return", f"host {host_id} is in service while task {task_id} holds it in a drain")
+        )
+
+    # 4. Nothing stuck: a host out of service has a holder (escalated hosts wait for a human).
+    holder = Lease.objects.filter(host=OuterRef("pk"), active=True)
+    for host_id, hostname, state in (
+        hosts.exclude(state__in=[HostState.IN_SERVICE, HostState.ESCALATED])
+        .exclude(Exists(holder))
+        .values_list("id", "hostname", "state")
+    ):
+        violations.append(Violation("stuck_host", f"host {hostname} ({host_id}) is {state} and nobody holds it"))
+    for lease_id, host_id, task_id, state in leases.filter(
+        host_task__state__in=TERMINAL, host__state=HostState.IN_SERVICE
+    ).values_list("id", "host_id", "host_task_id", "host_task__state"):
+        violations.append(
+            Violation("leaked_lease", f"lease {lease_id} on host {host_id} kept by {state} task {task_id}")
+        )
+
+    # 5. Nothing silent: every task and host state has the event that put it there.
+    events_to = Event.objects.annotate(to_state=KT("data__to"))
+    task_event = events_to.filter(
+        subject_type="opsplanner.hosttask",
+        subject_id=OuterRef("pk"),
+        kind="task.state_changed",
+        to_state=OuterRef("state"),
+    )
+    for task_id, state in (
+        tasks.exclude(state=TaskState.PENDING).exclude(Exists(task_event)).values_list("id", "state")[:100]
+    ):
+        violations.append(Violation("silent_change", f"task {task_id} is {state} with no event saying so"))
+    host_event = events_to.filter(
+        subject_type="fleet.host", subject_id=OuterRef("pk"), kind="host.state_changed", to_state=OuterRef("state")
+    )
+    for host_id, state in (
+        hosts.exclude(state=HostState.IN_SERVICE).exclude(Exists(host_event)).values_list("id", "state")[:100]
+    ):
+        violations.append(Violation("silent_change", f"host {host_id} is {state} with no event saying so"))
+    for task_id in tasks.filter(state=TaskState.FAILED, failure_reason="").values_list("id", flat=True):
+        violations.append(Violation("silent_refusal", f"task {task_id} failed without a reason"))
+    return violations

@@ -1,0 +1,208 @@
+"""Submitting and cancelling operations. The planner resolves the scope into host tasks."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from fleet.models import Host, Pool
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner import clock
+from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_bulk_create
+from opsplanner.models import (
+    MAX_PRIORITY,
+    Adapter,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    OperationState,
+    TaskState,
+)
+from opsplanner.scopes import parse_scope, resolve_scope, version_of
+
+SUBJECT_TASK = "opsplanner.hosttask"
+
+
+def _choice(field: str, value: str, choices: type) -> None:
+    if value not in choices.values:
+        allowed = ", ".join(choices.values)
+        raise ValidationError({field: f"{value!r} is not one of: {allowed}."})
+
+
+@transaction.atomic
+def operation_submit(
+    *,
+    kind: str,
+    scope: str,
+    reason: str,
+    component: str = "",
+    version: str = "",
+    priority: int = 100,
+    source: str = OperationSource.AD_HOC,
+    actor: Actor = None,
+    needs_drain: bool | None = None,
+    gang: bool = False,
+    estimated_duration_s: int = 1800,
+    executor: str = Adapter.SIMULATED,
+    drainer: str = Adapter.SIMULATED,
+    max_attempts: int = 3,
+    drain_timeout_s: int = 3600,
+) -> Operation:
+    """Create an operation and one pending host task per host in scope, or refuse with the reason."""
+    _choice("kind", kind, OperationKind)
+    _choice("source", source, OperationSource)
+    _choice("executor", executor, Adapter)
+    _choice("drainer", drainer, Adapter)
+    if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+        raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why this operation is needed."})
+    target = None
+    if kind == OperationKind.UPGRADE:
+        if not component or not version:
+            raise ValidationError({"component_version": "An upgrade needs a component and a target version."})
+        target = version_of(component, version)
+    elif component or version:
+        raise ValidationError({"component_version": f"A {kind} operation takes no component or version."})
+    if needs_drain is None:
+        needs_drain = target.component.needs_drain if target else True
+
+    host_ids = resolve_scope(parse_scope(scope))
+    pools = dict(Host.objects.filter(pk__in=host_ids).values_list("id", "pool_id"))
+    if gang:
+        _check_gang(host_ids, pools, needs_drain)
+    if target is not None:
+        _check_compatibility(host_ids, target)
+
+    _, actor_label = actor_fields(actor)
+    now = clock.now()
+    operation = Operation(
+        kind=kind,
+        component_version=target,
+        scope=scope.strip(),
+        priority=priority,
+        source=source,
+        requested_by=actor_user(actor),
+        requester=actor_label,
+        reason=reason.strip(),
+        needs_drain=needs_drain,
+        gang=gang,
+        estimated_duration_s=estimated_duration_s,
+        executor=executor,
+        drainer=drainer,
+        max_attempts=max_attempts,
+        drain_timeout_s=drain_timeout_s,
+        created_at=now,
+    )
+    operation.full_clean()
+    operation.save()
+    HostTask.objects.bulk_create(
+        [
+            HostTask(
+                operation=operation,
+                host_id=host_id,
+                pool_id=pools[host_id],
+                priority=priority,
+                created_at=now,
+                state_changed_at=now,
+            )
+            for host_id in host_ids
+        ],
+        batch_size=5000,
+    )
+    per_pool = Counter(pools.values())
+    event_record(
+        kind="operation.submitted",
+        subject=operation,
+        actor=actor,
+        reason=operation.reason,
+        pool_id=next(iter(per_pool)) if len(per_pool) == 1 else None,
+        data={
+            "kind": kind,
+            "target": str(target) if target else None,
+            "scope": operation.scope,
+            "hosts": len(host_ids),
+            "hosts_per_pool": {str(pool): count for pool, count in per_pool.items()},
+            "priority": priority,
+            "source": source,
+            "gang": gang,
+        },
+    )
+    return operation
+
+
+def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -> None:
+    pool_ids = set(pools.values())
+    if len(pool_ids) != 1:
+        raise ValidationError({"gang": "A gang operation must stay inside one pool (its hosts are taken at once)."})
+    pool = Pool.objects.get(pk=pool_ids.pop())
+    planned = pool.buffers_for(Host.objects.filter(pool=pool).count()).planned
+    if needs_drain and len(host_ids) > planned:
+        raise ValidationError(
+            {
+                "gang": f"A gang of {len(host_ids)} hosts can never fit in pool {pool.name}'s planned buffer "
+                f"of {planned} hosts."
+            }
+        )
+
+
+def _check_compatibility(host_ids: list[int], target: object) -> None:
+    problems = host_incompatibilities(host_ids, planned=[target])  # type: ignore[list-item]
+    if problems:
+        first_host, reasons = next(iter(problems.items()))
+        hostname = Host.objects.only("hostname").get(pk=first_host).hostname
+        raise ValidationError(
+            {
+                "component_version": f"{target} would break compatibility on {len(problems)} of {len(host_ids)} "
+                f"hosts, e.g. {hostname}: {reasons[0]}."
+            }
+        )
+
+
+@transaction.atomic
+def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> int:
+    """Cancel an open operation's pending host tasks; tasks already under way finish. Returns how many."""
+    if not reason:
+        raise ValidationError({"reason": "Say why the operation is cancelled."})
+    operation = Operation.objects.select_for_update().get(pk=operation_id)
+    if operation.state != OperationState.OPEN:
+        raise ValidationError(f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.")
+    _, actor_label = actor_fields(actor)
+    now = clock.now()
+    pending = list(
+        HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list("id", "host_id", "pool_id")
+    )
+    cancelled = HostTask.objects.filter(pk__in=[row[0] for row in pending], state=TaskState.PENDING).update(
+        state=TaskState.CANCELLED, finished_at=now, state_changed_at=now, waiting_code="", waiting_reason=""
+    )
+    if cancelled != len(pending):
+        raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
+    events_bulk_create(
+        [
+            event_row(
+                kind="task.state_changed",
+                subject_type=SUBJECT_TASK,
+                subject_id=task_id,
+                now=now,
+                actor=actor_label,
+                reason=reason,
+                pool_id=pool_id,
+                host_id=host_id,
+                data={"from": TaskState.PENDING, "to": TaskState.CANCELLED, "operation": operation_id},
+            )
+            for task_id, host_id, pool_id in pending
+        ]
+    )
+    if (
+        not HostTask.objects.filter(operation=operation)
+        .exclude(state__in=[TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER])
+        .exists()
+    ):
+        Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
+            state=OperationState.CANCELLED, closed_at=now
+        )
+    event_record(kind="operation.cancelled", subject=operation, actor=actor, reason=reason, data={"tasks": cancelled})
+    return cancelled

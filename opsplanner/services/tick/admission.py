@@ -1,0 +1,235 @@
+"""Tick step 5: admit pending host tasks up to the pool's headroom, in (priority, age) order.
+
+headroom = min(planned buffer - planned out, in service - floor, in service - active reservation).
+Hosts held by a lease, not in service, under an opt-out window or already claimed by an earlier
+task in the order are skipped; gang operations are admitted whole or not at all. Every task left
+pending records why, and the reason only changes (is written) when it changes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models import F
+
+from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
+from fleet.selectors.capacity import pool_capacity
+from opsplanner.models import (
+    HostTask,
+    Lease,
+    OperationSource,
+    OperationState,
+    TaskState,
+    WaitingCode,
+    WorkKind,
+)
+from opsplanner.services.tick.advance import add_execute_items
+from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
+
+
+@dataclass
+class Headroom:
+    """How many more hosts may go out for planned work now, and the limit that binds."""
+
+    planned: int
+    floor: int
+    reservation: int
+    reservation_reason: str
+    planned_reason: str
+    floor_reason: str
+
+    def remaining(self) -> int:
+        return min(self.planned, self.floor, self.reservation)
+
+    def take(self) -> None:
+        self.planned -= 1
+        self.floor -= 1
+        self.reservation -= 1
+
+    def refusal(self) -> tuple[str, str]:
+        if self.planned <= 0:
+            return WaitingCode.PLANNED_BUFFER, self.planned_reason
+        if self.floor <= 0:
+            return WaitingCode.FLOOR, self.floor_reason
+        return WaitingCode.RESERVATION, self.reservation_reason
+
+
+def pool_headroom(ctx: TickContext) -> Headroom:
+    capacity = pool_capacity(ctx.pool)
+    buffers = capacity.buffers
+    name = ctx.pool.name
+    reservations = list(
+        CapacityReservation.objects.filter(
+            pool=ctx.pool, cancelled_at__isnull=True, starts_at__lte=ctx.now, ends_at__gt=ctx.now
+        )
+        .select_related("service")
+        .order_by("-min_hosts_in_service", "id")
+    )
+    reservation_room, reservation_reason = capacity.total, ""
+    if reservations:
+        binding = reservations[0]
+        reservation_room = capacity.in_service - binding.min_hosts_in_service
+        reservation_reason = (
+            f"reservation #{binding.pk} of service {binding.service.name} keeps {binding.min_hosts_in_service} "
+            f"hosts of pool {name} in service until {binding.ends_at:%Y-%m-%d %H:%M} UTC"
+        )
+    return Headroom(
+        planned=buffers.planned - capacity.planned_out,
+        floor=capacity.in_service - buffers.floor,
+        reservation=reservation_room,
+        reservation_reason=reservation_reason,
+        planned_reason=f"planned buffer of pool {name} is full ({buffers.planned} hosts)",
+        floor_reason=f"pool {name} is at its floor of {buffers.floor} hosts in service",
+    )
+
+
+def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
+    """{host_id: reason} for hosts running a service with an opt-out window active now."""
+    active = OptOutWindow.objects.filter(cancelled_at__isnull=True, starts_at__lte=ctx.now, ends_at__gt=ctx.now)
+    windows = {
+        service_id: (window_id, name, ends)
+        for window_id, service_id, name, ends in active.order_by("ends_at").values_list(
+            "id", "service_id", "service__name", "ends_at"
+        )
+    }
+    if not windows:
+        return {}
+    reasons: dict[int, str] = {}
+    for host_id, service_id in ServicePlacement.objects.filter(
+        host_id__in=host_ids, service_id__in=windows
+    ).values_list("host_id", "service_id"):
+        window_id, name, ends = windows[service_id]
+        reasons.setdefault(host_id, f"opt-out window #{window_id} of service {name} until {ends:%Y-%m-%d %H:%M} UTC")
+    return reasons
+
+
+def admit(ctx: TickContext, *, budget: int) -> None:
+    pending = HostTask.objects.filter(
+        pool_id=ctx.pool.pk, state=TaskState.PENDING, operation__state=OperationState.OPEN
+    ).order_by("-priority", "created_at", "id")
+    candidates = task_refs(pending[:budget])
+    if not candidates:
+        return
+    order = list(candidates.values())
+    gang_ops = {t.operation_id for t in order if t.gang}
+    if gang_ops:  # a gang is judged whole, even the part beyond the budget
+        for task in task_refs(pending.filter(operation_id__in=gang_ops)).values():
+            candidates.setdefault(task.id, task)
+    host_ids = {t.host_id for t in candidates.values()}
+    host_states = dict(Host.objects.filter(pk__in=host_ids).values_list("id", "state"))
+    holders = dict(Lease.objects.filter(active=True, host_id__in=host_ids).values_list("host_id", "operation_id"))
+    optouts = _optouts(ctx, host_ids)
+    current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
+    headroom = pool_headroom(ctx)
+
+    claimed: dict[int, TaskRef] = {}  # host -> the task first in line for it this tick
+    admitted: list[TaskRef] = []
+    waiting: dict[int, tuple[str, str]] = {}
+    gangs = _group_gangs(candidates.values())
+    judged_gangs: set[int] = set()
+
+    def obstacle(task: TaskRef) -> tuple[str, str] | None:
+        first = claimed.get(task.host_id)
+        if first is not None and first.id != task.id:
+            return WaitingCode.QUEUED, f"queued behind operation #{first.operation_id} on this host"
+        if task.host_id in holders:
+            return WaitingCode.HOST_HELD, f"host held by operation #{holders[task.host_id]}"
+        state = host_states.get(task.host_id)
+        if state != HostState.IN_SERVICE:
+            return WaitingCode.HOST_STATE, f"host is {state}"
+        if task.host_id in optouts and task.source != OperationSource.EMERGENCY:
+            return WaitingCode.OPTOUT, optouts[task.host_id]
+        return None
+
+    for task in order:
+        if task.gang:
+            if task.operation_id in judged_gangs:
+                continue
+            judged_gangs.add(task.operation_id)
+            members = gangs[task.operation_id]
+            for member in members:
+                claimed.setdefault(member.host_id, member)
+            blocked = [(m, obstacle(m)) for m in members]
+            blocked = [(m, why) for m, why in blocked if why is not None]
+            need = sum(1 for m in members if m.needs_drain)
+            if blocked:
+                member, (_, why) = blocked[0]
+                reason = f"gang of {len(members)} hosts waits: {why} (host {member.host_id})"
+            elif need > headroom.remaining():
+                reason = f"gang needs {need} hosts at once; {max(headroom.remaining(), 0)} may go out now"
+            else:
+                for member in members:
+                    if member.needs_drain:
+                        headroom.take()
+                admitted.extend(members)
+                continue
+            for member in members:
+                waiting[member.id] = (WaitingCode.GANG, reason[:300])
+            continue
+
+        claimed.setdefault(task.host_id, task)
+        why = obstacle(task)
+        if why is None and task.needs_drain and headroom.remaining() <= 0:
+            why = headroom.refusal()
+        if why is not None:
+            waiting[task.id] = why
+            continue
+        if task.needs_drain:
+            headroom.take()
+        admitted.append(task)
+
+    _write_waiting(ctx, waiting, current)
+    _admit(ctx, admitted)
+
+
+def _group_gangs(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:
+    groups: dict[int, list[TaskRef]] = defaultdict(list)
+    for task in tasks:
+        if task.gang:
+            groups[task.operation_id].append(task)
+    return groups
+
+
+def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], current: dict[int, str]) -> None:
+    changed = [
+        HostTask(id=task_id, waiting_code=code, waiting_reason=reason[:300])
+        for task_id, (code, reason) in waiting.items()
+        if current.get(task_id) != reason[:300]
+    ]
+    if changed:
+        HostTask.objects.bulk_update(changed, ["waiting_code", "waiting_reason"], batch_size=1000)
+    ctx.counts["waiting"] += len(waiting)
+    ctx.counts["waiting_reasons_changed"] += len(changed)
+
+
+def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    if not tasks:
+        return
+    ctx.grant_leases(tasks, reason="admitted")
+    ctx.move_tasks(
+        tasks,
+        expected=TaskState.PENDING,
+        new=TaskState.ADMITTED,
+        admitted_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+    )
+    drained = [t for t in tasks if t.needs_drain]
+    in_place = [t for t in tasks if not t.needs_drain]
+    # A drained task opens a drain; tasks handed over later in that drain share its key.
+    HostTask.objects.filter(pk__in=[t.id for t in drained]).update(drain_key=F("id"))
+    for task in drained:
+        task.drain_key = task.id
+    ctx.move_tasks(drained, expected=TaskState.ADMITTED, new=TaskState.DRAINING)
+    ctx.move_hosts(
+        [t.host_id for t in drained],
+        expected=HostState.IN_SERVICE,
+        new=HostState.DRAINING,
+        reason="admitted: draining for planned work",
+    )
+    for task in drained:
+        ctx.add_item(task, kind=WorkKind.DRAIN, adapter=task.drainer, deadline_s=task.drain_timeout_s)
+    ctx.move_tasks(in_place, expected=TaskState.ADMITTED, new=TaskState.RUNNING, reason="no drain needed")
+    add_execute_items(ctx, in_place)

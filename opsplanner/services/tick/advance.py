@@ -1,0 +1,566 @@
+"""Tick steps 1-4: expire stale work, advance tasks whose work finished, hand hosts over, return them.
+
+Everything is set-based: a handful of queries per step, whatever the number of hosts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count
+
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.bulk import insert_missing
+from opsplanner.models import (
+    REPAIR_PRIORITY,
+    VERIFY_CLASSES,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    OperationState,
+    TaskState,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
+from opsplanner.services.tick.context import (
+    SUBJECT_HOST,
+    SUBJECT_WORK,
+    ConcurrentChange,
+    TaskRef,
+    TickContext,
+    task_refs,
+)
+
+VERIFY_DEADLINE_S = 3600
+UNDRAIN_DEADLINE_S = 3600
+MAX_REPAIR_ATTEMPTS = 3
+TERMINAL = [TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER]
+
+
+# --- 1. expire --------------------------------------------------------------------------------------
+def expire(ctx: TickContext) -> None:
+    """Take back items whose executor stopped heartbeating; fail items past their deadline."""
+    stale = list(
+        WorkItem.objects.filter(pool_id=ctx.pool.pk, state=WorkState.RUNNING, lease_expires_at__lt=ctx.now).values_list(
+            "id", "host_id", "attempts", "max_attempts", "claimed_by"
+        )
+    )
+    retry = [row for row in stale if row[2] < row[3]]
+    give_up = [row for row in stale if row[2] >= row[3]]
+    if retry:
+        WorkItem.objects.filter(pk__in=[row[0] for row in retry], state=WorkState.RUNNING).update(
+            state=WorkState.READY, claimed_by="", claimed_at=None, lease_expires_at=None, due_at=None
+        )
+    for item_id, host_id, attempts, _, worker in retry:
+        ctx.event(
+            kind="work_item.retaken",
+            subject_type=SUBJECT_WORK,
+            subject_id=item_id,
+            host_id=host_id,
+            reason=f"{worker} stopped heartbeating; attempt {attempts} given back to the queue",
+        )
+    for item_id, host_id, attempts, _, worker in give_up:
+        _fail_item(
+            ctx,
+            item_id,
+            host_id,
+            f"{worker} stopped heartbeating on the last attempt ({attempts})",
+            expected=WorkState.RUNNING,
+        )
+
+    late = list(
+        WorkItem.objects.filter(
+            pool_id=ctx.pool.pk,
+            state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING],
+            deadline_at__lt=ctx.now,
+        ).values_list("id", "host_id", "kind", "state", "created_at", "deadline_at")
+    )
+    for item_id, host_id, kind, state, created, deadline in late:
+        limit = int((deadline - created).total_seconds())
+        _fail_item(ctx, item_id, host_id, f"{kind} did not finish within its deadline of {limit} s", expected=state)
+    ctx.counts["work_items_retaken"] += len(retry)
+    ctx.counts["work_items_expired"] += len(give_up) + len(late)
+
+
+def _fail_item(ctx: TickContext, item_id: int, host_id: int, reason: str, *, expected: str) -> None:
+    changed = WorkItem.objects.filter(pk=item_id, state=expected).update(
+        state=WorkState.FAILED, finished_at=ctx.now, outcome_reason=reason[:500]
+    )
+    if changed:
+        ctx.event(
+            kind="work_item.failed",
+            subject_type=SUBJECT_WORK,
+            subject_id=item_id,
+            host_id=host_id,
+            reason=reason,
+            data={"from": expected, "to": WorkState.FAILED},
+        )
+
+
+# --- 2-4. advance, hand over, return -----------------------------------------------------------------
+def advance(ctx: TickContext, *, budget: int) -> None:
+    items = list(
+        WorkItem.objects.filter(
+            pool_id=ctx.pool.pk, state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
+        )
+        .order_by("id")
+        .values_list("id", "kind", "state", "host_task_id", "result", "outcome_reason")[:budget]
+    )
+    if not items:
+        return
+    consumed = WorkItem.objects.filter(pk__in=[row[0] for row in items], consumed_at__isnull=True).update(
+        consumed_at=ctx.now
+    )
+    if consumed != len(items):
+        raise ConcurrentChange("work items consumed by someone else")
+    tasks = task_refs(HostTask.objects.filter(pk__in={row[3] for row in items}))
+    by_kind: dict[tuple[str, str], list[tuple[TaskRef, dict[str, Any], str]]] = defaultdict(list)
+    for _, kind, state, task_id, result, reason in items:
+        by_kind[(kind, state)].append((tasks[task_id], result or {}, reason))
+
+    repair: list[tuple[TaskRef, str]] = []
+    _drains_done(ctx, [t for t, _, _ in by_kind[(WorkKind.DRAIN, WorkState.DONE)]])
+    _drains_failed(ctx, by_kind[(WorkKind.DRAIN, WorkState.FAILED)])
+    applied = _executions_done(ctx, by_kind[(WorkKind.EXECUTE, WorkState.DONE)], repair)
+    _executions_failed(ctx, by_kind[(WorkKind.EXECUTE, WorkState.FAILED)], repair)
+    _hand_over_or_verify(ctx, applied)
+    verified_tasks = {t.id: t for t, _, _ in by_kind[(WorkKind.VERIFY, WorkState.DONE)]}
+    verified_tasks.update({t.id: t for t, _, _ in by_kind[(WorkKind.VERIFY, WorkState.FAILED)]})
+    _verifications_finished(ctx, list(verified_tasks.values()), repair)
+    _returns_done(ctx, [t for t, _, _ in by_kind[(WorkKind.UNDRAIN, WorkState.DONE)]])
+    _returns_failed(ctx, by_kind[(WorkKind.UNDRAIN, WorkState.FAILED)], repair)
+    _send_to_repair(ctx, repair)
+
+
+def _execute_params(task: TaskRef) -> dict[str, Any]:
+    params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
+    if task.target_version_id:
+        version = ComponentVersion.objects.select_related("component").get(pk=task.target_version_id)
+        params.update({"component": version.component.name, "version": version.version})
+    return params
+
+
+def add_execute_items(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    cache: dict[int, dict[str, Any]] = {}
+    for task in tasks:
+        if task.operation_id not in cache:
+            cache[task.operation_id] = _execute_params(task)
+        ctx.add_item(
+            task,
+            kind=WorkKind.EXECUTE,
+            adapter=task.executor,
+            params=cache[task.operation_id],
+            deadline_s=max(task.estimated_duration_s * 3, 600),
+        )
+
+
+def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    ctx.move_tasks(tasks, expected=TaskState.DRAINING, new=TaskState.RUNNING)
+    ctx.move_hosts(
+        [t.host_id for t in tasks],
+        expected=HostState.DRAINING,
+        new=HostState.MAINTENANCE,
+        reason="drained; work starts",
+    )
+    add_execute_items(ctx, tasks)
+
+
+def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]]) -> None:
+    """A drain that failed or timed out: the task fails with the reason and the host goes back."""
+    for task, _, reason in failed:
+        why = f"drain failed: {reason or 'no reason given'}"
+        ctx.move_tasks(
+            [task], expected=TaskState.DRAINING, new=TaskState.FAILED, failure_reason=why[:500], finished_at=ctx.now
+        )
+        ctx.move_hosts(
+            [task.host_id],
+            expected=HostState.DRAINING,
+            new=HostState.RETURNING,
+            reason=f"{why}; returning the host to service",
+        )
+        ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=task.drainer, deadline_s=UNDRAIN_DEADLINE_S)
+
+
+def _executions_done(
+    ctx: TickContext, done: list[tuple[TaskRef, dict[str, Any], str]], repair: list[tuple[TaskRef, str]]
+) -> list[TaskRef]:
+    """Record the versions executors report; returns the tasks whose work is applied."""
+    applied: list[TaskRef] = []
+    versions: list[tuple[int, str, str]] = []
+    for task, result, _ in done:
+        reported = result.get("versions") or {}
+        versions.extend((task.host_id, component, version) for component, version in reported.items())
+    unknown = _record_versions(ctx, versions)
+    for task, result, _ in done:
+        bad = [f"{c} {v}" for c, v in (result.get("versions") or {}).items() if (c, v) in unknown]
+        if bad:
+            _fail_running(ctx, task, f"executor reported versions not in the catalogue: {', '.join(bad)}", repair)
+        else:
+            applied.append(task)
+    no_drain = [t for t in applied if t.drain_key is None]
+    ctx.move_tasks(no_drain, expected=TaskState.RUNNING, new=TaskState.DONE, finished_at=ctx.now)
+    ctx.release_leases([t.id for t in no_drain], reason="work done without a drain")
+    return [t for t in applied if t.drain_key is not None]
+
+
+def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> set[tuple[str, str]]:
+    """Set the installed versions reported by executors; return the (component, version) pairs unknown."""
+    if not versions:
+        return set()
+    catalogue = {
+        (name, version): (component_id, version_id)
+        for name, version, component_id, version_id in ComponentVersion.objects.filter(
+            component__name__in={c for _, c, _ in versions}
+        ).values_list("component__name", "version", "component_id", "id")
+    }
+    unknown = {(c, v) for _, c, v in versions if (c, v) not in catalogue}
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for host_id, component, version in versions:
+        if (component, version) in catalogue:
+            groups[catalogue[(component, version)]].append(host_id)
+    for (component_id, version_id), host_ids in groups.items():
+        InstalledVersion.objects.filter(host_id__in=host_ids, component_id=component_id).update(
+            version_id=version_id, installed_at=ctx.now
+        )
+        insert_missing(
+            InstalledVersion,
+            ["host_id", "component_id", "version_id", "installed_at"],
+            [(host_id, component_id, version_id, ctx.now) for host_id in host_ids],
+        )
+    for host_id, component, version in versions:
+        if (component, version) in catalogue:
+            ctx.event(
+                kind="host.version_installed",
+                subject_type=SUBJECT_HOST,
+                subject_id=host_id,
+                host_id=host_id,
+                data={"component": component, "to": version},
+            )
+    return unknown
+
+
+def _out_state(task: TaskRef) -> str:
+    """The host state while this task runs on it."""
+    if task.kind == OperationKind.REPAIR:
+        return HostState.REPAIR
+    return HostState.MAINTENANCE if task.drain_key is not None else HostState.IN_SERVICE
+
+
+def _fail_running(ctx: TickContext, task: TaskRef, reason: str, repair: list[tuple[TaskRef, str]]) -> None:
+    ctx.move_tasks(
+        [task], expected=TaskState.RUNNING, new=TaskState.FAILED, failure_reason=reason[:500], finished_at=ctx.now
+    )
+    ctx.move_hosts([task.host_id], expected=_out_state(task), new=HostState.FAILED, reason=reason)
+    repair.append((task, reason))
+
+
+def _executions_failed(
+    ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]], repair: list[tuple[TaskRef, str]]
+) -> None:
+    for task, _, reason in failed:
+        _fail_running(ctx, task, f"{task.kind} failed: {reason or 'no reason given'}", repair)
+
+
+def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
+    """A host whose task is applied passes to the next pending task for it without returning to
+    service (handover); with nothing left, its pre-return verification starts."""
+    if not applied:
+        return
+    by_host = {task.host_id: task for task in applied}
+    candidates = task_refs(
+        HostTask.objects.filter(
+            host_id__in=by_host, state=TaskState.PENDING, operation__state=OperationState.OPEN, operation__gang=False
+        ).order_by("host_id", "-priority", "created_at", "id")
+    )
+    successor: dict[int, TaskRef] = {}
+    for task in candidates.values():
+        successor.setdefault(task.host_id, task)
+    handing = [by_host[host_id] for host_id in successor]
+    for task in handing:
+        nxt = successor[task.host_id]
+        ctx.move_tasks(
+            [task],
+            expected=TaskState.RUNNING,
+            new=TaskState.HANDED_OVER,
+            finished_at=ctx.now,
+            reason=f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}",
+        )
+    ctx.release_leases([t.id for t in handing], reason="handed over without returning to service")
+    takers = [successor[t.host_id] for t in handing]
+    ctx.move_tasks(
+        takers,
+        expected=TaskState.PENDING,
+        new=TaskState.RUNNING,
+        admitted_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+        reason="handed over: the host is already drained",
+    )
+    for task in handing:
+        successor[task.host_id].drain_key = task.drain_key
+    HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers], ["drain_key"])
+    ctx.grant_leases(takers, reason="handover")
+    add_execute_items(ctx, takers)
+    ctx.counts["handovers"] += len(takers)
+
+    finishing = [task for task in applied if task.host_id not in successor]
+    _start_verification(ctx, finishing)
+
+
+def _is_repair(task: TaskRef) -> bool:
+    """A host under repair stays in the repair state (and the failure buffer) until it is back."""
+    return task.kind == OperationKind.REPAIR
+
+
+def _start_verification(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    ctx.move_tasks(tasks, expected=TaskState.RUNNING, new=TaskState.VERIFYING)
+    ctx.move_hosts(
+        [t.host_id for t in tasks if not _is_repair(t)],
+        expected=HostState.MAINTENANCE,
+        new=HostState.VERIFYING,
+        reason="work applied; pre-return verification",
+    )
+    for task in tasks:
+        for verify_class in VERIFY_CLASSES:
+            ctx.add_item(
+                task,
+                kind=WorkKind.VERIFY,
+                verify_class=verify_class,
+                adapter=task.executor,
+                deadline_s=VERIFY_DEADLINE_S,
+                params={"class": verify_class},
+            )
+
+
+def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[tuple[TaskRef, str]]) -> None:
+    """When all three verifications of a task are finished: the pre-return gate, or repair."""
+    tasks = [t for t in tasks if t.state == TaskState.VERIFYING]
+    if not tasks:
+        return
+    outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
+    for task_id, verify_class, state, result, reason in WorkItem.objects.filter(
+        host_task_id__in=[t.id for t in tasks], kind=WorkKind.VERIFY
+    ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason"):
+        outcomes[task_id].append((verify_class, state, result or {}, reason))
+    passed: list[TaskRef] = []
+    observed: list[tuple[int, str, str]] = []
+    for task in tasks:
+        rows = outcomes[task.id]
+        if any(state not in (WorkState.DONE, WorkState.FAILED) for _, state, _, _ in rows):
+            continue  # some verifications still running
+        failures = [
+            f"{cls}: {reason or result.get('detail') or 'failed'}"
+            for cls, state, result, reason in rows
+            if state == WorkState.FAILED or not result.get("passed", False)
+        ]
+        for _, _, result, _ in rows:
+            observed.extend((task.host_id, c, v) for c, v in (result.get("versions") or {}).items())
+        if failures:
+            _fail_verifying(ctx, task, "verification failed: " + "; ".join(failures), repair)
+        else:
+            passed.append(task)
+    _record_versions(ctx, observed)
+    problems = _pre_return_problems(passed)
+    for task in passed:
+        if task.id in problems:
+            _fail_verifying(ctx, task, "not returned: " + "; ".join(problems[task.id]), repair)
+    returning = [t for t in passed if t.id not in problems]
+    ctx.move_hosts(
+        [t.host_id for t in returning if not _is_repair(t)],
+        expected=HostState.VERIFYING,
+        new=HostState.RETURNING,
+        reason="verified: work applied, checks passed, versions compatible",
+    )
+    for task in returning:
+        ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=task.drainer, deadline_s=UNDRAIN_DEADLINE_S)
+
+
+def _fail_verifying(ctx: TickContext, task: TaskRef, reason: str, repair: list[tuple[TaskRef, str]]) -> None:
+    ctx.move_tasks(
+        [task], expected=TaskState.VERIFYING, new=TaskState.FAILED, failure_reason=reason[:500], finished_at=ctx.now
+    )
+    expected = HostState.REPAIR if _is_repair(task) else HostState.VERIFYING
+    ctx.move_hosts([task.host_id], expected=expected, new=HostState.FAILED, reason=reason)
+    repair.append((task, reason))
+
+
+def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
+    """Invariant 3: every upgrade of this drain is at its target and the versions are compatible."""
+    if not tasks:
+        return {}
+    by_key = {task.drain_key: task for task in tasks}
+    targets = HostTask.objects.filter(
+        drain_key__in=by_key, state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING], operation__kind="upgrade"
+    ).values_list(
+        "drain_key", "host_id", "operation__component_version_id", "operation__component_version__component_id"
+    )
+    installed = {
+        (host_id, component_id): version_id
+        for host_id, component_id, version_id in InstalledVersion.objects.filter(
+            host_id__in=[t.host_id for t in tasks]
+        ).values_list("host_id", "component_id", "version_id")
+    }
+    names = dict(
+        ComponentVersion.objects.filter(pk__in=set(installed.values()) | {row[2] for row in targets}).values_list(
+            "id", "version"
+        )
+    )
+    problems: dict[int, list[str]] = defaultdict(list)
+    for drain_key, host_id, target_id, component_id in targets:
+        actual = installed.get((host_id, component_id))
+        if actual != target_id:
+            problems[by_key[drain_key].id].append(
+                f"version {names.get(actual, 'none')} installed where the target is {names.get(target_id)}"
+            )
+    incompatible = host_incompatibilities([t.host_id for t in tasks])
+    for task in tasks:
+        problems[task.id].extend(incompatible.get(task.host_id, []))
+    return {task_id: reasons for task_id, reasons in problems.items() if reasons}
+
+
+def _returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    for expected in (HostState.RETURNING, HostState.REPAIR):
+        ctx.move_hosts(
+            [t.host_id for t in tasks if (expected == HostState.REPAIR) == _is_repair(t)],
+            expected=expected,
+            new=HostState.IN_SERVICE,
+            reason="returned to service",
+        )
+    ctx.move_tasks(
+        [t for t in tasks if t.state == TaskState.VERIFYING],
+        expected=TaskState.VERIFYING,
+        new=TaskState.DONE,
+        finished_at=ctx.now,
+    )
+    ctx.release_leases([t.id for t in tasks], reason="host back in service")
+
+
+def _returns_failed(
+    ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]], repair: list[tuple[TaskRef, str]]
+) -> None:
+    for task, _, reason in failed:
+        why = f"return to service failed: {reason or 'no reason given'}"
+        if task.state == TaskState.VERIFYING:
+            ctx.move_tasks(
+                [task],
+                expected=TaskState.VERIFYING,
+                new=TaskState.FAILED,
+                failure_reason=why[:500],
+                finished_at=ctx.now,
+            )
+        expected = HostState.REPAIR if _is_repair(task) else HostState.RETURNING
+        ctx.move_hosts([task.host_id], expected=expected, new=HostState.FAILED, reason=why)
+        repair.append((task, why))
+
+
+def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
+    """Invariant 4: a failed host is handed to a repair operation (it counts against the failure
+    buffer); after MAX_REPAIR_ATTEMPTS failed repairs it is escalated to a human and stays out."""
+    if not failed:
+        return
+    host_ids = [task.host_id for task, _ in failed]
+    failed_repairs = dict(
+        HostTask.objects.filter(host_id__in=host_ids, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED)
+        .values("host_id")
+        .annotate(n=Count("id"))
+        .values_list("host_id", "n")
+    )
+    escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
+    repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
+    ctx.release_leases([t.id for t, _ in escalate], reason="escalated to a human")
+    for task, reason in escalate:
+        ctx.move_hosts(
+            [task.host_id],
+            expected=HostState.FAILED,
+            new=HostState.ESCALATED,
+            reason=f"{MAX_REPAIR_ATTEMPTS} repairs failed; a human must look (last: {reason})",
+        )
+        ctx.event(
+            kind="host.escalated",
+            subject_type=SUBJECT_HOST,
+            subject_id=task.host_id,
+            host_id=task.host_id,
+            reason=reason,
+            data={"failed_repairs": failed_repairs.get(task.host_id, 0)},
+        )
+    if not repair:
+        return
+    hostnames = dict(Host.objects.filter(pk__in=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
+    executor = settings.REPAIR_EXECUTOR
+    operations = Operation.objects.bulk_create(
+        [
+            Operation(
+                kind=OperationKind.REPAIR,
+                scope=f"hosts: {hostnames[task.host_id]}",
+                priority=REPAIR_PRIORITY,
+                source=OperationSource.REPAIR,
+                requester="scheduler",
+                reason=f"repair after: {reason}"[:500],
+                needs_drain=True,
+                executor=executor,
+                drainer=task.drainer,
+                created_at=ctx.now,
+            )
+            for task, reason in repair
+        ]
+    )
+    new_tasks = HostTask.objects.bulk_create(
+        [
+            HostTask(
+                operation=operation,
+                host_id=task.host_id,
+                pool_id=ctx.pool.pk,
+                priority=REPAIR_PRIORITY,
+                drain_key=task.drain_key,
+                created_at=ctx.now,
+                state_changed_at=ctx.now,
+            )
+            for operation, (task, _) in zip(operations, repair, strict=True)
+        ]
+    )
+    for operation in operations:
+        ctx.event(
+            kind="operation.submitted",
+            subject_type="opsplanner.operation",
+            subject_id=operation.pk,
+            reason=operation.reason,
+            data={"kind": "repair", "scope": operation.scope, "hosts": 1},
+        )
+    refs = task_refs(HostTask.objects.filter(pk__in=[t.pk for t in new_tasks]))
+    takers = [refs[t.pk] for t in new_tasks]
+    ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
+    ctx.move_tasks(
+        takers,
+        expected=TaskState.PENDING,
+        new=TaskState.RUNNING,
+        admitted_at=ctx.now,
+        reason="handed to repair without returning to service",
+    )
+    ctx.grant_leases(takers, reason="repair handover")
+    ctx.move_hosts(
+        [t.host_id for t in takers], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started"
+    )
+    add_execute_items(ctx, takers)
+    ctx.counts["repairs_started"] += len(takers)
+
+
+def close_finished_operations(ctx: TickContext) -> None:
+    if not ctx.touched_operations:
+        return
+    unfinished = set(
+        HostTask.objects.filter(operation_id__in=ctx.touched_operations)
+        .exclude(state__in=TERMINAL)
+        .values_list("operation_id", flat=True)
+    )
+    finished = sorted(ctx.touched_operations - unfinished)
+    closed = Operation.objects.filter(pk__in=finished, state=OperationState.OPEN)
+    ids = list(closed.values_list("id", flat=True))
+    closed.update(state=OperationState.COMPLETED, closed_at=ctx.now)
+    for operation_id in ids:
+        ctx.event(kind="operation.completed", subject_type="opsplanner.operation", subject_id=operation_id)
+    ctx.counts["operations_completed"] += len(ids)

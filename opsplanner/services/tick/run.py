@@ -1,0 +1,101 @@
+"""Running the tick: per pool under a non-blocking row lock, one transaction each, under a time budget."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+
+from fleet.models import Pool
+from opsplanner import clock
+from opsplanner.models import HostTask, TaskState, WorkItem, WorkState
+from opsplanner.services.tick.admission import admit
+from opsplanner.services.tick.advance import advance, close_finished_operations, expire
+from opsplanner.services.tick.context import ConcurrentChange, TickContext
+
+log = logging.getLogger(__name__)
+
+ADVANCE_BUDGET = 20_000
+ADMIT_BUDGET = 5_000
+
+
+@dataclass
+class TickReport:
+    pool_id: int
+    skipped: bool = False
+    retried: bool = False
+    seconds: float = 0.0
+    counts: Counter[str] = field(default_factory=Counter)
+    new_simulated_work: bool = False
+
+
+def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budget: int = ADMIT_BUDGET) -> TickReport:
+    """Reconcile one pool. Harmless to run twice at once: the second finds the pool locked and skips."""
+    started = time.perf_counter()
+    report = TickReport(pool_id=pool_id)
+    try:
+        with transaction.atomic():
+            pool = Pool.objects.select_for_update(skip_locked=True).filter(pk=pool_id).first()
+            if pool is None:
+                report.skipped = True
+                return report
+            ctx = TickContext(pool=pool, now=clock.now())
+            expire(ctx)
+            advance(ctx, budget=advance_budget)
+            admit(ctx, budget=admit_budget)
+            close_finished_operations(ctx)
+            ctx.flush()
+            report.counts = ctx.counts
+            report.new_simulated_work = any(item.adapter == "simulated" for item in ctx.new_items)
+            if report.new_simulated_work and settings.KICK_TASKS:
+                transaction.on_commit(_kick_simulator)
+    except ConcurrentChange as change:
+        # Someone changed rows this tick read; nothing was written. The next tick retries.
+        log.warning("tick of pool %s rolled back: %s", pool_id, change)
+        report.retried = True
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def pools_with_work() -> list[int]:
+    """Pools where a tick could change something: pending or active tasks, or finished work to act on."""
+    busy = set(
+        HostTask.objects.filter(
+            state__in=[
+                TaskState.PENDING,
+                TaskState.ADMITTED,
+                TaskState.DRAINING,
+                TaskState.RUNNING,
+                TaskState.VERIFYING,
+            ]
+        )
+        .values_list("pool_id", flat=True)
+        .distinct()
+    )
+    busy |= set(
+        WorkItem.objects.filter(state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True)
+        .values_list("pool_id", flat=True)
+        .distinct()
+    )
+    return sorted(busy)
+
+
+def fleet_tick(*, time_budget_s: float = 10.0) -> list[TickReport]:
+    """Tick every pool with work, one transaction each, until the time budget is spent."""
+    deadline = time.perf_counter() + time_budget_s
+    reports = []
+    for pool_id in pools_with_work():
+        if time.perf_counter() > deadline:
+            break
+        reports.append(pool_tick(pool_id=pool_id))
+    return reports
+
+
+def _kick_simulator() -> None:
+    from opsplanner.tasks import simulated_work_step
+
+    simulated_work_step.delay()

@@ -1,0 +1,174 @@
+"""Executors and drainers claim ready work items, heartbeat, and report the outcome.
+
+Claiming is safe with many claimers at once (FOR UPDATE SKIP LOCKED on PostgreSQL; SQLite runs
+writers one at a time). A report carries an idempotency key: the same report again returns the
+first answer and changes nothing; a different report for a finished item is a conflict.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from opsplanner import clock
+from opsplanner.events import event_row, events_bulk_create
+from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
+
+SUBJECT = "opsplanner.workitem"
+MAX_CLAIM = 1000
+MAX_LEASE_SECONDS = 24 * 3600
+
+
+class WorkItemConflict(ValidationError):
+    """The item is not in a state that allows this (already finished, not yours, not running)."""
+
+
+def _validate_claim(limit: int, lease_seconds: int, kinds: list[str] | None) -> None:
+    if not 1 <= limit <= MAX_CLAIM:
+        raise ValidationError({"limit": f"Claim between 1 and {MAX_CLAIM} items at a time."})
+    if not 1 <= lease_seconds <= MAX_LEASE_SECONDS:
+        raise ValidationError({"lease_seconds": f"The lease must be 1 to {MAX_LEASE_SECONDS} seconds."})
+    unknown = [kind for kind in kinds or [] if kind not in WorkKind.values]
+    if unknown:
+        raise ValidationError({"kinds": f"Unknown kinds: {', '.join(unknown)}; use {', '.join(WorkKind.values)}."})
+
+
+@transaction.atomic
+def work_items_claim(
+    *,
+    worker: str,
+    adapter: str = Adapter.EXTERNAL,
+    kinds: list[str] | None = None,
+    pool_id: int | None = None,
+    limit: int = 10,
+    lease_seconds: int = 300,
+) -> list[WorkItem]:
+    """Claim up to `limit` ready items; each stays ours while we heartbeat before its lease ends."""
+    if not worker:
+        raise ValidationError({"worker": "Say who is claiming (a worker name)."})
+    _validate_claim(limit, lease_seconds, kinds)
+    ready = WorkItem.objects.filter(state=WorkState.READY, adapter=adapter)
+    if kinds:
+        ready = ready.filter(kind__in=kinds)
+    if pool_id is not None:
+        ready = ready.filter(pool_id=pool_id)
+    ids = list(ready.order_by("id").select_for_update(skip_locked=True).values_list("id", flat=True)[:limit])
+    if not ids:
+        return []
+    now = clock.now()
+    items = list(WorkItem.objects.filter(pk__in=ids, state=WorkState.READY))
+    expires = now + dt.timedelta(seconds=lease_seconds)
+    for item in items:
+        item.state = WorkState.RUNNING
+        item.claimed_by = worker[:150]
+        item.claimed_at = now
+        item.lease_expires_at = expires
+        item.attempts += 1
+    WorkItem.objects.bulk_update(items, ["state", "claimed_by", "claimed_at", "lease_expires_at", "attempts"])
+    events_bulk_create(
+        [
+            event_row(
+                kind="work_item.claimed",
+                subject_type=SUBJECT,
+                subject_id=item.pk,
+                now=now,
+                actor=worker[:150],
+                pool_id=item.pool_id,
+                host_id=item.host_id,
+                data={"attempt": item.attempts, "kind": item.kind},
+            )
+            for item in items
+        ]
+    )
+    return items
+
+
+@transaction.atomic
+def work_item_heartbeat(*, item_id: int, worker: str, lease_seconds: int = 300) -> dt.datetime:
+    """Extend the lease of an item we are running; a conflict when it is no longer ours."""
+    _validate_claim(1, lease_seconds, None)
+    expires = clock.now() + dt.timedelta(seconds=lease_seconds)
+    changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
+        lease_expires_at=expires
+    )
+    if changed != 1:
+        raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
+    return expires
+
+
+def _not_running_for(item_id: int, worker: str) -> str:
+    item = WorkItem.objects.filter(pk=item_id).values_list("state", "claimed_by").first()
+    if item is None:
+        return f"There is no work item #{item_id}."
+    state, holder = item
+    if state == WorkState.RUNNING:
+        return f"Work item #{item_id} is running for {holder}, not for {worker}."
+    return f"Work item #{item_id} is {state}, not running for {worker} (its lease may have expired)."
+
+
+def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any]) -> None:
+    if outcome not in (WorkState.DONE, WorkState.FAILED):
+        raise ValidationError({"outcome": "The outcome is 'done' or 'failed'."})
+    if not isinstance(result, dict):
+        raise ValidationError({"result": "The result is an object."})
+    versions = result.get("versions", {})
+    if not isinstance(versions, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in versions.items()
+    ):
+        raise ValidationError({"result": "result.versions maps component names to version strings."})
+    if item.kind == WorkKind.VERIFY and outcome == WorkState.DONE and not isinstance(result.get("passed"), bool):
+        raise ValidationError({"result": "A verification report says result.passed: true or false."})
+    if item.kind == WorkKind.EXECUTE and outcome == WorkState.DONE and item.params.get("component"):
+        reported = versions.get(item.params["component"])
+        if reported is None:
+            raise ValidationError(
+                {"result": f"An upgrade report gives result.versions[{item.params['component']!r}], the new version."}
+            )
+
+
+@transaction.atomic
+def work_item_report(
+    *, item_id: int, worker: str, key: str, outcome: str, result: dict[str, Any] | None = None, reason: str = ""
+) -> WorkItem:
+    """Record the outcome of an item we ran. Repeating the same key returns the first answer."""
+    if not key or len(key) > 128:
+        raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters."})
+    result = result if result is not None else {}
+    item = WorkItem.objects.select_for_update().filter(pk=item_id).first()
+    if item is None:
+        raise WorkItemConflict(f"There is no work item #{item_id}.", code="not_found")
+    if item.report_key == key:
+        return item  # a retried report: same answer, no change
+    if item.state in (WorkState.DONE, WorkState.FAILED):
+        raise WorkItemConflict(
+            f"Work item #{item_id} was already reported {item.state} with another key.", code="conflict"
+        )
+    if item.state != WorkState.RUNNING or item.claimed_by != worker:
+        raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
+    _validate_result(item, outcome, result)
+    now = clock.now()
+    changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
+        state=outcome, result=result, report_key=key, outcome_reason=reason[:500], finished_at=now
+    )
+    if changed != 1:  # pragma: no cover - the row lock above makes this unreachable
+        raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
+    events_bulk_create(
+        [
+            event_row(
+                kind=f"work_item.{outcome}",
+                subject_type=SUBJECT,
+                subject_id=item_id,
+                now=now,
+                actor=worker,
+                reason=reason,
+                pool_id=item.pool_id,
+                host_id=item.host_id,
+                data={"from": WorkState.RUNNING, "to": outcome, "kind": item.kind},
+            )
+        ]
+    )
+    item.refresh_from_db()
+    return item

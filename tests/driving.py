@@ -1,0 +1,58 @@
+"""Driving the orchestration core in-process: ticks and the simulated adapters, round by round."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from decimal import Decimal
+
+from fleet.models import Pool
+from opsplanner.models import HostTask, SimulatorProfile, TaskState, WorkItem, WorkState
+from opsplanner.selectors.invariants import check_invariants
+from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.tick import pool_tick
+
+ACTIVE = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
+
+
+def instant_simulator(**overrides: object) -> SimulatorProfile:
+    """Zero-duration simulated drains, executions and checks; rates from overrides."""
+    profile = SimulatorProfile.current()
+    profile.drain_seconds = profile.execute_seconds = profile.verify_seconds = profile.undrain_seconds = 0.0
+    for name in ("slow_host_fraction", "refusing_host_fraction", "execute_failure_rate", "verify_failure_rate"):
+        setattr(profile, name, Decimal(0))
+    for name, value in overrides.items():
+        setattr(profile, name, value)
+    profile.save()
+    return profile
+
+
+def busy(pools: Iterable[Pool]) -> bool:
+    ids = [pool.pk for pool in pools]
+    return (
+        HostTask.objects.filter(pool_id__in=ids, state__in=ACTIVE).exists()
+        or WorkItem.objects.filter(pool_id__in=ids, state__in=[WorkState.READY, WorkState.RUNNING]).exists()
+        or WorkItem.objects.filter(pool_id__in=ids, consumed_at__isnull=True, state__in=["done", "failed"]).exists()
+    )
+
+
+def drive(
+    *pools: Pool,
+    max_rounds: int = 200,
+    each_round: Callable[[], None] | None = None,
+    until: Callable[[], bool] | None = None,
+    check: bool = True,
+) -> int:
+    """Tick the pools and run the simulator until nothing is left to do (or `until` holds).
+    With check, the invariants are verified after every round."""
+    for round_number in range(1, max_rounds + 1):
+        for pool in pools:
+            pool_tick(pool_id=pool.pk)
+        simulated_work_step()
+        if check:
+            violations = check_invariants()
+            assert not violations, f"round {round_number}: {violations}"
+        if each_round:
+            each_round()
+        if until() if until else not busy(pools):
+            return round_number
+    raise AssertionError(f"not settled after {max_rounds} rounds")
