@@ -141,6 +141,8 @@ else:
         "data_folder_out": str(EMBEDDED_BROKER_DIR / "queue"),
         "processed_folder": str(EMBEDDED_BROKER_DIR / "processed"),
         "store_processed": False,
+        # The transport polls the folder; the default (1 s per message) is too slow for the tick.
+        "polling_interval": 0.1,
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
@@ -176,7 +178,7 @@ CELERY_BEAT_SCHEDULE = {
     "worker-heartbeat": {
         "task": "opsplanner.tasks.worker_heartbeat",
         "schedule": float(WORKER_HEARTBEAT_SECONDS),
-        "options": {"expires": float(WORKER_HEARTBEAT_SECONDS)},
+        "options": {"expires": float(max(3 * WORKER_HEARTBEAT_SECONDS, 10))},
     },
 }
 
