@@ -55,4 +55,12 @@ def drive(
             each_round()
         if until() if until else not busy(pools):
             return round_number
-    raise AssertionError(f"not settled after {max_rounds} rounds")
+    stuck = list(
+        HostTask.objects.filter(state__in=ACTIVE).values_list("id", "state", "host__state", "waiting_reason")[:10]
+    )
+    items = list(
+        WorkItem.objects.filter(host_task_id__in=[row[0] for row in stuck]).values_list(
+            "host_task_id", "kind", "state", "consumed_at", "claimed_by", "due_at"
+        )
+    )
+    raise AssertionError(f"not settled after {max_rounds} rounds; still active: {stuck}; their work: {items}")

@@ -167,6 +167,10 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     """Cancel an open operation's pending host tasks; tasks already under way finish. Returns how many."""
     if not reason:
         raise ValidationError({"reason": "Say why the operation is cancelled."})
+    # Take the pools' tick locks first (in id order, as ticks do: pool, then operation), so a cancel
+    # never races an admission and never deadlocks with a tick.
+    pool_ids = set(HostTask.objects.filter(operation_id=operation_id).values_list("pool_id", flat=True))
+    list(Pool.objects.select_for_update(no_key=True).filter(pk__in=pool_ids).order_by("pk").values_list("pk"))
     operation = Operation.objects.select_for_update().get(pk=operation_id)
     if operation.state != OperationState.OPEN:
         raise ValidationError(f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.")

@@ -271,6 +271,9 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     service (handover); with nothing left, its pre-return verification starts."""
     if not applied:
         return
+    # A repaired host is verified and returned first: it is out broken, not drained for work.
+    _start_verification(ctx, [task for task in applied if _is_repair(task)])
+    applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
     candidates = task_refs(
         HostTask.objects.filter(

@@ -39,7 +39,7 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
     report = TickReport(pool_id=pool_id)
     try:
         with transaction.atomic():
-            pool = Pool.objects.select_for_update(skip_locked=True).filter(pk=pool_id).first()
+            pool = Pool.objects.select_for_update(skip_locked=True, no_key=True).filter(pk=pool_id).first()
             if pool is None:
                 report.skipped = True
                 return report
@@ -57,8 +57,27 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
         # Someone changed rows this tick read; nothing was written. The next tick retries.
         log.warning("tick of pool %s rolled back: %s", pool_id, change)
         report.retried = True
+        _record_conflict(pool_id, str(change))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _record_conflict(pool_id: int, message: str) -> None:
+    """Nothing silent: a rolled-back tick leaves an event (outside the rolled-back transaction)."""
+    from opsplanner.events import event_row, events_bulk_create
+
+    events_bulk_create(
+        [
+            event_row(
+                kind="tick.rolled_back",
+                subject_type="fleet.pool",
+                subject_id=pool_id,
+                now=clock.now(),
+                reason=message,
+                pool_id=pool_id,
+            )
+        ]
+    )
 
 
 def pools_with_work() -> list[int]:

@@ -1,0 +1,70 @@
+"""manage.py check_invariants finds violations in a live database and exits non-zero."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from fleet.models import Host, Pool
+from opsplanner.models import HostTask
+from opsplanner.services.operations import operation_submit
+from opsplanner.services.tick import pool_tick
+from tests.builders import make_fleet
+from tests.driving import drive, instant_simulator
+
+pytestmark = pytest.mark.django_db
+
+
+def run_check(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("check_invariants", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_a_healthy_fleet_passes_after_real_work() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=2)
+    operation_submit(kind="upgrade", component="gpu-driver", version="560.35.03", scope=f"pool {pool.name}", reason="r")
+    drive(pool)
+    out, err = run_check()
+    assert out.strip() == "check_invariants: no violation"
+    assert err == ""
+
+
+def test_a_host_out_of_service_with_no_holder_is_reported_as_stuck() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    Host.objects.filter(pk=hosts[0].pk).update(state="maintenance")
+    with pytest.raises(CommandError, match=r"2 invariant violation\(s\)") as caught:
+        run_check()
+    assert caught.value.returncode == 1
+
+
+def test_the_report_names_each_violation() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    Host.objects.filter(pk=hosts[0].pk).update(state="maintenance")
+    err = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("check_invariants", stdout=io.StringIO(), stderr=err)
+    lines = err.getvalue().splitlines()
+    assert f"[stuck_host] host {hosts[0].hostname} ({hosts[0].pk}) is maintenance and nobody holds it" in lines
+    assert f"[silent_change] host {hosts[0].pk} is maintenance with no event saying so" in lines
+
+
+def test_more_hosts_out_than_the_planned_buffer_is_a_violation() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=2)
+    operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="r")
+    pool_tick(pool_id=pool.pk)
+    assert HostTask.objects.filter(state="draining").count() == 2
+    Pool.objects.filter(pk=pool.pk).update(planned_buffer_hosts=1)
+    err = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("check_invariants", "--pool", pool.name, stdout=io.StringIO(), stderr=err)
+    assert f"[planned_buffer] pool {pool.name}: 2 hosts out for planned work, buffer 1" in err.getvalue()
+
+
+def test_an_unknown_pool_is_refused() -> None:
+    with pytest.raises(CommandError, match="There is no pool named 'nope'"):
+        run_check("--pool", "nope")
