@@ -63,20 +63,29 @@ class WorkerProcess:
         return self.log.read_text(errors="replace")
 
 
-def start_worker(tmp_path: Path, *, concurrency: int = 1) -> WorkerProcess:
-    """A real Celery worker on its own queue (so runs never share messages), on the test database."""
-    tag = uuid.uuid4().hex[:8]
-    name = f"test-{tag}@{socket.gethostname()}"
-    queue = f"test-{tag}"
+def _process_env(tmp_path: Path, queue: str, tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
             "DATABASE_URL": test_database_url(),
             "CELERY_QUEUE": queue,
             "DEBUG": "1",
+            "KICK_TASKS": "1",
             "OPSPLANNER_VAR_DIR": str(tmp_path / f"var-{tag}"),
         }
     )
+    env.update(extra or {})
+    return env
+
+
+def start_worker(
+    tmp_path: Path, *, concurrency: int = 1, queue: str | None = None, extra_env: dict[str, str] | None = None
+) -> WorkerProcess:
+    """A real Celery worker on its own queue (so runs never share messages), on the test database."""
+    tag = uuid.uuid4().hex[:8]
+    name = f"test-{tag}@{socket.gethostname()}"
+    queue = queue or f"test-{tag}"
+    env = _process_env(tmp_path, queue, tag, extra_env)
     log = tmp_path / f"worker-{tag}.log"
     command = [
         *(sys.executable, "-m", "celery", "-A", "opsplanner", "worker", "-Q", queue, "-n", name),
@@ -85,3 +94,25 @@ def start_worker(tmp_path: Path, *, concurrency: int = 1) -> WorkerProcess:
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     return WorkerProcess(name=name, queue=queue, process=process, log=log)
+
+
+def start_beat(tmp_path: Path, *, queue: str, extra_env: dict[str, str] | None = None) -> WorkerProcess:
+    """The real Celery beat, sending the periodic tick and simulator steps to `queue`."""
+    tag = uuid.uuid4().hex[:8]
+    env = _process_env(tmp_path, queue, tag, extra_env)
+    log = tmp_path / f"beat-{tag}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "opsplanner",
+        "beat",
+        "--loglevel",
+        "INFO",
+        "--schedule",
+        str(tmp_path / f"beat-{tag}.schedule"),
+    ]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return WorkerProcess(name=f"beat-{tag}", queue=queue, process=process, log=log)

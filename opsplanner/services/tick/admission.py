@@ -193,15 +193,17 @@ def _group_gangs(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:
 
 
 def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], current: dict[int, str]) -> None:
-    changed = [
-        HostTask(id=task_id, waiting_code=code, waiting_reason=reason[:300])
-        for task_id, (code, reason) in waiting.items()
-        if current.get(task_id) != reason[:300]
-    ]
-    if changed:
-        HostTask.objects.bulk_update(changed, ["waiting_code", "waiting_reason"], batch_size=1000)
+    """Record why tasks wait, writing only reasons that changed, one UPDATE per distinct reason."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for task_id, (code, reason) in waiting.items():
+        if current.get(task_id) != reason[:300]:
+            groups[(code, reason[:300])].append(task_id)
+    for (code, reason), task_ids in groups.items():
+        HostTask.objects.filter(pk__in=task_ids, state=TaskState.PENDING).update(
+            waiting_code=code, waiting_reason=reason
+        )
     ctx.counts["waiting"] += len(waiting)
-    ctx.counts["waiting_reasons_changed"] += len(changed)
+    ctx.counts["waiting_reasons_changed"] += sum(len(ids) for ids in groups.values())
 
 
 def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
