@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.common import Figure
 
-BENCHMARKS = ["seed"]
+BENCHMARKS = ["seed", "tick"]
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
 

@@ -6,6 +6,6 @@ class OpsPlannerConfig(AppConfig):
     verbose_name = "OpsPlanner core"
 
     def ready(self) -> None:
-        from opsplanner import embedded
+        from opsplanner import embedded, lookups  # noqa: F401 - registers field__any
 
         embedded.prepare_var_dir()

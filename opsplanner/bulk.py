@@ -6,10 +6,11 @@ Rows already present (by any unique constraint) are left untouched, which makes 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 
 SQLITE_BATCH = 500
 
@@ -33,7 +34,7 @@ def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iter
 def _copy_insert_missing(table: str, columns: Sequence[str], rows: list[Sequence[Any]]) -> int:
     quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
     staging = connection.ops.quote_name(f"staging_{table}")
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         # A column-typed copy of the target without its constraints, dropped with the transaction.
         cursor.execute(f"DROP TABLE IF EXISTS {staging}")
         cursor.execute(f"CREATE TEMP TABLE {staging} ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA")
@@ -44,3 +45,28 @@ def _copy_insert_missing(table: str, columns: Sequence[str], rows: list[Sequence
         inserted = cursor.rowcount
         cursor.execute(f"DROP TABLE {staging}")
     return inserted
+
+
+def copy_rows(model: type[models.Model], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Insert rows as they are (a conflict raises): COPY on PostgreSQL, bulk_create elsewhere.
+    JSON columns are given as JSON text."""
+    if not rows:
+        return
+    if connection.vendor != "postgresql":
+        json_columns = {f.column for f in model._meta.fields if isinstance(f, models.JSONField)}
+        model.objects.bulk_create(
+            [
+                model(**{c: (json.loads(v) if c in json_columns else v) for c, v in zip(columns, row, strict=True)})
+                for row in rows
+            ],
+            batch_size=SQLITE_BATCH,
+        )
+        return
+    quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    with (
+        transaction.atomic(),
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY {model._meta.db_table} ({quoted}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            copy.write_row(row)

@@ -31,7 +31,7 @@ def host_incompatibilities(
     if not ids:
         return {}
     hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
-    rows = InstalledVersion.objects.filter(host_id__in=ids).values_list(
+    rows = InstalledVersion.objects.filter(host_id__any=ids).values_list(
         "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
         "version__sort_key",
     )  # fmt: skip

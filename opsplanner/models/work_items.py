@@ -77,6 +77,8 @@ class WorkItem(models.Model):
             ),
             models.Index(fields=["pool_id", "lease_expires_at"], name="work_item_running_idx",
                          condition=Q(state="running")),
+            models.Index(fields=["pool_id", "deadline_at"], name="work_item_open_deadline_idx",
+                         condition=Q(state__in=["waiting", "ready", "running"])),
             models.Index(fields=["pool_id", "id"], name="work_item_unconsumed_idx",
                          condition=Q(state__in=["done", "failed"], consumed_at__isnull=True)),
         ]  # fmt: skip

@@ -71,7 +71,7 @@ def operation_submit(
         needs_drain = target.component.needs_drain if target else True
 
     host_ids = resolve_scope(parse_scope(scope))
-    pools = dict(Host.objects.filter(pk__in=host_ids).values_list("id", "pool_id"))
+    pools = dict(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id"))
     if gang:
         _check_gang(host_ids, pools, needs_drain)
     if target is not None:
@@ -170,7 +170,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     # Take the pools' tick locks first (in id order, as ticks do: pool, then operation), so a cancel
     # never races an admission and never deadlocks with a tick.
     pool_ids = set(HostTask.objects.filter(operation_id=operation_id).values_list("pool_id", flat=True))
-    list(Pool.objects.select_for_update(no_key=True).filter(pk__in=pool_ids).order_by("pk").values_list("pk"))
+    list(Pool.objects.select_for_update(no_key=True).filter(pk__any=pool_ids).order_by("pk").values_list("pk"))
     operation = Operation.objects.select_for_update().get(pk=operation_id)
     if operation.state != OperationState.OPEN:
         raise ValidationError(f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.")
@@ -179,7 +179,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     pending = list(
         HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list("id", "host_id", "pool_id")
     )
-    cancelled = HostTask.objects.filter(pk__in=[row[0] for row in pending], state=TaskState.PENDING).update(
+    cancelled = HostTask.objects.filter(pk__any=[row[0] for row in pending], state=TaskState.PENDING).update(
         state=TaskState.CANCELLED, finished_at=now, state_changed_at=now, waiting_code="", waiting_reason=""
     )
     if cancelled != len(pending):

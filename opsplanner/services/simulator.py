@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
+from collections import defaultdict
 from collections.abc import Iterable
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import CharField, Value
+from django.db.models.functions import Cast, Concat
 
 from opsplanner import clock
 from opsplanner.events import event_row, events_bulk_create
 from opsplanner.models import Adapter, SimulatorProfile, WorkItem, WorkKind, WorkState
-from opsplanner.services.work_items import work_items_claim
+from opsplanner.services.work_items import MAX_CLAIM, work_items_claim
 
 WORKER = "simulator"
 LEASE_GRACE_S = 120
@@ -68,14 +72,24 @@ def simulated_work_step(*, limit: int | None = None) -> int:
 
 def _claim(profile: SimulatorProfile, batch: int) -> None:
     with transaction.atomic():
-        items = work_items_claim(worker=WORKER, adapter=Adapter.SIMULATED, limit=batch, lease_seconds=3600)
+        items: list[WorkItem] = []
+        while len(items) < batch:
+            chunk = min(batch - len(items), MAX_CLAIM)
+            claimed = work_items_claim(worker=WORKER, adapter=Adapter.SIMULATED, limit=chunk, lease_seconds=3600)
+            items.extend(claimed)
+            if len(claimed) < chunk:
+                break
         if not items:
             return
+        by_duration: dict[float, list[int]] = defaultdict(list)
         for item in items:
-            duration = _duration(profile, item)
-            item.due_at = item.claimed_at + dt.timedelta(seconds=duration)
-            item.lease_expires_at = item.due_at + dt.timedelta(seconds=LEASE_GRACE_S)
-        WorkItem.objects.bulk_update(items, ["due_at", "lease_expires_at"])
+            by_duration[_duration(profile, item)].append(item.pk)
+        claimed_at = items[0].claimed_at
+        for duration, ids in by_duration.items():
+            due = claimed_at + dt.timedelta(seconds=duration)
+            WorkItem.objects.filter(pk__any=ids).update(
+                due_at=due, lease_expires_at=due + dt.timedelta(seconds=LEASE_GRACE_S)
+            )
 
 
 def _finish_due(profile: SimulatorProfile, batch: int) -> int:
@@ -91,24 +105,28 @@ def _finish_due(profile: SimulatorProfile, batch: int) -> int:
         if not due:
             return 0
         events = []
+        outcomes: dict[tuple[str, str, str], list[int]] = defaultdict(list)
         for item in due:
-            item.state, item.result, item.outcome_reason = _outcome(profile, item)
-            item.finished_at = now
-            item.report_key = f"simulator:{item.pk}:{item.attempts}"
+            state, result, reason = _outcome(profile, item)
+            outcomes[(state, json.dumps(result, sort_keys=True), reason)].append(item.pk)
             events.append(
                 event_row(
-                    kind=f"work_item.{item.state}",
+                    kind=f"work_item.{state}",
                     subject_type="opsplanner.workitem",
                     subject_id=item.pk,
                     now=now,
                     actor=WORKER,
-                    reason=item.outcome_reason,
+                    reason=reason,
                     pool_id=item.pool_id,
                     host_id=item.host_id,
-                    data={"from": WorkState.RUNNING, "to": item.state, "kind": item.kind},
+                    data={"from": WorkState.RUNNING, "to": state, "kind": item.kind},
                 )
             )
-        WorkItem.objects.bulk_update(due, ["state", "result", "outcome_reason", "finished_at", "report_key"])
+        report_key = Concat(Value(f"{WORKER}:"), Cast("id", CharField()), Value(":"), Cast("attempts", CharField()))
+        for (state, result, reason), ids in outcomes.items():
+            WorkItem.objects.filter(pk__any=ids, state=WorkState.RUNNING).update(
+                state=state, result=json.loads(result), outcome_reason=reason, finished_at=now, report_key=report_key
+            )
         events_bulk_create(events)
         pools = {item.pool_id for item in due}
         if settings.KICK_TASKS:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
 from opsplanner import clock
 from opsplanner.events import event_row, events_bulk_create
@@ -59,15 +60,15 @@ def work_items_claim(
     if not ids:
         return []
     now = clock.now()
-    items = list(WorkItem.objects.filter(pk__in=ids, state=WorkState.READY))
     expires = now + dt.timedelta(seconds=lease_seconds)
-    for item in items:
-        item.state = WorkState.RUNNING
-        item.claimed_by = worker[:150]
-        item.claimed_at = now
-        item.lease_expires_at = expires
-        item.attempts += 1
-    WorkItem.objects.bulk_update(items, ["state", "claimed_by", "claimed_at", "lease_expires_at", "attempts"])
+    WorkItem.objects.filter(pk__any=ids, state=WorkState.READY).update(
+        state=WorkState.RUNNING,
+        claimed_by=worker[:150],
+        claimed_at=now,
+        lease_expires_at=expires,
+        attempts=F("attempts") + 1,
+    )
+    items = list(WorkItem.objects.filter(pk__any=ids).order_by("id"))
     events_bulk_create(
         [
             event_row(

@@ -19,6 +19,7 @@ from fleet.selectors.capacity import pool_capacity
 from opsplanner.models import (
     HostTask,
     Lease,
+    Operation,
     OperationSource,
     OperationState,
     TaskState,
@@ -98,31 +99,48 @@ def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
         return {}
     reasons: dict[int, str] = {}
     for host_id, service_id in ServicePlacement.objects.filter(
-        host_id__in=host_ids, service_id__in=windows
+        host_id__any=host_ids, service_id__in=windows
     ).values_list("host_id", "service_id"):
         window_id, name, ends = windows[service_id]
         reasons.setdefault(host_id, f"opt-out window #{window_id} of service {name} until {ends:%Y-%m-%d %H:%M} UTC")
     return reasons
 
 
+HORIZON_MIN = 200
+HORIZON_PER_FREE_HOST = 4
+
+
 def admit(ctx: TickContext, *, budget: int) -> None:
-    pending = HostTask.objects.filter(
-        pool_id=ctx.pool.pk, state=TaskState.PENDING, operation__state=OperationState.OPEN
-    ).order_by("-priority", "created_at", "id")
-    candidates = task_refs(pending[:budget])
+    """Admit what fits. Only the head of the queue is examined: a few times the free headroom (at
+    least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back keep the reason
+    they last got, and get one when they come within the horizon."""
+    headroom = pool_headroom(ctx)
+    horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
+    # Pending tasks belong to open operations (cancelling or closing one leaves none pending), so
+    # the queue is read from the partial index alone, without a join.
+    pending = HostTask.objects.filter(pool_id=ctx.pool.pk, state=TaskState.PENDING).order_by(
+        "-priority", "created_at", "id"
+    )
+    candidates = task_refs(pending[:horizon])
+    if len(candidates) == horizon:  # work that takes no capacity is never stuck behind work that does
+        in_place = list(
+            Operation.objects.filter(state=OperationState.OPEN, needs_drain=False).values_list("id", flat=True)
+        )
+        if in_place:
+            for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
+                candidates.setdefault(task.id, task)
     if not candidates:
         return
-    order = list(candidates.values())
+    order = sorted(candidates.values(), key=lambda t: (-t.priority, t.created_at, t.id))
     gang_ops = {t.operation_id for t in order if t.gang}
     if gang_ops:  # a gang is judged whole, even the part beyond the budget
-        for task in task_refs(pending.filter(operation_id__in=gang_ops)).values():
+        for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
     host_ids = {t.host_id for t in candidates.values()}
-    host_states = dict(Host.objects.filter(pk__in=host_ids).values_list("id", "state"))
-    holders = dict(Lease.objects.filter(active=True, host_id__in=host_ids).values_list("host_id", "operation_id"))
+    host_states = dict(Host.objects.filter(pk__any=host_ids).values_list("id", "state"))
+    holders = dict(Lease.objects.filter(active=True, host_id__any=host_ids).values_list("host_id", "operation_id"))
     optouts = _optouts(ctx, host_ids)
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
-    headroom = pool_headroom(ctx)
 
     claimed: dict[int, TaskRef] = {}  # host -> the task first in line for it this tick
     admitted: list[TaskRef] = []
@@ -199,7 +217,7 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
         if current.get(task_id) != reason[:300]:
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
-        HostTask.objects.filter(pk__in=task_ids, state=TaskState.PENDING).update(
+        HostTask.objects.filter(pk__any=task_ids, state=TaskState.PENDING).update(
             waiting_code=code, waiting_reason=reason
         )
     ctx.counts["waiting"] += len(waiting)
@@ -221,7 +239,7 @@ def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
     drained = [t for t in tasks if t.needs_drain]
     in_place = [t for t in tasks if not t.needs_drain]
     # A drained task opens a drain; tasks handed over later in that drain share its key.
-    HostTask.objects.filter(pk__in=[t.id for t in drained]).update(drain_key=F("id"))
+    HostTask.objects.filter(pk__any=[t.id for t in drained]).update(drain_key=F("id"))
     for task in drained:
         task.drain_key = task.id
     ctx.move_tasks(drained, expected=TaskState.ADMITTED, new=TaskState.DRAINING)

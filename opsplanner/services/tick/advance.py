@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -39,7 +39,7 @@ from opsplanner.services.tick.context import (
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
 MAX_REPAIR_ATTEMPTS = 3
-TERMINAL = [TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER]
+OPEN_TASK_STATES = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
 
 
 # --- 1. expire --------------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def expire(ctx: TickContext) -> None:
     retry = [row for row in stale if row[2] < row[3]]
     give_up = [row for row in stale if row[2] >= row[3]]
     if retry:
-        WorkItem.objects.filter(pk__in=[row[0] for row in retry], state=WorkState.RUNNING).update(
+        WorkItem.objects.filter(pk__any=[row[0] for row in retry], state=WorkState.RUNNING).update(
             state=WorkState.READY, claimed_by="", claimed_at=None, lease_expires_at=None, due_at=None
         )
     for item_id, host_id, attempts, _, worker in retry:
@@ -113,12 +113,12 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     )
     if not items:
         return
-    consumed = WorkItem.objects.filter(pk__in=[row[0] for row in items], consumed_at__isnull=True).update(
+    consumed = WorkItem.objects.filter(pk__any=[row[0] for row in items], consumed_at__isnull=True).update(
         consumed_at=ctx.now
     )
     if consumed != len(items):
         raise ConcurrentChange("work items consumed by someone else")
-    tasks = task_refs(HostTask.objects.filter(pk__in={row[3] for row in items}))
+    tasks = task_refs(HostTask.objects.filter(pk__any={row[3] for row in items}))
     by_kind: dict[tuple[str, str], list[tuple[TaskRef, dict[str, Any], str]]] = defaultdict(list)
     for _, kind, state, task_id, result, reason in items:
         by_kind[(kind, state)].append((tasks[task_id], result or {}, reason))
@@ -224,7 +224,7 @@ def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> 
         if (component, version) in catalogue:
             groups[catalogue[(component, version)]].append(host_id)
     for (component_id, version_id), host_ids in groups.items():
-        InstalledVersion.objects.filter(host_id__in=host_ids, component_id=component_id).update(
+        InstalledVersion.objects.filter(host_id__any=host_ids, component_id=component_id).update(
             version_id=version_id, installed_at=ctx.now
         )
         insert_missing(
@@ -277,7 +277,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     by_host = {task.host_id: task for task in applied}
     candidates = task_refs(
         HostTask.objects.filter(
-            host_id__in=by_host, state=TaskState.PENDING, operation__state=OperationState.OPEN, operation__gang=False
+            host_id__any=by_host, state=TaskState.PENDING, operation__state=OperationState.OPEN, operation__gang=False
         ).order_by("host_id", "-priority", "created_at", "id")
     )
     successor: dict[int, TaskRef] = {}
@@ -347,7 +347,7 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         return
     outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
     for task_id, verify_class, state, result, reason in WorkItem.objects.filter(
-        host_task_id__in=[t.id for t in tasks], kind=WorkKind.VERIFY
+        host_task_id__any=[t.id for t in tasks], kind=WorkKind.VERIFY
     ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason"):
         outcomes[task_id].append((verify_class, state, result or {}, reason))
     passed: list[TaskRef] = []
@@ -405,11 +405,11 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     installed = {
         (host_id, component_id): version_id
         for host_id, component_id, version_id in InstalledVersion.objects.filter(
-            host_id__in=[t.host_id for t in tasks]
+            host_id__any=[t.host_id for t in tasks]
         ).values_list("host_id", "component_id", "version_id")
     }
     names = dict(
-        ComponentVersion.objects.filter(pk__in=set(installed.values()) | {row[2] for row in targets}).values_list(
+        ComponentVersion.objects.filter(pk__any=set(installed.values()) | {row[2] for row in targets}).values_list(
             "id", "version"
         )
     )
@@ -468,7 +468,7 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
         return
     host_ids = [task.host_id for task, _ in failed]
     failed_repairs = dict(
-        HostTask.objects.filter(host_id__in=host_ids, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED)
+        HostTask.objects.filter(host_id__any=host_ids, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED)
         .values("host_id")
         .annotate(n=Count("id"))
         .values_list("host_id", "n")
@@ -493,7 +493,7 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
         )
     if not repair:
         return
-    hostnames = dict(Host.objects.filter(pk__in=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
+    hostnames = dict(Host.objects.filter(pk__any=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
     executor = settings.REPAIR_EXECUTOR
     operations = Operation.objects.bulk_create(
         [
@@ -534,7 +534,7 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
             reason=operation.reason,
             data={"kind": "repair", "scope": operation.scope, "hosts": 1},
         )
-    refs = task_refs(HostTask.objects.filter(pk__in=[t.pk for t in new_tasks]))
+    refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
     takers = [refs[t.pk] for t in new_tasks]
     ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
     ctx.move_tasks(
@@ -555,15 +555,14 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
 def close_finished_operations(ctx: TickContext) -> None:
     if not ctx.touched_operations:
         return
-    unfinished = set(
-        HostTask.objects.filter(operation_id__in=ctx.touched_operations)
-        .exclude(state__in=TERMINAL)
-        .values_list("operation_id", flat=True)
+    still_open = HostTask.objects.filter(operation=OuterRef("pk"), state__in=OPEN_TASK_STATES)
+    closed = Operation.objects.filter(pk__any=ctx.touched_operations, state=OperationState.OPEN).exclude(
+        Exists(still_open)
     )
-    finished = sorted(ctx.touched_operations - unfinished)
-    closed = Operation.objects.filter(pk__in=finished, state=OperationState.OPEN)
     ids = list(closed.values_list("id", flat=True))
-    closed.update(state=OperationState.COMPLETED, closed_at=ctx.now)
+    Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
+        state=OperationState.COMPLETED, closed_at=ctx.now
+    )
     for operation_id in ids:
         ctx.event(kind="operation.completed", subject_type="opsplanner.operation", subject_id=operation_id)
     ctx.counts["operations_completed"] += len(ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,9 +12,28 @@ from typing import Any
 from django.db import models
 
 from fleet.models import Host, Pool
+from opsplanner.bulk import copy_rows
 from opsplanner.events import event_row, events_bulk_create
-from opsplanner.models import Event, HostTask, Lease, WorkItem
+from opsplanner.models import Event, HostTask, Lease, WorkItem, WorkState
 
+WORK_ITEM_COLUMNS = (
+    "kind",
+    "verify_class",
+    "host_id",
+    "host_task_id",
+    "pool_id",
+    "adapter",
+    "state",
+    "params",
+    "attempts",
+    "max_attempts",
+    "claimed_by",
+    "deadline_at",
+    "report_key",
+    "result",
+    "outcome_reason",
+    "created_at",
+)
 SUBJECT_TASK = "opsplanner.hosttask"
 SUBJECT_HOST = "fleet.host"
 SUBJECT_WORK = "opsplanner.workitem"
@@ -45,6 +65,8 @@ class TaskRef:
     target_version_id: int | None
     gang: bool
     waiting_reason: str
+    priority: int
+    created_at: dt.datetime
 
 
 TASK_REF_FIELDS = (
@@ -64,6 +86,8 @@ TASK_REF_FIELDS = (
     "operation__component_version_id",
     "operation__gang",
     "waiting_reason",
+    "priority",
+    "created_at",
 )
 
 
@@ -76,7 +100,7 @@ class TickContext:
     pool: Pool
     now: dt.datetime
     events: list[Event] = field(default_factory=list)
-    new_items: list[WorkItem] = field(default_factory=list)
+    new_items: list[tuple[Any, ...]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     touched_operations: set[int] = field(default_factory=set)
 
@@ -111,7 +135,7 @@ class TickContext:
         if not tasks:
             return
         ids = [task.id for task in tasks]
-        changed = HostTask.objects.filter(pk__in=ids, state=expected).update(
+        changed = HostTask.objects.filter(pk__any=ids, state=expected).update(
             state=new, state_changed_at=self.now, **fields
         )
         if changed != len(ids):
@@ -133,7 +157,7 @@ class TickContext:
         ids = list(host_ids)
         if not ids:
             return
-        changed = Host.objects.filter(pk__in=ids, state=expected).update(state=new, state_changed_at=self.now)
+        changed = Host.objects.filter(pk__any=ids, state=expected).update(state=new, state_changed_at=self.now)
         if changed != len(ids):
             raise ConcurrentChange(f"{len(ids) - changed} of {len(ids)} hosts were not {expected}")
         for host_id in ids:
@@ -151,10 +175,10 @@ class TickContext:
         ids = list(task_ids)
         if not ids:
             return
-        leases = list(Lease.objects.filter(host_task_id__in=ids, active=True).values_list("id", "host_id"))
+        leases = list(Lease.objects.filter(host_task_id__any=ids, active=True).values_list("id", "host_id"))
         if len(leases) != len(ids):
             raise ConcurrentChange(f"{len(ids) - len(leases)} of {len(ids)} tasks held no active lease")
-        Lease.objects.filter(pk__in=[lease_id for lease_id, _ in leases]).update(
+        Lease.objects.filter(pk__any=[lease_id for lease_id, _ in leases]).update(
             active=False, released_at=self.now, release_reason=reason[:200]
         )
         for lease_id, host_id in leases:
@@ -203,36 +227,29 @@ class TickContext:
         params: dict[str, Any] | None = None,
         max_attempts: int | None = None,
     ) -> None:
+        """Queue a new work item (a row for an executor to claim). Its task's transition is the event."""
         self.new_items.append(
-            WorkItem(
-                kind=kind,
-                verify_class=verify_class,
-                host_id=task.host_id,
-                host_task_id=task.id,
-                pool_id=self.pool.pk,
-                adapter=adapter,
-                params=params or {},
-                max_attempts=max_attempts or task.max_attempts,
-                deadline_at=self.now + dt.timedelta(seconds=deadline_s),
-                created_at=self.now,
+            (
+                kind,
+                verify_class,
+                task.host_id,
+                task.id,
+                self.pool.pk,
+                adapter,
+                WorkState.READY,
+                json.dumps(params or {}),
+                0,
+                max_attempts or task.max_attempts,
+                "",
+                self.now + dt.timedelta(seconds=deadline_s),
+                "",
+                "{}",
+                "",
+                self.now,
             )
         )
 
     def flush(self) -> None:
-        if self.new_items:
-            created = WorkItem.objects.bulk_create(self.new_items, batch_size=2000)
-            for item in created:
-                self.event(
-                    kind="work_item.created",
-                    subject_type=SUBJECT_WORK,
-                    subject_id=item.pk,
-                    host_id=item.host_id,
-                    data={
-                        "kind": item.kind,
-                        "verify_class": item.verify_class,
-                        "task": item.host_task_id,
-                        "adapter": item.adapter,
-                    },
-                )
-            self.counts["work_items_created"] += len(created)
+        copy_rows(WorkItem, WORK_ITEM_COLUMNS, self.new_items)
+        self.counts["work_items_created"] += len(self.new_items)
         events_bulk_create(self.events)

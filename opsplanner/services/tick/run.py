@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 
 from fleet.models import Pool
 from opsplanner import clock
@@ -50,7 +51,7 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
             close_finished_operations(ctx)
             ctx.flush()
             report.counts = ctx.counts
-            report.new_simulated_work = any(item.adapter == "simulated" for item in ctx.new_items)
+            report.new_simulated_work = any(item[5] == "simulated" for item in ctx.new_items)
             if report.new_simulated_work and settings.KICK_TASKS:
                 transaction.on_commit(_kick_simulator)
     except ConcurrentChange as change:
@@ -81,26 +82,17 @@ def _record_conflict(pool_id: int, message: str) -> None:
 
 
 def pools_with_work() -> list[int]:
-    """Pools where a tick could change something: pending or active tasks, or finished work to act on."""
-    busy = set(
-        HostTask.objects.filter(
-            state__in=[
-                TaskState.PENDING,
-                TaskState.ADMITTED,
-                TaskState.DRAINING,
-                TaskState.RUNNING,
-                TaskState.VERIFYING,
-            ]
-        )
-        .values_list("pool_id", flat=True)
-        .distinct()
+    """Pools where a tick could change something: open tasks, or finished work to act on (index probes)."""
+    open_tasks = HostTask.objects.filter(
+        pool_id=OuterRef("pk"),
+        state__in=[TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING],
     )
-    busy |= set(
-        WorkItem.objects.filter(state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True)
-        .values_list("pool_id", flat=True)
-        .distinct()
+    finished_work = WorkItem.objects.filter(
+        pool_id=OuterRef("pk"), state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
     )
-    return sorted(busy)
+    return list(
+        Pool.objects.filter(Exists(open_tasks) | Exists(finished_work)).order_by("pk").values_list("pk", flat=True)
+    )
 
 
 def fleet_tick(*, time_budget_s: float = 10.0) -> list[TickReport]:
