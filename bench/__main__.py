@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.common import Figure
 
-BENCHMARKS = ["seed", "tick"]
+BENCHMARKS = ["seed", "tick", "host_ops"]
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
 

@@ -80,3 +80,9 @@ def test_admin_lists_of_the_inventory_open(admin_client) -> None:
     for model in models:
         response = admin_client.get(f"/admin/fleet/{model}/?q=x")
         assert response.status_code == 200, model
+
+
+def test_orchestration_state_is_read_only_in_the_admin(admin_client) -> None:
+    for model in ("operation", "hosttask", "lease", "workitem"):
+        assert admin_client.get(f"/admin/opsplanner/{model}/").status_code == 200, model
+        assert admin_client.get(f"/admin/opsplanner/{model}/add/").status_code == 403, model

@@ -249,3 +249,34 @@ def run_external_items(result_for) -> None:
     """Act as an external executor: claim every ready external item and report it done."""
     for item in work_items_claim(worker="ext-1", limit=100):
         work_item_report(item_id=item.pk, worker="ext-1", key=f"k-{item.pk}", outcome="done", result=result_for(item))
+
+
+def test_the_simulator_fails_only_the_operation_kinds_it_is_told_to() -> None:
+    instant_simulator(execute_by_kind={"upgrade": {"failure_rate": 1}})
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    failing = operation_submit(
+        kind="upgrade",
+        component="gpu-driver",
+        version="560.35.03",
+        max_attempts=1,
+        scope=f"hosts: {hosts[0].hostname}",
+        reason="r",
+    )
+    fine = operation_submit(kind="reboot", scope=f"hosts: {hosts[1].hostname}", reason="r")
+    drive(pool, until=lambda: HostTask.objects.get(operation=failing).state == TaskState.FAILED)
+    drive(pool, until=lambda: HostTask.objects.get(operation=fine).state == TaskState.DONE)
+    assert HostTask.objects.get(operation=failing).failure_reason == "upgrade failed: simulated upgrade failure"
+
+
+def test_a_bad_simulator_profile_is_refused() -> None:
+    from django.core.exceptions import ValidationError
+
+    from opsplanner.models import SimulatorProfile
+
+    profile = SimulatorProfile.current()
+    profile.execute_by_kind = {"upgrade": {"failure_rate": 2}}
+    with pytest.raises(ValidationError, match="failure_rate is between 0 and 1"):
+        profile.full_clean()
+    profile.execute_by_kind = {"teleport": {}}
+    with pytest.raises(ValidationError, match="'teleport' is not an operation kind"):
+        profile.full_clean()

@@ -86,6 +86,53 @@ def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: 
             assert f'id="pool-{pool}"' in home
         assert "In service: 24" in home  # 40% of 60 hosts in the training pool
         assert _get(opener, f"{base}/static/css/opsplanner.css")[0] == 200
+
+        # The embedded worker and beat run real operations: a rack of the training pool gets a driver.
+        instant = (
+            "from opsplanner.models import SimulatorProfile as P; p = P.current(); "
+            "p.drain_seconds = p.execute_seconds = p.verify_seconds = p.undrain_seconds = 0; p.save()"
+        )
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "shell", "-c", instant], cwd=ROOT, env=env, check=True, timeout=60)
+        submitted = subprocess.run(
+            [
+                *manage,
+                "submit_operation",
+                "--kind",
+                "upgrade",
+                "--component",
+                "gpu-driver",
+                "--target-version",
+                "560.35.03",
+                "--scope",
+                "domain ai-train-east/rack-0001",
+                "--reason",
+                "rollout",
+                "--wait",
+                "--timeout",
+                "90",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert "submitted operation #1 with 16 host tasks" in submitted.stdout
+        assert "operation #1 completed" in submitted.stdout
+        invariants = subprocess.run([*manage, "check_invariants"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert invariants.returncode == 0, invariants.stderr
+        refused = subprocess.run(
+            [*manage, "submit_operation", "--kind", "reboot", "--scope", "pool nowhere", "--reason", "x"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 1
+        assert "refused: There is no pool named 'nowhere'." in refused.stderr
     finally:
         serve.send_signal(signal.SIGINT)
         try:

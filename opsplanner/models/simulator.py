@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -29,6 +30,11 @@ class SimulatorProfile(models.Model):
     verify_seconds = models.FloatField(default=10.0, validators=[MinValueValidator(0)])
     verify_failure_rate = _rate_field("chance that one verification fails")
     undrain_seconds = models.FloatField(default=5.0, validators=[MinValueValidator(0)])
+    execute_by_kind = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='per operation kind, overrides of the two above: {"upgrade": {"seconds": 600, "failure_rate": 0.02}}',
+    )
     batch_size = models.PositiveIntegerField(default=500, validators=[MinValueValidator(1)])
 
     class Meta:
@@ -36,6 +42,29 @@ class SimulatorProfile(models.Model):
 
     def __str__(self) -> str:
         return f"simulator (seed {self.seed})"
+
+    def clean(self) -> None:
+        from opsplanner.models.operations import OperationKind
+
+        if not isinstance(self.execute_by_kind, dict):
+            raise ValidationError({"execute_by_kind": "Give an object keyed by operation kind."})
+        for kind, values in self.execute_by_kind.items():
+            if kind not in OperationKind.values or not isinstance(values, dict):
+                raise ValidationError({"execute_by_kind": f"{kind!r} is not an operation kind with settings."})
+            unknown = set(values) - {"seconds", "failure_rate"}
+            seconds, rate = values.get("seconds", 0), values.get("failure_rate", 0)
+            if unknown or not isinstance(seconds, int | float) or seconds < 0:
+                raise ValidationError({"execute_by_kind": f"{kind}: use seconds (0 or more) and failure_rate."})
+            if not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ValidationError({"execute_by_kind": f"{kind}: failure_rate is between 0 and 1."})
+
+    def execution(self, kind: str) -> tuple[float, float]:
+        """(seconds, failure rate) of one execution of an operation of this kind."""
+        override = self.execute_by_kind.get(kind, {})
+        return (
+            float(override.get("seconds", self.execute_seconds)),
+            float(override.get("failure_rate", self.execute_failure_rate)),
+        )
 
     @classmethod
     def current(cls) -> SimulatorProfile:

@@ -36,8 +36,9 @@ def _duration(profile: SimulatorProfile, item: WorkItem) -> float:
     if item.kind == WorkKind.DRAIN:
         slow = chance(profile.seed, "slow", item.host_id) < float(profile.slow_host_fraction)
         return profile.drain_seconds * (profile.slow_drain_factor if slow else 1.0)
+    if item.kind == WorkKind.EXECUTE:
+        return profile.execution(item.params.get("kind", ""))[0]
     return {
-        WorkKind.EXECUTE: profile.execute_seconds,
         WorkKind.VERIFY: profile.verify_seconds,
         WorkKind.UNDRAIN: profile.undrain_seconds,
     }[item.kind]
@@ -50,7 +51,7 @@ def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]
             return WorkState.FAILED, {}, f"the simulated drainer refuses host {item.host_id}"
         return WorkState.DONE, {}, ""
     if item.kind == WorkKind.EXECUTE:
-        if chance(profile.seed, "execute", item.pk, item.attempts) < float(profile.execute_failure_rate):
+        if chance(profile.seed, "execute", item.pk, item.attempts) < profile.execution(item.params.get("kind", ""))[1]:
             return WorkState.FAILED, {}, f"simulated {item.params.get('kind', 'execution')} failure"
         versions = {item.params["component"]: item.params["version"]} if item.params.get("component") else {}
         return WorkState.DONE, {"versions": versions}, ""
