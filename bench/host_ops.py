@@ -34,13 +34,13 @@ def run(seconds: float | None = None) -> list[Figure]:
     from opsplanner.models import HostTask, Operation, OperationState, TaskState
     from opsplanner.selectors.invariants import check_invariants
     from opsplanner.services.operations import operation_submit
-    from tests.driving import instant_simulator
+    from opsplanner.services.simulator import simulator_profile_instant
 
     pools = bench_fleet(pools=POOLS, hosts_per_pool=HOSTS_PER_POOL, hosts_per_domain=25, planned_fraction="0.20")
     # Each domain always has one open operation, so hosts never wait for each other's operations
     # (no handover shortcut): every host task takes the whole lifecycle.
     scopes = [f"domain {pool.name}/{name}" for pool in pools for name in pool.domains.values_list("name", flat=True)]
-    instant_simulator(batch_size=2_000)
+    simulator_profile_instant(batch_size=2_000)
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, DATABASE_URL=url, CELERY_QUEUE=queue, KICK_TASKS="1", TICK_SECONDS="1")

@@ -71,13 +71,12 @@ def child() -> None:
     from bench.fleet import bench_fleet
     from opsplanner.models import HostTask, TaskState
     from opsplanner.services.operations import operation_submit
-    from opsplanner.services.simulator import simulated_work_step
-    from tests.driving import instant_simulator
+    from opsplanner.services.simulator import simulated_work_step, simulator_profile_instant
 
     pools = bench_fleet(pools=POOLS, hosts_per_pool=HOSTS_PER_POOL, hosts_per_domain=50, planned_fraction="0.05")
     for pool in pools:
         operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="benchmark")
-    instant_simulator(batch_size=100_000)
+    simulator_profile_instant(batch_size=100_000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # what autovacuum does on a live database after a bulk load
     figures = {"cold": _timed_tick()}

@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from decimal import Decimal
 
 from fleet.models import Pool
 from opsplanner.models import HostTask, SimulatorProfile, TaskState, WorkItem, WorkState
 from opsplanner.selectors.invariants import check_invariants
-from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.simulator import simulated_work_step, simulator_profile_instant
 from opsplanner.services.tick import pool_tick
 
 ACTIVE = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
 
 
 def instant_simulator(**overrides: object) -> SimulatorProfile:
-    """Zero-duration simulated drains, executions and checks; rates from overrides."""
-    profile = SimulatorProfile.current()
-    profile.drain_seconds = profile.execute_seconds = profile.verify_seconds = profile.undrain_seconds = 0.0
-    for name in ("slow_host_fraction", "refusing_host_fraction", "execute_failure_rate", "verify_failure_rate"):
-        setattr(profile, name, Decimal(0))
-    for name, value in overrides.items():
-        setattr(profile, name, value)
-    profile.save()
-    return profile
+    return simulator_profile_instant(**overrides)
 
 
 def busy(pools: Iterable[Pool]) -> bool:

@@ -280,3 +280,37 @@ def test_a_bad_simulator_profile_is_refused() -> None:
     profile.execute_by_kind = {"teleport": {}}
     with pytest.raises(ValidationError, match="'teleport' is not an operation kind"):
         profile.full_clean()
+
+
+def test_a_check_finishing_while_the_tick_runs_is_acted_on_once_by_the_next_tick(monkeypatch) -> None:
+    """Regression: the last verification finished between the tick's reads; the tick must not run
+    the pre-return gate for it (the next one does), or a later tick would run it twice."""
+    import opsplanner.services.tick.advance as advance
+
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    operation = operation_submit(kind="reboot", scope=f"hosts: {hosts[0].hostname}", reason="r", executor="external")
+
+    def execute_only() -> None:
+        for item in work_items_claim(worker="ext", kinds=["execute"], limit=10):
+            work_item_report(item_id=item.pk, worker="ext", key=f"e{item.pk}", outcome="done")
+
+    drive(pool, each_round=execute_only, until=lambda: WorkItem.objects.filter(kind=WorkKind.VERIFY).count() == 3)
+    checks = list(work_items_claim(worker="ext", kinds=["verify"], limit=3))
+    for item in checks[:2]:
+        work_item_report(item_id=item.pk, worker="ext", key=f"v{item.pk}", outcome="done", result={"passed": True})
+    original = advance.task_refs
+
+    def third_check_lands_meanwhile(queryset):
+        monkeypatch.setattr(advance, "task_refs", original)
+        work_item_report(item_id=checks[2].pk, worker="ext", key="v3", outcome="done", result={"passed": True})
+        return original(queryset)
+
+    monkeypatch.setattr(advance, "task_refs", third_check_lands_meanwhile)
+    pool_tick(pool_id=pool.pk)
+    assert Host.objects.get(pk=hosts[0].pk).state == HostState.VERIFYING  # not yet: the third is not consumed
+    pool_tick(pool_id=pool.pk)
+    assert Host.objects.get(pk=hosts[0].pk).state in (HostState.RETURNING, HostState.IN_SERVICE)
+    assert not Event.objects.filter(kind="tick.rolled_back").exists()
+    drive(pool, each_round=execute_only)
+    assert HostTask.objects.get(operation=operation).state == TaskState.DONE

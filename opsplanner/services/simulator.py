@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -60,6 +61,21 @@ def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]
         detail = "" if passed else f"simulated {item.verify_class} check failed"
         return WorkState.DONE, {"passed": passed, "detail": detail}, detail
     return WorkState.DONE, {}, ""
+
+
+def simulator_profile_instant(**overrides: object) -> SimulatorProfile:
+    """Zero-duration simulated drains, executions and checks with no failures, then the overrides
+    (for tests and benchmarks that measure the orchestrator, not the simulated hardware)."""
+    profile = SimulatorProfile.current()
+    profile.drain_seconds = profile.execute_seconds = profile.verify_seconds = profile.undrain_seconds = 0.0
+    for name in ("slow_host_fraction", "refusing_host_fraction", "execute_failure_rate", "verify_failure_rate"):
+        setattr(profile, name, Decimal(0))
+    profile.execute_by_kind = {}
+    for name, value in overrides.items():
+        setattr(profile, name, value)
+    profile.full_clean()
+    profile.save()
+    return profile
 
 
 def simulated_work_step(*, limit: int | None = None) -> int:

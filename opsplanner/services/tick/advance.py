@@ -346,15 +346,19 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
     if not tasks:
         return
     outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
-    for task_id, verify_class, state, result, reason in WorkItem.objects.filter(
+    for task_id, verify_class, state, result, reason, consumed in WorkItem.objects.filter(
         host_task_id__any=[t.id for t in tasks], kind=WorkKind.VERIFY
-    ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason"):
-        outcomes[task_id].append((verify_class, state, result or {}, reason))
+    ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason", "consumed_at"):
+        # Only outcomes consumed by this tick or an earlier one count: an item that finished after
+        # this tick read its batch is the next tick's, so the gate runs exactly once per task.
+        outcomes[task_id].append((verify_class, state if consumed else WorkState.RUNNING, result or {}, reason))
     passed: list[TaskRef] = []
     observed: list[tuple[int, str, str]] = []
     for task in tasks:
         rows = outcomes[task.id]
-        if any(state not in (WorkState.DONE, WorkState.FAILED) for _, state, _, _ in rows):
+        if len(rows) < len(VERIFY_CLASSES) or any(
+            state not in (WorkState.DONE, WorkState.FAILED) for _, state, _, _ in rows
+        ):
             continue  # some verifications still running
         failures = [
             f"{cls}: {reason or result.get('detail') or 'failed'}"
