@@ -137,24 +137,23 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     _send_to_repair(ctx, repair)
 
 
-def _execute_params(task: TaskRef) -> dict[str, Any]:
-    params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
-    if task.target_version_id:
-        version = ComponentVersion.objects.select_related("component").get(pk=task.target_version_id)
-        params.update({"component": version.component.name, "version": version.version})
-    return params
-
-
 def add_execute_items(ctx: TickContext, tasks: list[TaskRef]) -> None:
-    cache: dict[int, dict[str, Any]] = {}
+    """An execute item per task, saying what to do (the operation's kind and target version)."""
+    wanted = {t.target_version_id for t in tasks if t.target_version_id}
+    targets = {
+        version_id: {"component": component, "version": version}
+        for version_id, component, version in ComponentVersion.objects.filter(pk__any=wanted).values_list(
+            "id", "component__name", "version"
+        )
+    }
     for task in tasks:
-        if task.operation_id not in cache:
-            cache[task.operation_id] = _execute_params(task)
+        params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
+        params.update(targets.get(task.target_version_id, {}))
         ctx.add_item(
             task,
             kind=WorkKind.EXECUTE,
             adapter=task.executor,
-            params=cache[task.operation_id],
+            params=params,
             deadline_s=max(task.estimated_duration_s * 3, 600),
         )
 
