@@ -78,7 +78,7 @@ def child() -> None:
         operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="benchmark")
     simulator_profile_instant(batch_size=100_000)
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")  # what autovacuum does on a live database after a bulk load
+        cursor.execute("VACUUM ANALYZE")  # what autovacuum does on a live database after a bulk load
     figures = {"cold": _timed_tick()}
     figures["idle"] = _timed_tick()
     simulated_work_step(limit=STEADY_ITEMS)  # claims every drain, finishes 1,160 of them

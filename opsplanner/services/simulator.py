@@ -72,6 +72,8 @@ def simulator_profile_instant(**overrides: object) -> SimulatorProfile:
         setattr(profile, name, Decimal(0))
     profile.execute_by_kind = {}
     for name, value in overrides.items():
+        if isinstance(value, float) and name.endswith(("_fraction", "_rate")):
+            value = Decimal(str(value))  # 0.05, not 0.05000000000000000277
         setattr(profile, name, value)
     profile.full_clean()
     profile.save()

@@ -106,7 +106,7 @@ def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
     return reasons
 
 
-HORIZON_MIN = 200
+HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 4
 
 
@@ -137,7 +137,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
     host_ids = {t.host_id for t in candidates.values()}
-    host_states = dict(Host.objects.filter(pk__any=host_ids).values_list("id", "state"))
+    host_states = dict(Host.objects.filter(pk__any=host_ids).order_by().values_list("id", "state"))
     holders = dict(Lease.objects.filter(active=True, host_id__any=host_ids).values_list("host_id", "operation_id"))
     optouts = _optouts(ctx, host_ids)
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
