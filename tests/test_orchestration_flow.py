@@ -314,3 +314,24 @@ def test_a_check_finishing_while_the_tick_runs_is_acted_on_once_by_the_next_tick
     assert not Event.objects.filter(kind="tick.rolled_back").exists()
     drive(pool, each_round=execute_only)
     assert HostTask.objects.get(operation=operation).state == TaskState.DONE
+
+
+def test_an_upgrade_that_became_incompatible_since_submission_waits_and_says_why() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    upgrade(pool)  # driver 560.35.03: fine with cuda 12.4.1
+    cuda = InstalledVersion.objects.get(host=hosts[0], component__name="cuda-runtime").component
+    cuda_128 = fleet_services.component_version_create(component=cuda, version="12.8.0")
+    driver = InstalledVersion.objects.get(host=hosts[0], component__name="gpu-driver").component
+    fleet_services.compatibility_rule_create(job_facing_version=cuda_128, lower_component=driver, min_version="570")
+    fleet_services.installed_version_set(host=hosts[0], version=cuda_128)  # the host moved on meanwhile
+
+    pool_tick(pool_id=pool.pk)
+
+    waiting = HostTask.objects.get(host=hosts[0])
+    assert waiting.state == TaskState.PENDING
+    assert waiting.waiting_code == WaitingCode.INCOMPATIBLE
+    assert waiting.waiting_reason == (
+        "incompatible: gpu-driver 560.35.03 does not work with cuda-runtime 12.8.0 (needs [570, any])"
+    )
+    assert HostTask.objects.get(host=hosts[1]).state == TaskState.DRAINING

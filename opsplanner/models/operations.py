@@ -115,6 +115,7 @@ class WaitingCode(models.TextChoices):
     HOST_STATE = "host_state", "Host not in service"
     OPTOUT = "optout", "Opt-out window"
     GANG = "gang", "Gang cannot be taken whole"
+    INCOMPATIBLE = "incompatible", "Target version incompatible"
 
 
 class HostTask(models.Model):
