@@ -335,3 +335,24 @@ def test_an_upgrade_that_became_incompatible_since_submission_waits_and_says_why
         "incompatible: gpu-driver 560.35.03 does not work with cuda-runtime 12.8.0 (needs [570, any])"
     )
     assert HostTask.objects.get(host=hosts[1]).state == TaskState.DRAINING
+
+
+def test_a_tick_delivered_twice_changes_nothing_the_second_time() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=2)
+    upgrade(pool)
+    pool_tick(pool_id=pool.pk)
+    snapshot = (
+        list(HostTask.objects.order_by("id").values_list("id", "state", "waiting_reason", "state_changed_at")),
+        list(Host.objects.order_by("id").values_list("id", "state")),
+        Event.objects.count(),
+        WorkItem.objects.count(),
+    )
+    report = pool_tick(pool_id=pool.pk)  # the same task again, nothing finished in between
+    assert sum(report.counts[k] for k in report.counts if k != "waiting") == 0
+    assert snapshot == (
+        list(HostTask.objects.order_by("id").values_list("id", "state", "waiting_reason", "state_changed_at")),
+        list(Host.objects.order_by("id").values_list("id", "state")),
+        Event.objects.count(),
+        WorkItem.objects.count(),
+    )

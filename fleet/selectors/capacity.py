@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, BufferSize, Host, HostState, Pool
 
@@ -50,13 +49,10 @@ def pool_capacity(pool: Pool) -> PoolCapacity:
 
 
 def pool_capacities() -> list[PoolCapacity]:
-    """Every pool with its host counts by state: two queries, whatever the fleet size."""
-    capacities = {pool.pk: PoolCapacity(pool=pool) for pool in Pool.objects.order_by("name")}
-    counts: dict[int, dict[str, int]] = defaultdict(dict)
-    for pool_id, state, count in (
-        Host.objects.values("pool_id", "state").annotate(count=Count("id")).values_list("pool_id", "state", "count")
-    ):
-        counts[pool_id][state] = count
-    for pool_id, capacity in capacities.items():
-        capacity.by_state = counts.get(pool_id, {})
-    return list(capacities.values())
+    """Every pool with its host counts by state (the buffer usage of every pool): one query."""
+    counts = {f"n_{state}": Count("hosts", filter=Q(hosts__state=state)) for state in HostState.values}
+    capacities = []
+    for pool in Pool.objects.annotate(**counts).order_by("name"):
+        by_state = {state: getattr(pool, f"n_{state}") for state in HostState.values}
+        capacities.append(PoolCapacity(pool=pool, by_state={k: v for k, v in by_state.items() if v}))
+    return capacities
