@@ -356,3 +356,54 @@ def test_a_tick_delivered_twice_changes_nothing_the_second_time() -> None:
         Event.objects.count(),
         WorkItem.objects.count(),
     )
+
+
+def test_a_host_that_fails_work_done_without_a_drain_is_repaired_verified_and_returned() -> None:
+    instant_simulator(execute_by_kind={"verification": {"failure_rate": 1}})
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    check = operation_submit(
+        kind="verification", scope=f"hosts: {hosts[0].hostname}", reason="r", needs_drain=False, max_attempts=1
+    )
+    drive(pool)  # check_invariants runs every round: no stuck host on the way
+    assert HostTask.objects.get(operation=check).state == TaskState.FAILED
+    repair = HostTask.objects.get(host=hosts[0], operation__kind="repair")
+    assert repair.state == TaskState.DONE
+    assert WorkItem.objects.filter(host_task=repair, kind=WorkKind.VERIFY, result__passed=True).count() == 3
+    assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
+
+
+def test_two_upgrades_of_one_component_in_a_drain_return_the_host_at_the_last_one() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    upgrade(pool, version="560.35.03", priority=500)
+    upgrade(pool, version="550.127.05", priority=100, reason="roll back the canary")
+    drive(pool)
+    assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
+    assert installed(hosts[0]) == "550.127.05"
+    assert WorkItem.objects.filter(kind=WorkKind.DRAIN).count() == 1
+
+
+def test_a_pool_whose_only_activity_is_an_unclaimed_return_is_still_ticked() -> None:
+    from opsplanner.services.tick.run import pools_with_work
+
+    pool, _ = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="r", drainer="external")
+    pool_tick(pool_id=pool.pk)
+    (drain,) = work_items_claim(worker="drainer", limit=1)
+    work_item_report(item_id=drain.pk, worker="drainer", key="d", outcome="failed", reason="jobs would not move")
+    pool_tick(pool_id=pool.pk)
+    assert not HostTask.objects.filter(state__in=["pending", "admitted", "draining", "running", "verifying"]).exists()
+    assert WorkItem.objects.get(kind=WorkKind.UNDRAIN).state == "ready"
+    assert pool.pk in pools_with_work()  # so its undrain's deadline is still watched
+
+
+def test_the_sweep_closes_an_operation_whose_last_tasks_finished_in_two_pools_at_once() -> None:
+    from opsplanner.services.tick.run import operations_close_finished
+
+    _first, a = make_fleet(domains=1, hosts_per_domain=1)
+    _second, b = make_fleet(domains=1, hosts_per_domain=1)
+    operation = operation_submit(kind="reboot", scope=f"hosts: {a[0].hostname}, {b[0].hostname}", reason="r")
+    HostTask.objects.filter(operation=operation).update(state=TaskState.DONE)  # as two racing ticks left it
+    assert operations_close_finished() == 1
+    assert Operation.objects.get(pk=operation.pk).state == OperationState.COMPLETED
+    assert Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()

@@ -200,13 +200,21 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
             for task_id, host_id, pool_id in pending
         ]
     )
-    if (
+    closed = (
         not HostTask.objects.filter(operation=operation)
         .exclude(state__in=[TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER])
         .exists()
-    ):
+    )
+    if closed:
         Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
             state=OperationState.CANCELLED, closed_at=now
         )
-    event_record(kind="operation.cancelled", subject=operation, actor=actor, reason=reason, data={"tasks": cancelled})
+    # With tasks still under way the operation stays open until they finish (then it completes).
+    event_record(
+        kind="operation.cancelled" if closed else "operation.cancelling",
+        subject=operation,
+        actor=actor,
+        reason=reason,
+        data={"tasks": cancelled},
+    )
     return cancelled

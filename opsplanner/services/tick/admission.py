@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from django.db.models import F
 
-from fleet.models import CapacityReservation, ComponentVersion, Host, HostState, OptOutWindow, ServicePlacement
+from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
-from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.models import (
     HostTask,
     Lease,
@@ -28,6 +27,7 @@ from opsplanner.models import (
     WorkKind,
 )
 from opsplanner.services.tick.advance import add_execute_items
+from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
 
 
@@ -141,7 +141,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     host_states = dict(Host.objects.filter(pk__any=host_ids).order_by().values_list("id", "state"))
     holders = dict(Lease.objects.filter(active=True, host_id__any=host_ids).values_list("host_id", "operation_id"))
     optouts = _optouts(ctx, host_ids)
-    incompatible = _incompatible(candidates.values())
+    incompatible = incompatible_targets(candidates.values())
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
 
     claimed: dict[int, TaskRef] = {}  # host -> the task first in line for it this tick
@@ -204,23 +204,6 @@ def admit(ctx: TickContext, *, budget: int) -> None:
 
     _write_waiting(ctx, waiting, current)
     _admit(ctx, admitted)
-
-
-def _incompatible(tasks: Iterable[TaskRef]) -> dict[int, str]:
-    """{task_id: reason} for upgrade tasks whose target would now break a compatibility rule on
-    their host (checked at submission too, but the host may have changed since)."""
-    by_target: dict[int, list[TaskRef]] = defaultdict(list)
-    for task in tasks:
-        if task.target_version_id:
-            by_target[task.target_version_id].append(task)
-    reasons: dict[int, str] = {}
-    versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
-    for version_id, group in by_target.items():
-        problems = host_incompatibilities([t.host_id for t in group], planned=[versions[version_id]])
-        for task in group:
-            if task.host_id in problems:
-                reasons[task.id] = f"incompatible: {problems[task.host_id][0]}"
-    return reasons
 
 
 def _group_gangs(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:

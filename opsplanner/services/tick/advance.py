@@ -5,11 +5,12 @@ Everything is set-based: a handful of queries per step, whatever the number of h
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, F, OuterRef
 
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -27,6 +28,7 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
+from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
     SUBJECT_HOST,
     SUBJECT_WORK,
@@ -36,6 +38,7 @@ from opsplanner.services.tick.context import (
     task_refs,
 )
 
+_FAR_PAST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
 MAX_REPAIR_ATTEMPTS = 3
@@ -52,11 +55,13 @@ def expire(ctx: TickContext) -> None:
     )
     retry = [row for row in stale if row[2] < row[3]]
     give_up = [row for row in stale if row[2] >= row[3]]
-    if retry:
-        WorkItem.objects.filter(pk__any=[row[0] for row in retry], state=WorkState.RUNNING).update(
+    retaken = []
+    for row in retry:  # one guarded update each: a report that committed first wins
+        if WorkItem.objects.filter(pk=row[0], state=WorkState.RUNNING, lease_expires_at__lt=ctx.now).update(
             state=WorkState.READY, claimed_by="", claimed_at=None, lease_expires_at=None, due_at=None
-        )
-    for item_id, host_id, attempts, _, worker in retry:
+        ):
+            retaken.append(row)
+    for item_id, host_id, attempts, _, worker in retaken:
         ctx.event(
             kind="work_item.retaken",
             subject_type=SUBJECT_WORK,
@@ -83,7 +88,7 @@ def expire(ctx: TickContext) -> None:
     for item_id, host_id, kind, state, created, deadline in late:
         limit = int((deadline - created).total_seconds())
         _fail_item(ctx, item_id, host_id, f"{kind} did not finish within its deadline of {limit} s", expected=state)
-    ctx.counts["work_items_retaken"] += len(retry)
+    ctx.counts["work_items_retaken"] += len(retaken)
     ctx.counts["work_items_expired"] += len(give_up) + len(late)
 
 
@@ -201,10 +206,10 @@ def _executions_done(
             _fail_running(ctx, task, f"executor reported versions not in the catalogue: {', '.join(bad)}", repair)
         else:
             applied.append(task)
-    no_drain = [t for t in applied if t.drain_key is None]
+    no_drain = [t for t in applied if t.drain_key is None and not _is_repair(t)]
     ctx.move_tasks(no_drain, expected=TaskState.RUNNING, new=TaskState.DONE, finished_at=ctx.now)
     ctx.release_leases([t.id for t in no_drain], reason="work done without a drain")
-    return [t for t in applied if t.drain_key is not None]
+    return [t for t in applied if t.drain_key is not None or _is_repair(t)]
 
 
 def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> set[tuple[str, str]]:
@@ -279,9 +284,13 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
             host_id__any=by_host, state=TaskState.PENDING, operation__state=OperationState.OPEN, operation__gang=False
         ).order_by("host_id", "-priority", "created_at", "id")
     )
+    # The next task takes the host only if admission would let it: not one whose target became
+    # incompatible (it keeps waiting, with the reason, and the host is verified and returned).
+    incompatible = incompatible_targets(candidates.values())
     successor: dict[int, TaskRef] = {}
     for task in candidates.values():
-        successor.setdefault(task.host_id, task)
+        if task.id not in incompatible:
+            successor.setdefault(task.host_id, task)
     handing = [by_host[host_id] for host_id in successor]
     for task in handing:
         nxt = successor[task.host_id]
@@ -382,8 +391,13 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         new=HostState.RETURNING,
         reason="verified: work applied, checks passed, versions compatible",
     )
+    drained_by = dict(
+        HostTask.objects.filter(pk__any={t.drain_key for t in returning}).values_list("id", "operation__drainer")
+    )
     for task in returning:
-        ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=task.drainer, deadline_s=UNDRAIN_DEADLINE_S)
+        # The drainer that took the host out puts it back, whichever task of the drain ends it.
+        adapter = drained_by.get(task.drain_key, task.drainer)
+        ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=adapter, deadline_s=UNDRAIN_DEADLINE_S)
 
 
 def _fail_verifying(ctx: TickContext, task: TaskRef, reason: str, repair: list[tuple[TaskRef, str]]) -> None:
@@ -400,11 +414,23 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     if not tasks:
         return {}
     by_key = {task.drain_key: task for task in tasks}
-    targets = HostTask.objects.filter(
+    chain = HostTask.objects.filter(
         drain_key__in=by_key, state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING], operation__kind="upgrade"
     ).values_list(
-        "drain_key", "host_id", "operation__component_version_id", "operation__component_version__component_id"
+        "drain_key",
+        "host_id",
+        "operation__component_version_id",
+        "operation__component_version__component_id",
+        "finished_at",
     )
+    # Two upgrades of one component in a drain: the one applied last is the target (the task still
+    # verifying has no finished_at and is the last of the chain).
+    latest: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    for drain_key, host_id, target_id, component_id, _finished in sorted(
+        chain, key=lambda row: (row[4] is None, row[4] or _FAR_PAST)
+    ):
+        latest[(drain_key, component_id)] = (drain_key, host_id, target_id, component_id)
+    targets = list(latest.values())
     installed = {
         (host_id, component_id): version_id
         for host_id, component_id, version_id in InstalledVersion.objects.filter(
@@ -470,8 +496,12 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
     if not failed:
         return
     host_ids = [task.host_id for task, _ in failed]
+    # Failed repairs count within the current drain (repairs inherit its key), not over the host's life.
+    drains = {task.drain_key for task, _ in failed if task.drain_key is not None}
     failed_repairs = dict(
-        HostTask.objects.filter(host_id__any=host_ids, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED)
+        HostTask.objects.filter(
+            host_id__any=host_ids, drain_key__any=drains, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED
+        )
         .values("host_id")
         .annotate(n=Count("id"))
         .values_list("host_id", "n")
@@ -537,6 +567,8 @@ def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None
             reason=operation.reason,
             data={"kind": "repair", "scope": operation.scope, "hosts": 1},
         )
+    # A host that failed outside a drain starts one with its repair: verification and return follow.
+    HostTask.objects.filter(pk__any=[t.pk for t in new_tasks], drain_key__isnull=True).update(drain_key=F("id"))
     refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
     takers = [refs[t.pk] for t in new_tasks]
     ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef
 
 from fleet.models import Pool
 from opsplanner import clock
-from opsplanner.models import HostTask, TaskState, WorkItem, WorkState
+from opsplanner.events import event_row, events_bulk_create
+from opsplanner.models import HostTask, Operation, OperationState, TaskState, WorkItem, WorkState
 from opsplanner.services.tick.admission import admit
 from opsplanner.services.tick.advance import advance, close_finished_operations, expire
 from opsplanner.services.tick.context import ConcurrentChange, TickContext
@@ -60,7 +62,7 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
             report.new_simulated_work = any(item[5] == "simulated" for item in ctx.new_items)
             if report.new_simulated_work and settings.KICK_TASKS:
                 transaction.on_commit(_kick_simulator)
-    except ConcurrentChange as change:
+    except (ConcurrentChange, IntegrityError) as change:
         # Someone changed rows this tick read; nothing was written. The next tick retries.
         log.warning("tick of pool %s rolled back: %s", pool_id, change)
         report.retried = True
@@ -71,8 +73,6 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
 
 def _record_conflict(pool_id: int, message: str) -> None:
     """Nothing silent: a rolled-back tick leaves an event (outside the rolled-back transaction)."""
-    from opsplanner.events import event_row, events_bulk_create
-
     events_bulk_create(
         [
             event_row(
@@ -88,28 +88,73 @@ def _record_conflict(pool_id: int, message: str) -> None:
 
 
 def pools_with_work() -> list[int]:
-    """Pools where a tick could change something: open tasks, or finished work to act on (index probes)."""
+    """Pools where a tick could change something: open tasks, open work items (to expire or to
+    time out), or finished work to act on. Index probes, one query."""
     open_tasks = HostTask.objects.filter(
         pool_id=OuterRef("pk"),
         state__in=[TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING],
+    )
+    open_items = WorkItem.objects.filter(
+        pool_id=OuterRef("pk"), state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING]
     )
     finished_work = WorkItem.objects.filter(
         pool_id=OuterRef("pk"), state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
     )
     return list(
-        Pool.objects.filter(Exists(open_tasks) | Exists(finished_work)).order_by("pk").values_list("pk", flat=True)
+        Pool.objects.filter(Exists(open_tasks) | Exists(open_items) | Exists(finished_work))
+        .order_by("pk")
+        .values_list("pk", flat=True)
     )
 
 
 def fleet_tick(*, time_budget_s: float = 10.0) -> list[TickReport]:
-    """Tick every pool with work, one transaction each, until the time budget is spent."""
+    """Tick every pool with work, one transaction each, until the time budget is spent. The order
+    is shuffled so that no pool waits behind the others tick after tick."""
     deadline = time.perf_counter() + time_budget_s
+    pool_ids = pools_with_work()
+    random.shuffle(pool_ids)
     reports = []
-    for pool_id in pools_with_work():
+    for pool_id in pool_ids:
         if time.perf_counter() > deadline:
             break
         reports.append(pool_tick(pool_id=pool_id))
+    operations_close_finished()
     return reports
+
+
+def operations_close_finished() -> int:
+    """Close open operations with no open task left. Each pool's tick closes what it finishes; this
+    sweep catches an operation over several pools whose last tasks finished in two ticks at once."""
+    still_open = HostTask.objects.filter(
+        operation=OuterRef("pk"),
+        state__in=[TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING],
+    )
+    with transaction.atomic():
+        ids = list(
+            Operation.objects.filter(state=OperationState.OPEN)
+            .exclude(Exists(still_open))
+            .select_for_update(skip_locked=True)
+            .values_list("id", flat=True)
+        )
+        if not ids:
+            return 0
+        now = clock.now()
+        Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
+            state=OperationState.COMPLETED, closed_at=now
+        )
+        events_bulk_create(
+            [
+                event_row(
+                    kind="operation.completed",
+                    subject_type="opsplanner.operation",
+                    subject_id=i,
+                    now=now,
+                    actor="scheduler",
+                )
+                for i in ids
+            ]
+        )
+    return len(ids)
 
 
 def _kick_simulator() -> None:

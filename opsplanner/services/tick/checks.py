@@ -1,0 +1,27 @@
+"""Checks shared by admission and handover."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from fleet.models import ComponentVersion
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.services.tick.context import TaskRef
+
+
+def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
+    """{task_id: reason} for upgrade tasks whose target would now break a compatibility rule on
+    their host (checked at submission too, but the host may have changed since)."""
+    by_target: dict[int, list[TaskRef]] = defaultdict(list)
+    for task in tasks:
+        if task.target_version_id:
+            by_target[task.target_version_id].append(task)
+    reasons: dict[int, str] = {}
+    versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
+    for version_id, group in by_target.items():
+        problems = host_incompatibilities([t.host_id for t in group], planned=[versions[version_id]])
+        for task in group:
+            if task.host_id in problems:
+                reasons[task.id] = f"incompatible: {problems[task.host_id][0]}"
+    return reasons
