@@ -26,7 +26,6 @@ from opsplanner.models import (
     WaitingCode,
     WorkKind,
 )
-from opsplanner.services.tick.advance import add_execute_items
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
 
@@ -256,4 +255,4 @@ def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
     for task in drained:
         ctx.add_item(task, kind=WorkKind.DRAIN, adapter=task.drainer, deadline_s=task.drain_timeout_s)
     ctx.move_tasks(in_place, expected=TaskState.ADMITTED, new=TaskState.RUNNING, reason="no drain needed")
-    add_execute_items(ctx, in_place)
+    ctx.add_execute_items(in_place)

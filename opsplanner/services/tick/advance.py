@@ -9,19 +9,16 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.conf import settings
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Exists, OuterRef
 
-from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
+from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.bulk import insert_missing
 from opsplanner.models import (
-    REPAIR_PRIORITY,
     VERIFY_CLASSES,
     HostTask,
     Operation,
     OperationKind,
-    OperationSource,
     OperationState,
     TaskState,
     WorkItem,
@@ -37,11 +34,11 @@ from opsplanner.services.tick.context import (
     TickContext,
     task_refs,
 )
+from opsplanner.services.tick.repair import send_to_repair
 
 _FAR_PAST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
-MAX_REPAIR_ATTEMPTS = 3
 OPEN_TASK_STATES = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
 
 
@@ -139,28 +136,7 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     _verifications_finished(ctx, list(verified_tasks.values()), repair)
     _returns_done(ctx, [t for t, _, _ in by_kind[(WorkKind.UNDRAIN, WorkState.DONE)]])
     _returns_failed(ctx, by_kind[(WorkKind.UNDRAIN, WorkState.FAILED)], repair)
-    _send_to_repair(ctx, repair)
-
-
-def add_execute_items(ctx: TickContext, tasks: list[TaskRef]) -> None:
-    """An execute item per task, saying what to do (the operation's kind and target version)."""
-    wanted = {t.target_version_id for t in tasks if t.target_version_id}
-    targets = {
-        version_id: {"component": component, "version": version}
-        for version_id, component, version in ComponentVersion.objects.filter(pk__any=wanted).values_list(
-            "id", "component__name", "version"
-        )
-    }
-    for task in tasks:
-        params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
-        params.update(targets.get(task.target_version_id, {}))
-        ctx.add_item(
-            task,
-            kind=WorkKind.EXECUTE,
-            adapter=task.executor,
-            params=params,
-            deadline_s=max(task.estimated_duration_s * 3, 600),
-        )
+    send_to_repair(ctx, repair)
 
 
 def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
@@ -171,7 +147,7 @@ def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
         new=HostState.MAINTENANCE,
         reason="drained; work starts",
     )
-    add_execute_items(ctx, tasks)
+    ctx.add_execute_items(tasks)
 
 
 def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]]) -> None:
@@ -316,7 +292,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
         successor[task.host_id].drain_key = task.drain_key
     HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers], ["drain_key"])
     ctx.grant_leases(takers, reason="handover")
-    add_execute_items(ctx, takers)
+    ctx.add_execute_items(takers)
     ctx.counts["handovers"] += len(takers)
 
     finishing = [task for task in applied if task.host_id not in successor]
@@ -488,103 +464,6 @@ def _returns_failed(
         expected = HostState.REPAIR if _is_repair(task) else HostState.RETURNING
         ctx.move_hosts([task.host_id], expected=expected, new=HostState.FAILED, reason=why)
         repair.append((task, why))
-
-
-def _send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
-    """Invariant 4: a failed host is handed to a repair operation (it counts against the failure
-    buffer); after MAX_REPAIR_ATTEMPTS failed repairs it is escalated to a human and stays out."""
-    if not failed:
-        return
-    host_ids = [task.host_id for task, _ in failed]
-    # Failed repairs count within the current drain (repairs inherit its key), not over the host's life.
-    drains = {task.drain_key for task, _ in failed if task.drain_key is not None}
-    failed_repairs = dict(
-        HostTask.objects.filter(
-            host_id__any=host_ids, drain_key__any=drains, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED
-        )
-        .values("host_id")
-        .annotate(n=Count("id"))
-        .values_list("host_id", "n")
-    )
-    escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
-    repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
-    ctx.release_leases([t.id for t, _ in escalate], reason="escalated to a human")
-    for task, reason in escalate:
-        ctx.move_hosts(
-            [task.host_id],
-            expected=HostState.FAILED,
-            new=HostState.ESCALATED,
-            reason=f"{MAX_REPAIR_ATTEMPTS} repairs failed; a human must look (last: {reason})",
-        )
-        ctx.event(
-            kind="host.escalated",
-            subject_type=SUBJECT_HOST,
-            subject_id=task.host_id,
-            host_id=task.host_id,
-            reason=reason,
-            data={"failed_repairs": failed_repairs.get(task.host_id, 0)},
-        )
-    if not repair:
-        return
-    hostnames = dict(Host.objects.filter(pk__any=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
-    executor = settings.REPAIR_EXECUTOR
-    operations = Operation.objects.bulk_create(
-        [
-            Operation(
-                kind=OperationKind.REPAIR,
-                scope=f"hosts: {hostnames[task.host_id]}",
-                priority=REPAIR_PRIORITY,
-                source=OperationSource.REPAIR,
-                requester="scheduler",
-                reason=f"repair after: {reason}"[:500],
-                needs_drain=True,
-                executor=executor,
-                drainer=task.drainer,
-                created_at=ctx.now,
-            )
-            for task, reason in repair
-        ]
-    )
-    new_tasks = HostTask.objects.bulk_create(
-        [
-            HostTask(
-                operation=operation,
-                host_id=task.host_id,
-                pool_id=ctx.pool.pk,
-                priority=REPAIR_PRIORITY,
-                drain_key=task.drain_key,
-                created_at=ctx.now,
-                state_changed_at=ctx.now,
-            )
-            for operation, (task, _) in zip(operations, repair, strict=True)
-        ]
-    )
-    for operation in operations:
-        ctx.event(
-            kind="operation.submitted",
-            subject_type="opsplanner.operation",
-            subject_id=operation.pk,
-            reason=operation.reason,
-            data={"kind": "repair", "scope": operation.scope, "hosts": 1},
-        )
-    # A host that failed outside a drain starts one with its repair: verification and return follow.
-    HostTask.objects.filter(pk__any=[t.pk for t in new_tasks], drain_key__isnull=True).update(drain_key=F("id"))
-    refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
-    takers = [refs[t.pk] for t in new_tasks]
-    ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
-    ctx.move_tasks(
-        takers,
-        expected=TaskState.PENDING,
-        new=TaskState.RUNNING,
-        admitted_at=ctx.now,
-        reason="handed to repair without returning to service",
-    )
-    ctx.grant_leases(takers, reason="repair handover")
-    ctx.move_hosts(
-        [t.host_id for t in takers], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started"
-    )
-    add_execute_items(ctx, takers)
-    ctx.counts["repairs_started"] += len(takers)
 
 
 def close_finished_operations(ctx: TickContext) -> None:

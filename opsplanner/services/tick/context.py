@@ -11,10 +11,10 @@ from typing import Any
 
 from django.db import models
 
-from fleet.models import Host, Pool
+from fleet.models import ComponentVersion, Host, Pool
 from opsplanner.bulk import copy_rows
 from opsplanner.events import event_row, events_bulk_create
-from opsplanner.models import Event, HostTask, Lease, WorkItem, WorkState
+from opsplanner.models import Event, HostTask, Lease, WorkItem, WorkKind, WorkState
 
 WORK_ITEM_COLUMNS = (
     "kind",
@@ -248,6 +248,26 @@ class TickContext:
                 self.now,
             )
         )
+
+    def add_execute_items(self, tasks: list[TaskRef]) -> None:
+        """An execute item per task, saying what to do (the operation's kind and target version)."""
+        wanted = {t.target_version_id for t in tasks if t.target_version_id}
+        targets = {
+            version_id: {"component": component, "version": version}
+            for version_id, component, version in ComponentVersion.objects.filter(pk__any=wanted).values_list(
+                "id", "component__name", "version"
+            )
+        }
+        for task in tasks:
+            params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
+            params.update(targets.get(task.target_version_id, {}))
+            self.add_item(
+                task,
+                kind=WorkKind.EXECUTE,
+                adapter=task.executor,
+                params=params,
+                deadline_s=max(task.estimated_duration_s * 3, 600),
+            )
 
     def flush(self) -> None:
         copy_rows(WorkItem, WORK_ITEM_COLUMNS, self.new_items)

@@ -1,0 +1,110 @@
+"""Invariant 4's failure path: a failed host is handed to a repair operation without returning to
+service; after MAX_REPAIR_ATTEMPTS failed repairs in one drain it is escalated to a human."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db.models import Count, F
+
+from fleet.models import Host, HostState
+from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
+from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs
+
+MAX_REPAIR_ATTEMPTS = 3
+
+
+def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
+    """Invariant 4: a failed host is handed to a repair operation (it counts against the failure
+    buffer); after MAX_REPAIR_ATTEMPTS failed repairs it is escalated to a human and stays out."""
+    if not failed:
+        return
+    host_ids = [task.host_id for task, _ in failed]
+    # Failed repairs count within the current drain (repairs inherit its key), not over the host's life.
+    drains = {task.drain_key for task, _ in failed if task.drain_key is not None}
+    failed_repairs = dict(
+        HostTask.objects.filter(
+            host_id__any=host_ids, drain_key__any=drains, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED
+        )
+        .values("host_id")
+        .annotate(n=Count("id"))
+        .values_list("host_id", "n")
+    )
+    escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
+    repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
+    ctx.release_leases([t.id for t, _ in escalate], reason="escalated to a human")
+    for task, reason in escalate:
+        ctx.move_hosts(
+            [task.host_id],
+            expected=HostState.FAILED,
+            new=HostState.ESCALATED,
+            reason=f"{MAX_REPAIR_ATTEMPTS} repairs failed; a human must look (last: {reason})",
+        )
+        ctx.event(
+            kind="host.escalated",
+            subject_type=SUBJECT_HOST,
+            subject_id=task.host_id,
+            host_id=task.host_id,
+            reason=reason,
+            data={"failed_repairs": failed_repairs.get(task.host_id, 0)},
+        )
+    if not repair:
+        return
+    hostnames = dict(Host.objects.filter(pk__any=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
+    executor = settings.REPAIR_EXECUTOR
+    operations = Operation.objects.bulk_create(
+        [
+            Operation(
+                kind=OperationKind.REPAIR,
+                scope=f"hosts: {hostnames[task.host_id]}",
+                priority=REPAIR_PRIORITY,
+                source=OperationSource.REPAIR,
+                requester="scheduler",
+                reason=f"repair after: {reason}"[:500],
+                needs_drain=True,
+                executor=executor,
+                drainer=task.drainer,
+                created_at=ctx.now,
+            )
+            for task, reason in repair
+        ]
+    )
+    new_tasks = HostTask.objects.bulk_create(
+        [
+            HostTask(
+                operation=operation,
+                host_id=task.host_id,
+                pool_id=ctx.pool.pk,
+                priority=REPAIR_PRIORITY,
+                drain_key=task.drain_key,
+                created_at=ctx.now,
+                state_changed_at=ctx.now,
+            )
+            for operation, (task, _) in zip(operations, repair, strict=True)
+        ]
+    )
+    for operation in operations:
+        ctx.event(
+            kind="operation.submitted",
+            subject_type="opsplanner.operation",
+            subject_id=operation.pk,
+            reason=operation.reason,
+            data={"kind": "repair", "scope": operation.scope, "hosts": 1},
+        )
+    # A host that failed outside a drain starts one with its repair: verification and return follow.
+    HostTask.objects.filter(pk__any=[t.pk for t in new_tasks], drain_key__isnull=True).update(drain_key=F("id"))
+    refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
+    takers = [refs[t.pk] for t in new_tasks]
+    ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
+    ctx.move_tasks(
+        takers,
+        expected=TaskState.PENDING,
+        new=TaskState.RUNNING,
+        admitted_at=ctx.now,
+        reason="handed to repair without returning to service",
+    )
+    ctx.grant_leases(takers, reason="repair handover")
+    ctx.move_hosts(
+        [t.host_id for t in takers], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started"
+    )
+    ctx.add_execute_items(takers)
+    ctx.counts["repairs_started"] += len(takers)
