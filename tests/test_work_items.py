@@ -181,3 +181,21 @@ def test_many_executors_claiming_at_once_never_get_the_same_item() -> None:
     assert len(everything) == 40
     assert len(set(everything)) == 40
     assert WorkItem.objects.filter(state=WorkState.RUNNING).count() == 40
+
+
+def test_a_report_from_an_expired_claim_is_refused_even_under_the_same_worker_name() -> None:
+    pool, _ = external_drains(1)
+    start = clock.now()
+    moment = [start]
+    with clock.use_clock(lambda: moment[0]):
+        (first,) = work_items_claim(worker="drainer", limit=1, lease_seconds=30)
+        moment[0] = start + dt.timedelta(seconds=31)
+        pool_tick(pool_id=pool.pk)  # taken back
+        (second,) = work_items_claim(worker="drainer", limit=1, lease_seconds=30)
+    assert (first.pk, first.attempts, second.attempts) == (second.pk, 1, 2)
+    with pytest.raises(WorkItemConflict, match="is on attempt 2; the claim of attempt 1 expired"):
+        work_item_report(item_id=first.pk, worker="drainer", key="old", outcome="done", attempt=1)
+    with pytest.raises(WorkItemConflict):
+        work_item_heartbeat(item_id=first.pk, worker="drainer", attempt=1)
+    done = work_item_report(item_id=second.pk, worker="drainer", key="new", outcome="done", attempt=2)
+    assert done.state == WorkState.DONE

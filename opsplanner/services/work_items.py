@@ -88,13 +88,17 @@ def work_items_claim(
 
 
 @transaction.atomic
-def work_item_heartbeat(*, item_id: int, worker: str, lease_seconds: int = 300) -> dt.datetime:
-    """Extend the lease of an item we are running; a conflict when it is no longer ours."""
+def work_item_heartbeat(
+    *, item_id: int, worker: str, lease_seconds: int = 300, attempt: int | None = None
+) -> dt.datetime:
+    """Extend the lease of an item we are running; a conflict when it is no longer ours. `attempt`
+    (from the claim) tells a stale claim from a new one by a worker of the same name."""
     _validate_claim(1, lease_seconds, None)
     expires = clock.now() + dt.timedelta(seconds=lease_seconds)
-    changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
-        lease_expires_at=expires
-    )
+    mine = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker)
+    if attempt is not None:
+        mine = mine.filter(attempts=attempt)
+    changed = mine.update(lease_expires_at=expires)
     if changed != 1:
         raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
     return expires
@@ -132,9 +136,17 @@ def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any]) -> No
 
 @transaction.atomic
 def work_item_report(
-    *, item_id: int, worker: str, key: str, outcome: str, result: dict[str, Any] | None = None, reason: str = ""
+    *,
+    item_id: int,
+    worker: str,
+    key: str,
+    outcome: str,
+    result: dict[str, Any] | None = None,
+    reason: str = "",
+    attempt: int | None = None,
 ) -> WorkItem:
-    """Record the outcome of an item we ran. Repeating the same key returns the first answer."""
+    """Record the outcome of an item we ran. Repeating the same key returns the first answer.
+    `attempt` (from the claim) refuses a report from a claim that expired and was given again."""
     if not key or len(key) > 128:
         raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters."})
     result = result if result is not None else {}
@@ -149,6 +161,11 @@ def work_item_report(
         )
     if item.state != WorkState.RUNNING or item.claimed_by != worker:
         raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
+    if attempt is not None and attempt != item.attempts:
+        raise WorkItemConflict(
+            f"Work item #{item_id} is on attempt {item.attempts}; the claim of attempt {attempt} expired.",
+            code="conflict",
+        )
     _validate_result(item, outcome, result)
     now = clock.now()
     changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
