@@ -107,11 +107,11 @@ def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
 
 
 HORIZON_MIN = 100
-HORIZON_PER_FREE_HOST = 4
+HORIZON_PER_FREE_HOST = 2
 
 
 def admit(ctx: TickContext, *, budget: int) -> None:
-    """Admit what fits. Only the head of the queue is examined: a few times the free headroom (at
+    """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
     least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back keep the reason
     they last got, and get one when they come within the horizon."""
     headroom = pool_headroom(ctx)
