@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fleet.models import Pool
-from opsplanner.models import HostTask, SimulatorProfile, TaskState, WorkItem, WorkState
+from opsplanner.models import OPEN_TASK_STATES, HostTask, SimulatorProfile, WorkItem, WorkState
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.simulator import simulated_work_step, simulator_profile_instant
 from opsplanner.services.tick import pool_tick
 
-ACTIVE = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
+ACTIVE = list(OPEN_TASK_STATES)
 
 
 def instant_simulator(**overrides: object) -> SimulatorProfile:

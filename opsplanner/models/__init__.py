@@ -3,6 +3,7 @@ from opsplanner.models.leases import Lease
 from opsplanner.models.operations import (
     ACTIVE_TASK_STATES,
     MAX_PRIORITY,
+    OPEN_TASK_STATES,
     REPAIR_PRIORITY,
     TERMINAL_TASK_STATES,
     Adapter,
@@ -29,6 +30,7 @@ __all__ = [
     "ACTIVE_TASK_STATES",
     "FINISHED_WORK_STATES",
     "MAX_PRIORITY",
+    "OPEN_TASK_STATES",
     "REPAIR_PRIORITY",
     "TERMINAL_TASK_STATES",
     "VERIFY_CLASSES",

@@ -101,6 +101,8 @@ class TaskState(models.TextChoices):
 
 TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER})
 ACTIVE_TASK_STATES = frozenset({TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING})
+# Tasks an operation still waits for: it is closed when none is left.
+OPEN_TASK_STATES = ACTIVE_TASK_STATES | {TaskState.PENDING}
 
 
 class WaitingCode(models.TextChoices):

@@ -12,9 +12,17 @@ from django.db.models.fields.json import KT
 
 from fleet.models import Host, HostState, Pool
 from fleet.selectors.capacity import pool_capacities
-from opsplanner.models import Event, HostTask, Lease, TaskState, VerifyClass, WorkItem, WorkKind, WorkState
-
-TERMINAL = [TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER]
+from opsplanner.models import (
+    TERMINAL_TASK_STATES,
+    Event,
+    HostTask,
+    Lease,
+    TaskState,
+    VerifyClass,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
     ):
         violations.append(Violation("stuck_host", f"host {hostname} ({host_id}) is {state} and nobody holds it"))
     for lease_id, host_id, task_id, state in leases.filter(
-        host_task__state__in=TERMINAL, host__state=HostState.IN_SERVICE
+        host_task__state__in=TERMINAL_TASK_STATES, host__state=HostState.IN_SERVICE
     ).values_list("id", "host_id", "host_task_id", "host_task__state"):
         violations.append(
             Violation("leaked_lease", f"lease {lease_id} on host {host_id} kept by {state} task {task_id}")

@@ -13,6 +13,7 @@ from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_bulk_create
 from opsplanner.models import (
     MAX_PRIORITY,
+    OPEN_TASK_STATES,
     Adapter,
     HostTask,
     Operation,
@@ -200,11 +201,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
             for task_id, host_id, pool_id in pending
         ]
     )
-    closed = (
-        not HostTask.objects.filter(operation=operation)
-        .exclude(state__in=[TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER])
-        .exists()
-    )
+    closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
     if closed:
         Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
             state=OperationState.CANCELLED, closed_at=now

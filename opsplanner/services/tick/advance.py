@@ -15,6 +15,7 @@ from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.bulk import insert_missing
 from opsplanner.models import (
+    OPEN_TASK_STATES,
     VERIFY_CLASSES,
     HostTask,
     Operation,
@@ -39,7 +40,6 @@ from opsplanner.services.tick.repair import send_to_repair
 _FAR_PAST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
-OPEN_TASK_STATES = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
 
 
 # --- 1. expire --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef
 from fleet.models import Pool
 from opsplanner import clock
 from opsplanner.events import event_row, events_bulk_create
-from opsplanner.models import HostTask, Operation, OperationState, TaskState, WorkItem, WorkState
+from opsplanner.models import OPEN_TASK_STATES, HostTask, Operation, OperationState, WorkItem, WorkState
 from opsplanner.services.tick.admission import admit
 from opsplanner.services.tick.advance import advance, close_finished_operations, expire
 from opsplanner.services.tick.context import ConcurrentChange, TickContext
@@ -92,7 +92,7 @@ def pools_with_work() -> list[int]:
     time out), or finished work to act on. Index probes, one query."""
     open_tasks = HostTask.objects.filter(
         pool_id=OuterRef("pk"),
-        state__in=[TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING],
+        state__in=OPEN_TASK_STATES,
     )
     open_items = WorkItem.objects.filter(
         pool_id=OuterRef("pk"), state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING]
@@ -127,7 +127,7 @@ def operations_close_finished() -> int:
     sweep catches an operation over several pools whose last tasks finished in two ticks at once."""
     still_open = HostTask.objects.filter(
         operation=OuterRef("pk"),
-        state__in=[TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING],
+        state__in=OPEN_TASK_STATES,
     )
     with transaction.atomic():
         ids = list(
