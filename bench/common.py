@@ -29,10 +29,14 @@ class Figure:
 
 
 def scratch_database_url(name: str) -> str:
-    """A freshly created, empty database on the server of DATABASE_URL."""
-    config = parse_database_url("DATABASE_URL", os.environ["DATABASE_URL"])
+    """A freshly created, empty database on the server of DATABASE_URL, named after its database
+    (opsplanner_bench_tick for …/opsplanner), so checkouts with their own databases never share one."""
+    # The first URL seen is the base: a benchmark process later points DATABASE_URL at its scratch database.
+    base = os.environ.setdefault("BENCH_BASE_DATABASE_URL", os.environ["DATABASE_URL"])
+    config = parse_database_url("DATABASE_URL", base)
     if config.is_sqlite:
         raise SystemExit("benchmarks run on PostgreSQL: set DATABASE_URL=postgresql://…")
+    name = f"{config.name}_{name}"
     params = {"host": config.host, "port": config.port or "5432", "user": config.user, "password": config.password}
     with psycopg.connect(dbname="postgres", autocommit=True, **params) as connection:
         connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

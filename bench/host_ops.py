@@ -29,7 +29,7 @@ def run(seconds: float | None = None) -> list[Figure]:
     seconds = seconds or DEFAULT_SECONDS
     from bench.setup import django_on_scratch_database
 
-    url = django_on_scratch_database("opsplanner_bench_ops")
+    url = django_on_scratch_database("bench_ops")
     from bench.fleet import bench_fleet
     from opsplanner.models import HostTask, Operation, OperationState, TaskState
     from opsplanner.selectors.invariants import check_invariants
@@ -132,7 +132,7 @@ def _start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.P
 
 
 def pgbench_simple_update_tps() -> float:
-    url = scratch_database_url("opsplanner_bench_pgbench")
+    url = scratch_database_url("bench_pgbench")
     subprocess.run(["pgbench", "-i", "-q", "-s", "10", url], check=True, capture_output=True)
     result = subprocess.run(
         ["pgbench", "-b", "simple-update", "-c", "2", "-j", "2", "-T", "30", url],

@@ -8,7 +8,7 @@ HOSTS = 100_000
 
 
 def run(seconds: float | None = None) -> list[Figure]:
-    url = scratch_database_url("opsplanner_bench_seed")
+    url = scratch_database_url("bench_seed")
     manage("migrate", "-v0", database_url=url)
     first, _ = manage("seed_demo", "--hosts", str(HOSTS), database_url=url)
     again, result = manage("seed_demo", "--hosts", str(HOSTS), database_url=url)

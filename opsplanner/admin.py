@@ -3,7 +3,16 @@
 from django.contrib import admin
 from django.http import HttpRequest
 
-from opsplanner.models import Event, HostTask, Lease, Operation, SimulatorProfile, WorkerHeartbeat, WorkItem
+from opsplanner.models import (
+    Approval,
+    Event,
+    HostTask,
+    Lease,
+    Operation,
+    SimulatorProfile,
+    WorkerHeartbeat,
+    WorkItem,
+)
 
 
 @admin.register(Event)
@@ -90,3 +99,12 @@ class WorkItemAdmin(ReadOnlyAdmin):
 @admin.register(SimulatorProfile)
 class SimulatorProfileAdmin(admin.ModelAdmin):
     list_display = ["__str__", "drain_seconds", "execute_seconds", "verify_seconds", "execute_failure_rate"]
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Decisions are taken through the approvals service (two-person rule), never edited here."""
+
+    list_display = ("id", "kind", "state", "requester", "decider", "reason", "created_at", "expires_at")
+    list_filter = ("kind", "state")
+    search_fields = ("requester", "decider", "reason")

@@ -63,8 +63,9 @@ def copy_rows(model: type[models.Model], columns: Sequence[str], rows: Sequence[
         )
         return
     quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    # One statement, atomic by itself: no savepoint (two more round trips) inside a caller's transaction.
     with (
-        transaction.atomic(),
+        transaction.atomic(savepoint=False),
         connection.cursor() as cursor,
         cursor.cursor.copy(f"COPY {model._meta.db_table} ({quoted}) FROM STDIN") as copy,
     ):

@@ -103,3 +103,35 @@ class CompositeForeignKey(migrations.operations.base.Operation):
         elif vendor == "sqlite":
             for suffix in ("ins", "upd", "parent_upd"):
                 schema_editor.execute(f"DROP TRIGGER IF EXISTS {self.name}_{suffix}")
+
+
+class SqliteSuspendCompositeForeignKey(CompositeForeignKey):
+    """Drop a composite key's SQLite triggers before a migration rebuilds the tables they name
+    (SQLite's table remake breaks or loses them); pair with SqliteRestoreCompositeForeignKey.
+    PostgreSQL's real foreign key needs neither."""
+
+    def describe(self) -> str:
+        return f"Suspend the SQLite triggers of {self.name}"
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            CompositeForeignKey.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            CompositeForeignKey.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class SqliteRestoreCompositeForeignKey(CompositeForeignKey):
+    def describe(self) -> str:
+        return f"Restore the SQLite triggers of {self.name}"
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            for suffix in ("ins", "upd", "parent_upd"):
+                schema_editor.execute(f"DROP TRIGGER IF EXISTS {self.name}_{suffix}")
+            CompositeForeignKey.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if schema_editor.connection.vendor == "sqlite":
+            CompositeForeignKey.database_backwards(self, app_label, schema_editor, from_state, to_state)

@@ -4,12 +4,13 @@ rolls back with the change it describes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection, transaction
 
 from opsplanner import clock
+from opsplanner.bulk import copy_rows
 from opsplanner.models import Event
 
 Actor = AbstractBaseUser | AnonymousUser | str | None
@@ -86,7 +87,7 @@ def event_row(
     )
 
 
-_EVENT_COLUMNS = (
+EVENT_COLUMNS = (
     "created_at",
     "kind",
     "actor_id",
@@ -102,29 +103,26 @@ _EVENT_COLUMNS = (
 
 def events_bulk_create(events: list[Event]) -> None:
     """Insert many events at once: COPY on PostgreSQL (the tick writes thousands), bulk_create elsewhere."""
-    if not events:
-        return
-    if connection.vendor != "postgresql":
-        Event.objects.bulk_create(events, batch_size=2000)
-        return
-    columns = ", ".join(_EVENT_COLUMNS)
-    with (
-        transaction.atomic(),
-        connection.cursor() as cursor,
-        cursor.cursor.copy(f"COPY {Event._meta.db_table} ({columns}) FROM STDIN") as copy,
-    ):
-        for event in events:
-            copy.write_row(
-                (
-                    event.created_at,
-                    event.kind,
-                    event.actor_id,
-                    event.actor,
-                    event.subject_type,
-                    event.subject_id,
-                    event.pool_id,
-                    event.host_id,
-                    event.reason,
-                    json.dumps(event.data),
-                )
+    events_copy_rows(
+        [
+            (
+                event.created_at,
+                event.kind,
+                event.actor_id,
+                event.actor,
+                event.subject_type,
+                event.subject_id,
+                event.pool_id,
+                event.host_id,
+                event.reason,
+                json.dumps(event.data),
             )
+            for event in events
+        ]
+    )
+
+
+def events_copy_rows(rows: Sequence[Sequence[Any]]) -> None:
+    """Insert events given as rows in the order of EVENT_COLUMNS, data as JSON text: no model
+    instance per event, for set-based code such as the tick that writes thousands at once."""
+    copy_rows(Event, EVENT_COLUMNS, rows)

@@ -170,6 +170,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": TICK_SECONDS,
         "options": {"expires": TICK_SECONDS * 5},
     },
+    "trains-tick": {
+        "task": "trains.tasks.trains_tick",
+        "schedule": TICK_SECONDS,
+        "options": {"expires": TICK_SECONDS * 5},
+    },
     "simulated-work": {
         "task": "opsplanner.tasks.simulated_work_step",
         "schedule": 1.0,

@@ -55,3 +55,27 @@ def drive(
         )
     )
     raise AssertionError(f"not settled after {max_rounds} rounds; still active: {stuck}; their work: {items}")
+
+
+def drive_trains(
+    *pools: Pool,
+    max_rounds: int = 400,
+    until: Callable[[], bool],
+    each_round: Callable[[], None] | None = None,
+) -> int:
+    """Tick the trains, then the pools, then run the simulator, until `until` holds. The
+    invariants are verified after every round."""
+    from trains.services.tick import trains_tick
+
+    for round_number in range(1, max_rounds + 1):
+        trains_tick()
+        for pool in pools:
+            pool_tick(pool_id=pool.pk)
+        simulated_work_step()
+        violations = check_invariants()
+        assert not violations, f"round {round_number}: {violations}"
+        if each_round:
+            each_round()
+        if until():
+            return round_number
+    raise AssertionError(f"not done after {max_rounds} rounds")

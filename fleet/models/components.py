@@ -45,6 +45,10 @@ class ComponentVersion(models.Model):
     version = models.CharField(max_length=MAX_VERSION_LENGTH, validators=[validate_version])
     sort_key = models.CharField(max_length=SORT_KEY_LENGTH, editable=False)
     released_at = models.DateTimeField(default=clock.now)
+    withdrawn_at = models.DateTimeField(
+        null=True, blank=True, help_text="set when an upgrade to it was offboarded: no host returns running it"
+    )
+    withdrawn_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["component_id", "sort_key"]
@@ -77,6 +81,14 @@ class InstalledVersion(models.Model):
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="installed_versions")
     component = models.ForeignKey(Component, on_delete=models.PROTECT, related_name="+")
     version = models.ForeignKey(ComponentVersion, on_delete=models.PROTECT, related_name="installations")
+    previous_version = models.ForeignKey(
+        ComponentVersion,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="what the host ran before: the version a rollback restores",
+    )
     installed_at = models.DateTimeField(default=clock.now)
 
     class Meta:

@@ -67,6 +67,11 @@ class Pool(models.Model):
     failure_buffer_fraction = models.DecimalField(
         max_digits=5, decimal_places=4, null=True, blank=True, validators=_FRACTION_VALIDATORS
     )
+    hard_floor_hosts = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="hosts that stay in service even for an approved emergency (default: the normal floor)",
+    )
     created_at = models.DateTimeField(default=clock.now)
 
     class Meta:

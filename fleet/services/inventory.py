@@ -106,6 +106,8 @@ def installed_version_set(
     previous = current.version.version if current else None
     if current is None:
         current = InstalledVersion(host=host, component_id=version.component_id, version=version)
+    elif current.version_id != version.pk:
+        current.previous_version_id = current.version_id
     current.version = version
     current.installed_at = clock.now()
     validated_save(current)

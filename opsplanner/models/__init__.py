@@ -1,3 +1,4 @@
+from opsplanner.models.approvals import Approval, ApprovalKind, ApprovalState
 from opsplanner.models.events import Event
 from opsplanner.models.leases import Lease
 from opsplanner.models.operations import (
@@ -35,6 +36,9 @@ __all__ = [
     "TERMINAL_TASK_STATES",
     "VERIFY_CLASSES",
     "Adapter",
+    "Approval",
+    "ApprovalKind",
+    "ApprovalState",
     "Event",
     "HostTask",
     "Lease",

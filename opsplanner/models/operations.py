@@ -66,6 +66,16 @@ class Operation(models.Model):
     max_attempts = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1), MaxValueValidator(10)])
     drain_timeout_s = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
     state = models.CharField(max_length=16, choices=OperationState.choices, default=OperationState.OPEN)
+    hold_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="while set, its pending tasks are not admitted (a stopped train, an approval awaited)",
+    )
+    override_buffers = models.BooleanField(
+        default=False,
+        help_text="an approved emergency: may use the whole room down to the pool's hard floor",
+    )
     created_at = models.DateTimeField(default=clock.now)
     closed_at = models.DateTimeField(null=True, blank=True)
 
@@ -80,6 +90,11 @@ class Operation(models.Model):
                 violation_error_message="An upgrade needs a target version.",
             ),
             models.CheckConstraint(condition=~Q(reason=""), name="operation_reason_given"),
+            models.CheckConstraint(
+                condition=Q(override_buffers=False) | Q(source=OperationSource.EMERGENCY),
+                name="operation_override_only_for_emergencies",
+                violation_error_message="Only an approved emergency may override the buffers.",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -118,6 +133,7 @@ class WaitingCode(models.TextChoices):
     OPTOUT = "optout", "Opt-out window"
     GANG = "gang", "Gang cannot be taken whole"
     INCOMPATIBLE = "incompatible", "Target version incompatible"
+    HELD = "held", "Operation held"
 
 
 class HostTask(models.Model):

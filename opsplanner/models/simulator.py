@@ -33,7 +33,8 @@ class SimulatorProfile(models.Model):
     execute_by_kind = models.JSONField(
         default=dict,
         blank=True,
-        help_text='per operation kind, overrides of the two above: {"upgrade": {"seconds": 600, "failure_rate": 0.02}}',
+        help_text="per operation kind, or per upgrade target as kind:component:version, overrides of the two "
+        'above: {"upgrade": {"seconds": 600}, "upgrade:gpu-driver:560.1": {"failure_rate": 0.3}}',
     )
     batch_size = models.PositiveIntegerField(default=500, validators=[MinValueValidator(1)])
 
@@ -48,22 +49,26 @@ class SimulatorProfile(models.Model):
 
         if not isinstance(self.execute_by_kind, dict):
             raise ValidationError({"execute_by_kind": "Give an object keyed by operation kind."})
-        for kind, values in self.execute_by_kind.items():
-            if kind not in OperationKind.values or not isinstance(values, dict):
-                raise ValidationError({"execute_by_kind": f"{kind!r} is not an operation kind with settings."})
+        for key, values in self.execute_by_kind.items():
+            kind = str(key).split(":", 1)[0]
+            if kind not in OperationKind.values or not isinstance(values, dict) or str(key).count(":") not in (0, 2):
+                raise ValidationError(
+                    {"execute_by_kind": f"{key!r} is not an operation kind (or kind:component:version) with settings."}
+                )
             unknown = set(values) - {"seconds", "failure_rate"}
             seconds, rate = values.get("seconds", 0), values.get("failure_rate", 0)
             if unknown or not isinstance(seconds, int | float) or seconds < 0:
-                raise ValidationError({"execute_by_kind": f"{kind}: use seconds (0 or more) and failure_rate."})
+                raise ValidationError({"execute_by_kind": f"{key}: use seconds (0 or more) and failure_rate."})
             if not isinstance(rate, int | float) or not 0 <= rate <= 1:
-                raise ValidationError({"execute_by_kind": f"{kind}: failure_rate is between 0 and 1."})
+                raise ValidationError({"execute_by_kind": f"{key}: failure_rate is between 0 and 1."})
 
-    def execution(self, kind: str) -> tuple[float, float]:
-        """(seconds, failure rate) of one execution of an operation of this kind."""
-        override = self.execute_by_kind.get(kind, {})
+    def execution(self, kind: str, component: str = "", version: str = "") -> tuple[float, float]:
+        """(seconds, failure rate) of one execution of an operation of this kind (and target)."""
+        by_kind = self.execute_by_kind.get(kind, {})
+        by_target = self.execute_by_kind.get(f"{kind}:{component}:{version}", {}) if component else {}
         return (
-            float(override.get("seconds", self.execute_seconds)),
-            float(override.get("failure_rate", self.execute_failure_rate)),
+            float(by_target.get("seconds", by_kind.get("seconds", self.execute_seconds))),
+            float(by_target.get("failure_rate", by_kind.get("failure_rate", self.execute_failure_rate))),
         )
 
     @classmethod

@@ -48,23 +48,31 @@ def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
     ):
         violations.append(Violation("lease_of_pending_task", f"lease {lease_id} on host {host_id} by task {task_id}"))
 
-    # 2. Capacity floor, per pool.
+    # 2. Capacity floor, per pool. Hosts held by an approved emergency may exceed the planned
+    # buffer and the floor, never the pool's hard floor.
+    emergency_out = dict(
+        Lease.objects.filter(active=True, operation__override_buffers=True)
+        .values("pool_id")
+        .annotate(n=Count("id"))
+        .values_list("pool_id", "n")
+    )
     for capacity in pool_capacities():
         if pool is not None and capacity.pool.pk != pool.pk:
             continue
         buffers = capacity.buffers
         name = capacity.pool.name
-        if capacity.planned_out > buffers.planned:
+        emergency = emergency_out.get(capacity.pool.pk, 0)
+        if capacity.planned_out - emergency > buffers.planned:
             violations.append(
                 Violation(
                     "planned_buffer",
                     f"pool {name}: {capacity.planned_out} hosts out for planned work, buffer {buffers.planned}",
                 )
             )
-        if capacity.in_service < buffers.floor and capacity.failure_out <= buffers.failure:
-            violations.append(
-                Violation("floor", f"pool {name}: {capacity.in_service} hosts in service, floor {buffers.floor}")
-            )
+        hard_floor = capacity.pool.hard_floor_hosts
+        floor = buffers.floor if not emergency or hard_floor is None else min(hard_floor, buffers.floor)
+        if capacity.in_service < floor and capacity.failure_out <= buffers.failure:
+            violations.append(Violation("floor", f"pool {name}: {capacity.in_service} hosts in service, floor {floor}"))
 
     # 3. Pre-return verification: a drained task is done only after three passed checks and a return.
     passed = WorkItem.objects.filter(

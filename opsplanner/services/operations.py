@@ -51,8 +51,14 @@ def operation_submit(
     drainer: str = Adapter.SIMULATED,
     max_attempts: int = 3,
     drain_timeout_s: int = 3600,
+    host_ids: list[int] | None = None,
+    hold_reason: str = "",
+    override_buffers: bool = False,
 ) -> Operation:
-    """Create an operation and one pending host task per host in scope, or refuse with the reason."""
+    """Create an operation and one pending host task per host in scope, or refuse with the reason.
+
+    Callers inside the product (trains, offboarding) that have already chosen the hosts pass them as
+    host_ids; scope is then only the label the operation shows."""
     _choice("kind", kind, OperationKind)
     _choice("source", source, OperationSource)
     _choice("executor", executor, Adapter)
@@ -68,10 +74,15 @@ def operation_submit(
         target = version_of(component, version)
     elif component or version:
         raise ValidationError({"component_version": f"A {kind} operation takes no component or version."})
+    if target is not None and target.withdrawn_at is not None:
+        raise ValidationError({"component_version": f"{target} is withdrawn: {target.withdrawn_reason}"})
     if needs_drain is None:
         needs_drain = target.component.needs_drain if target else True
 
-    host_ids = resolve_scope(parse_scope(scope))
+    if host_ids is None:
+        host_ids = resolve_scope(parse_scope(scope))
+    elif not host_ids:
+        raise ValidationError({"scope": "The scope has no hosts."})
     pools = dict(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id"))
     if gang:
         _check_gang(host_ids, pools, needs_drain)
@@ -96,6 +107,8 @@ def operation_submit(
         drainer=drainer,
         max_attempts=max_attempts,
         drain_timeout_s=drain_timeout_s,
+        hold_reason=hold_reason[:300],
+        override_buffers=override_buffers,
         created_at=now,
     )
     operation.full_clean()

@@ -38,7 +38,7 @@ def _duration(profile: SimulatorProfile, item: WorkItem) -> float:
         slow = chance(profile.seed, "slow", item.host_id) < float(profile.slow_host_fraction)
         return profile.drain_seconds * (profile.slow_drain_factor if slow else 1.0)
     if item.kind == WorkKind.EXECUTE:
-        return profile.execution(item.params.get("kind", ""))[0]
+        return _execution(profile, item)[0]
     return {
         WorkKind.VERIFY: profile.verify_seconds,
         WorkKind.UNDRAIN: profile.undrain_seconds,
@@ -52,15 +52,21 @@ def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]
             return WorkState.FAILED, {}, f"the simulated drainer refuses host {item.host_id}"
         return WorkState.DONE, {}, ""
     if item.kind == WorkKind.EXECUTE:
-        if chance(profile.seed, "execute", item.pk, item.attempts) < profile.execution(item.params.get("kind", ""))[1]:
+        if chance(profile.seed, "execute", item.pk, item.attempts) < _execution(profile, item)[1]:
             return WorkState.FAILED, {}, f"simulated {item.params.get('kind', 'execution')} failure"
         versions = {item.params["component"]: item.params["version"]} if item.params.get("component") else {}
+        versions.update(item.params.get("restore") or {})  # a repair rolls back withdrawn versions
         return WorkState.DONE, {"versions": versions}, ""
     if item.kind == WorkKind.VERIFY:
         passed = chance(profile.seed, "verify", item.pk, item.attempts) >= float(profile.verify_failure_rate)
         detail = "" if passed else f"simulated {item.verify_class} check failed"
         return WorkState.DONE, {"passed": passed, "detail": detail}, detail
     return WorkState.DONE, {}, ""
+
+
+def _execution(profile: SimulatorProfile, item: WorkItem) -> tuple[float, float]:
+    params = item.params
+    return profile.execution(params.get("kind", ""), params.get("component", ""), params.get("version", ""))
 
 
 def simulator_profile_instant(**overrides: object) -> SimulatorProfile:

@@ -37,19 +37,28 @@ class Headroom:
     planned: int
     floor: int
     reservation: int
+    hard_floor: int
     reservation_reason: str
     planned_reason: str
     floor_reason: str
+    hard_floor_reason: str
 
-    def remaining(self) -> int:
-        return min(self.planned, self.floor, self.reservation)
+    def remaining(self, *, emergency: bool = False) -> int:
+        """An approved emergency may use everything down to the hard floor; other work stays inside
+        the planned buffer, the floor and the reservations."""
+        if emergency:
+            return self.hard_floor
+        return min(self.planned, self.floor, self.reservation, self.hard_floor)
 
     def take(self) -> None:
         self.planned -= 1
         self.floor -= 1
         self.reservation -= 1
+        self.hard_floor -= 1
 
-    def refusal(self) -> tuple[str, str]:
+    def refusal(self, *, emergency: bool = False) -> tuple[str, str]:
+        if emergency or self.hard_floor <= 0:
+            return WaitingCode.FLOOR, self.hard_floor_reason
         if self.planned <= 0:
             return WaitingCode.PLANNED_BUFFER, self.planned_reason
         if self.floor <= 0:
@@ -76,13 +85,16 @@ def pool_headroom(ctx: TickContext) -> Headroom:
             f"reservation #{binding.pk} of service {binding.service.name} keeps {binding.min_hosts_in_service} "
             f"hosts of pool {name} in service until {binding.ends_at:%Y-%m-%d %H:%M} UTC"
         )
+    hard_floor = buffers.floor if ctx.pool.hard_floor_hosts is None else ctx.pool.hard_floor_hosts
     return Headroom(
         planned=buffers.planned - capacity.planned_out,
         floor=capacity.in_service - buffers.floor,
         reservation=reservation_room,
+        hard_floor=capacity.in_service - hard_floor,
         reservation_reason=reservation_reason,
         planned_reason=f"planned buffer of pool {name} is full ({buffers.planned} hosts)",
         floor_reason=f"pool {name} is at its floor of {buffers.floor} hosts in service",
+        hard_floor_reason=f"pool {name} is at its hard floor of {hard_floor} hosts in service",
     )
 
 
@@ -165,6 +177,9 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         return None
 
     for task in order:
+        if task.hold_reason:  # a held operation claims no host: the work behind it goes on
+            waiting[task.id] = (WaitingCode.HELD, f"held: {task.hold_reason}")
+            continue
         if task.gang:
             if task.operation_id in judged_gangs:
                 continue
@@ -178,8 +193,9 @@ def admit(ctx: TickContext, *, budget: int) -> None:
             if blocked:
                 member, (_, why) = blocked[0]
                 reason = f"gang of {len(members)} hosts waits: {why} (host {member.host_id})"
-            elif need > headroom.remaining():
-                reason = f"gang needs {need} hosts at once; {max(headroom.remaining(), 0)} may go out now"
+            elif need > headroom.remaining(emergency=task.override_buffers):
+                room = max(headroom.remaining(emergency=task.override_buffers), 0)
+                reason = f"gang needs {need} hosts at once; {room} may go out now"
             else:
                 for member in members:
                     if member.needs_drain:
@@ -192,8 +208,8 @@ def admit(ctx: TickContext, *, budget: int) -> None:
 
         claimed.setdefault(task.host_id, task)
         why = obstacle(task)
-        if why is None and task.needs_drain and headroom.remaining() <= 0:
-            why = headroom.refusal()
+        if why is None and task.needs_drain and headroom.remaining(emergency=task.override_buffers) <= 0:
+            why = headroom.refusal(emergency=task.override_buffers)
         if why is not None:
             waiting[task.id] = why
             continue
@@ -228,24 +244,25 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
 
 
 def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    """Lease, then one guarded UPDATE per path: pending → draining (opening its drain) or, with no
+    drain needed, pending → running; each through admitted, which both events record."""
     if not tasks:
         return
     ctx.grant_leases(tasks, reason="admitted")
-    ctx.move_tasks(
-        tasks,
-        expected=TaskState.PENDING,
-        new=TaskState.ADMITTED,
-        admitted_at=ctx.now,
-        waiting_code="",
-        waiting_reason="",
-    )
     drained = [t for t in tasks if t.needs_drain]
     in_place = [t for t in tasks if not t.needs_drain]
+    admitted = {"admitted_at": ctx.now, "waiting_code": "", "waiting_reason": ""}
     # A drained task opens a drain; tasks handed over later in that drain share its key.
-    HostTask.objects.filter(pk__any=[t.id for t in drained]).update(drain_key=F("id"))
+    ctx.move_tasks(
+        drained,
+        expected=TaskState.PENDING,
+        via=TaskState.ADMITTED,
+        new=TaskState.DRAINING,
+        drain_key=F("id"),
+        **admitted,
+    )
     for task in drained:
         task.drain_key = task.id
-    ctx.move_tasks(drained, expected=TaskState.ADMITTED, new=TaskState.DRAINING)
     ctx.move_hosts(
         [t.host_id for t in drained],
         expected=HostState.IN_SERVICE,
@@ -254,5 +271,12 @@ def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
     )
     for task in drained:
         ctx.add_item(task, kind=WorkKind.DRAIN, adapter=task.drainer, deadline_s=task.drain_timeout_s)
-    ctx.move_tasks(in_place, expected=TaskState.ADMITTED, new=TaskState.RUNNING, reason="no drain needed")
+    ctx.move_tasks(
+        in_place,
+        expected=TaskState.PENDING,
+        via=TaskState.ADMITTED,
+        new=TaskState.RUNNING,
+        reason="no drain needed",
+        **admitted,
+    )
     ctx.add_execute_items(in_place)

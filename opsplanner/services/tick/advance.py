@@ -9,7 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -204,9 +204,10 @@ def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> 
         if (component, version) in catalogue:
             groups[catalogue[(component, version)]].append(host_id)
     for (component_id, version_id), host_ids in groups.items():
-        InstalledVersion.objects.filter(host_id__any=host_ids, component_id=component_id).update(
-            version_id=version_id, installed_at=ctx.now
-        )
+        # The old version is kept as the one a rollback restores.
+        InstalledVersion.objects.filter(host_id__any=host_ids, component_id=component_id).exclude(
+            version_id=version_id
+        ).update(previous_version_id=F("version_id"), version_id=version_id, installed_at=ctx.now)
         insert_missing(
             InstalledVersion,
             ["host_id", "component_id", "version_id", "installed_at"],
@@ -257,7 +258,11 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     by_host = {task.host_id: task for task in applied}
     candidates = task_refs(
         HostTask.objects.filter(
-            host_id__any=by_host, state=TaskState.PENDING, operation__state=OperationState.OPEN, operation__gang=False
+            host_id__any=by_host,
+            state=TaskState.PENDING,
+            operation__state=OperationState.OPEN,
+            operation__gang=False,
+            operation__hold_reason="",
         ).order_by("host_id", "-priority", "created_at", "id")
     )
     # The next task takes the host only if admission would let it: not one whose target became
@@ -426,8 +431,14 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
                 f"version {names.get(actual, 'none')} installed where the target is {names.get(target_id)}"
             )
     incompatible = host_incompatibilities([t.host_id for t in tasks])
+    withdrawn: dict[int, list[str]] = defaultdict(list)
+    for host_id, component, version, why in InstalledVersion.objects.filter(
+        host_id__any=[t.host_id for t in tasks], version__withdrawn_at__isnull=False
+    ).values_list("host_id", "component__name", "version__version", "version__withdrawn_reason"):
+        withdrawn[host_id].append(f"runs withdrawn {component} {version} ({why})")
     for task in tasks:
         problems[task.id].extend(incompatible.get(task.host_id, []))
+        problems[task.id].extend(withdrawn.get(task.host_id, []))
     return {task_id: reasons for task_id, reasons in problems.items() if reasons}
 
 

@@ -20,6 +20,10 @@ def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
     reasons: dict[int, str] = {}
     versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
     for version_id, group in by_target.items():
+        if versions[version_id].withdrawn_at is not None:
+            for task in group:
+                reasons[task.id] = f"{versions[version_id]} is withdrawn: {versions[version_id].withdrawn_reason}"
+            continue
         problems = host_incompatibilities([t.host_id for t in group], planned=[versions[version_id]])
         for task in group:
             if task.host_id in problems:

@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import models
+from django.db import connection, models
 
-from fleet.models import ComponentVersion, Host, Pool
+from fleet.models import ComponentVersion, Host, InstalledVersion, Pool
 from opsplanner.bulk import copy_rows
-from opsplanner.events import event_row, events_bulk_create
-from opsplanner.models import Event, HostTask, Lease, WorkItem, WorkKind, WorkState
+from opsplanner.events import events_copy_rows
+from opsplanner.models import HostTask, Lease, Operation, WorkItem, WorkKind, WorkState
 
 WORK_ITEM_COLUMNS = (
     "kind",
@@ -64,42 +64,58 @@ class TaskRef:
     source: str
     target_version_id: int | None
     gang: bool
+    hold_reason: str
+    override_buffers: bool
     waiting_reason: str
     priority: int
     created_at: dt.datetime
 
 
-TASK_REF_FIELDS = (
-    "id",
-    "host_id",
-    "operation_id",
-    "state",
-    "drain_key",
-    "operation__needs_drain",
-    "operation__kind",
-    "operation__executor",
-    "operation__drainer",
-    "operation__max_attempts",
-    "operation__drain_timeout_s",
-    "operation__estimated_duration_s",
-    "operation__source",
-    "operation__component_version_id",
-    "operation__gang",
-    "waiting_reason",
-    "priority",
-    "created_at",
+TASK_FIELDS = ("id", "host_id", "operation_id", "state", "drain_key", "waiting_reason", "priority", "created_at")
+OPERATION_FIELDS = (
+    "needs_drain",
+    "kind",
+    "executor",
+    "drainer",
+    "max_attempts",
+    "drain_timeout_s",
+    "estimated_duration_s",
+    "source",
+    "component_version_id",
+    "gang",
+    "hold_reason",
+    "override_buffers",
 )
 
 
 def task_refs(queryset: models.QuerySet[HostTask]) -> dict[int, TaskRef]:
-    return {row[0]: TaskRef(*row) for row in queryset.values_list(*TASK_REF_FIELDS)}
+    """The tasks' own columns, then their operations' once each (thousands of tasks share a handful
+    of operations: a join would send every operation column again with every task)."""
+    rows = list(queryset.values_list(*TASK_FIELDS))
+    if not rows:
+        return {}
+    operations = {
+        row[0]: row[1:]
+        for row in Operation.objects.filter(pk__any={row[2] for row in rows}).values_list("id", *OPERATION_FIELDS)
+    }
+    return {row[0]: TaskRef(*row[:5], *operations[row[2]], *row[5:]) for row in rows}
+
+
+def _json(data: dict[str, Any] | None) -> str:
+    return json.dumps(data) if data else "{}"
+
+
+def _transition_json(before: str, after: str) -> str:
+    """The JSON text of {"from": before, "to": after} without its closing brace, to extend per row."""
+    return json.dumps({"from": before, "to": after})[:-1]
 
 
 @dataclass
 class TickContext:
     pool: Pool
     now: dt.datetime
-    events: list[Event] = field(default_factory=list)
+    # Event rows in the order of EVENT_COLUMNS (data as JSON text), written with COPY by flush().
+    events: list[tuple[Any, ...]] = field(default_factory=list)
     new_items: list[tuple[Any, ...]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     touched_operations: set[int] = field(default_factory=set)
@@ -116,21 +132,23 @@ class TickContext:
         data: dict[str, Any] | None = None,
     ) -> None:
         self.events.append(
-            event_row(
-                kind=kind,
-                subject_type=subject_type,
-                subject_id=subject_id,
-                now=self.now,
-                actor=ACTOR,
-                reason=reason,
-                pool_id=self.pool.pk,
-                host_id=host_id,
-                data=data,
-            )
+            (self.now, kind, None, ACTOR, subject_type, subject_id, self.pool.pk, host_id, reason, _json(data))
         )
 
     # -- guarded transitions, set-based ---------------------------------------------------------
-    def move_tasks(self, tasks: Iterable[TaskRef], *, expected: str, new: str, reason: str = "", **fields: Any) -> None:
+    def move_tasks(
+        self,
+        tasks: Iterable[TaskRef],
+        *,
+        expected: str,
+        new: str,
+        via: str = "",
+        reason: str = "",
+        **fields: Any,
+    ) -> None:
+        """One guarded UPDATE from expected to new, and an event per task. With via, the tasks pass
+        through that state inside this transaction (nobody else can see it): still one UPDATE, and two
+        events per task (expected → via, then via → new, the reason on the second), as two moves would write."""
         tasks = list(tasks)
         if not tasks:
             return
@@ -140,18 +158,30 @@ class TickContext:
         )
         if changed != len(ids):
             raise ConcurrentChange(f"{len(ids) - changed} of {len(ids)} tasks were not {expected}")
+        reason = reason or fields.get("failure_reason", "")
+        steps = [(expected, via, ""), (via, new, reason)] if via else [(expected, new, reason)]
+        now, pool_id, append = self.now, self.pool.pk, self.events.append
+        for before, after, why in steps:
+            head = _transition_json(before, after) + ', "operation": '
+            for task in tasks:
+                append(
+                    (
+                        now,
+                        "task.state_changed",
+                        None,
+                        ACTOR,
+                        SUBJECT_TASK,
+                        task.id,
+                        pool_id,
+                        task.host_id,
+                        why,
+                        f"{head}{task.operation_id:d}}}",
+                    )
+                )
+            self.counts[f"task_{after}"] += len(ids)
         for task in tasks:
             task.state = new
             self.touched_operations.add(task.operation_id)
-            self.event(
-                kind="task.state_changed",
-                subject_type=SUBJECT_TASK,
-                subject_id=task.id,
-                host_id=task.host_id,
-                reason=reason or fields.get("failure_reason", ""),
-                data={"from": expected, "to": new, "operation": task.operation_id},
-            )
-        self.counts[f"task_{new}"] += len(ids)
 
     def move_hosts(self, host_ids: Iterable[int], *, expected: str, new: str, reason: str) -> None:
         ids = list(host_ids)
@@ -160,15 +190,12 @@ class TickContext:
         changed = Host.objects.filter(pk__any=ids, state=expected).update(state=new, state_changed_at=self.now)
         if changed != len(ids):
             raise ConcurrentChange(f"{len(ids) - changed} of {len(ids)} hosts were not {expected}")
-        for host_id in ids:
-            self.event(
-                kind="host.state_changed",
-                subject_type=SUBJECT_HOST,
-                subject_id=host_id,
-                host_id=host_id,
-                reason=reason,
-                data={"from": expected, "to": new},
-            )
+        data = _transition_json(expected, new) + "}"
+        now, pool_id = self.now, self.pool.pk
+        self.events.extend(
+            (now, "host.state_changed", None, ACTOR, SUBJECT_HOST, host_id, pool_id, host_id, reason, data)
+            for host_id in ids
+        )
         self.counts[f"host_{new}"] += len(ids)
 
     def release_leases(self, task_ids: Iterable[int], *, reason: str) -> None:
@@ -192,28 +219,58 @@ class TickContext:
         if not tasks:
             return
         # The partial unique index on active leases is the last word: a second holder raises here.
-        created = Lease.objects.bulk_create(
-            [
-                Lease(
-                    host_id=t.host_id,
-                    host_task_id=t.id,
-                    operation_id=t.operation_id,
-                    pool_id=self.pool.pk,
-                    acquired_at=self.now,
+        lease_ids = self._insert_leases(tasks)
+        now, pool_id, append = self.now, self.pool.pk, self.events.append
+        for task in tasks:
+            append(
+                (
+                    now,
+                    "lease.granted",
+                    None,
+                    ACTOR,
+                    SUBJECT_LEASE,
+                    lease_ids[task.id],
+                    pool_id,
+                    task.host_id,
+                    reason,
+                    f'{{"task": {task.id:d}, "operation": {task.operation_id:d}}}',
                 )
-                for t in tasks
-            ]
-        )
-        for lease, task in zip(created, tasks, strict=True):
-            self.event(
-                kind="lease.granted",
-                subject_type=SUBJECT_LEASE,
-                subject_id=lease.pk,
-                host_id=task.host_id,
-                reason=reason,
-                data={"task": task.id, "operation": task.operation_id},
             )
         self.counts["leases_granted"] += len(tasks)
+
+    def _insert_leases(self, tasks: list[TaskRef]) -> dict[int, int]:
+        """Insert an active lease per task; return {task id: lease id}. On PostgreSQL one INSERT …
+        SELECT FROM unnest() of three arrays, with no model instance per row."""
+        if connection.vendor != "postgresql":
+            created = Lease.objects.bulk_create(
+                [
+                    Lease(
+                        host_id=t.host_id,
+                        host_task_id=t.id,
+                        operation_id=t.operation_id,
+                        pool_id=self.pool.pk,
+                        acquired_at=self.now,
+                    )
+                    for t in tasks
+                ]
+            )
+            return {lease.host_task_id: lease.pk for lease in created}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {Lease._meta.db_table} "
+                "(host_id, host_task_id, operation_id, pool_id, active, acquired_at, released_at, release_reason) "
+                "SELECT host_id, task_id, operation_id, %s, true, %s, NULL, '' "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS rows (host_id, task_id, operation_id) "
+                "RETURNING host_task_id, id",
+                [
+                    self.pool.pk,
+                    self.now,
+                    [t.host_id for t in tasks],
+                    [t.id for t in tasks],
+                    [t.operation_id for t in tasks],
+                ],
+            )
+            return dict(cursor.fetchall())
 
     # -- work items -----------------------------------------------------------------------------
     def add_item(
@@ -258,9 +315,12 @@ class TickContext:
                 "id", "component__name", "version"
             )
         }
+        restore = _rollbacks([t.host_id for t in tasks if t.kind == "repair"])
         for task in tasks:
             params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
             params.update(targets.get(task.target_version_id, {}))
+            if task.host_id in restore and task.kind == "repair":
+                params["restore"] = restore[task.host_id]
             self.add_item(
                 task,
                 kind=WorkKind.EXECUTE,
@@ -272,4 +332,16 @@ class TickContext:
     def flush(self) -> None:
         copy_rows(WorkItem, WORK_ITEM_COLUMNS, self.new_items)
         self.counts["work_items_created"] += len(self.new_items)
-        events_bulk_create(self.events)
+        events_copy_rows(self.events)
+
+
+def _rollbacks(host_ids: list[int]) -> dict[int, dict[str, str]]:
+    """{host: {component: version}}: what a repair puts back where a host runs a withdrawn version."""
+    if not host_ids:
+        return {}
+    restore: dict[int, dict[str, str]] = {}
+    for host_id, component, version in InstalledVersion.objects.filter(
+        host_id__any=host_ids, version__withdrawn_at__isnull=False, previous_version__isnull=False
+    ).values_list("host_id", "component__name", "previous_version__version"):
+        restore.setdefault(host_id, {})[component] = version
+    return restore

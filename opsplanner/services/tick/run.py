@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Exists, OuterRef
 
 from fleet.models import Pool
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 ADVANCE_BUDGET = 20_000
 ADMIT_BUDGET = 5_000
+TICK_LANES = 2  # pools ticked at once by fleet_tick, each on its own database connection
 
 
 @dataclass
@@ -36,8 +38,12 @@ class TickReport:
     new_simulated_work: bool = False
 
 
-def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budget: int = ADMIT_BUDGET) -> TickReport:
-    """Reconcile one pool. Harmless to run twice at once: the second finds the pool locked and skips."""
+def pool_tick(
+    *, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budget: int = ADMIT_BUDGET, kick: bool = True
+) -> TickReport:
+    """Reconcile one pool. Harmless to run twice at once: the second finds the pool locked and skips.
+    With kick, new simulated work wakes the simulator when the tick commits (fleet_tick kicks once
+    for all its pools instead)."""
     started = time.perf_counter()
     report = TickReport(pool_id=pool_id)
     try:
@@ -60,7 +66,7 @@ def pool_tick(*, pool_id: int, advance_budget: int = ADVANCE_BUDGET, admit_budge
             ctx.flush()
             report.counts = ctx.counts
             report.new_simulated_work = any(item[5] == "simulated" for item in ctx.new_items)
-            if report.new_simulated_work and settings.KICK_TASKS:
+            if report.new_simulated_work and kick and settings.KICK_TASKS:
                 transaction.on_commit(_kick_simulator)
     except (ConcurrentChange, IntegrityError) as change:
         # Someone changed rows this tick read; nothing was written. The next tick retries.
@@ -107,19 +113,69 @@ def pools_with_work() -> list[int]:
     )
 
 
-def fleet_tick(*, time_budget_s: float = 10.0) -> list[TickReport]:
+def fleet_tick(*, time_budget_s: float = 10.0, lanes: int | None = None) -> list[TickReport]:
     """Tick every pool with work, one transaction each, until the time budget is spent. The order
-    is shuffled so that no pool waits behind the others tick after tick."""
+    is shuffled so that no pool waits behind the others tick after tick. Pools are ticked in
+    `lanes` (settings.TICK_LANES, default TICK_LANES) at once, each lane on its own connection, so
+    that PostgreSQL writes one pool's tick while Python works out another's."""
     deadline = time.perf_counter() + time_budget_s
     pool_ids = pools_with_work()
     random.shuffle(pool_ids)
-    reports = []
-    for pool_id in pool_ids:
-        if time.perf_counter() > deadline:
-            break
-        reports.append(pool_tick(pool_id=pool_id))
+    lanes = _lane_count(lanes, len(pool_ids))
+    if lanes > 1:
+        reports = _tick_in_lanes(pool_ids, lanes=lanes, deadline=deadline)
+    else:
+        reports = []
+        for pool_id in pool_ids:
+            if time.perf_counter() > deadline:
+                break
+            reports.append(pool_tick(pool_id=pool_id, kick=False))
     operations_close_finished()
+    if settings.KICK_TASKS and any(report.new_simulated_work for report in reports):
+        transaction.on_commit(_kick_simulator)  # once, after every pool committed (at once outside a transaction)
     return reports
+
+
+def _lane_count(requested: int | None, pools: int) -> int:
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        # SQLite has one writer at a time; inside the caller's transaction only its own connection
+        # sees what it wrote.
+        return 1
+    wanted = requested if requested is not None else getattr(settings, "TICK_LANES", TICK_LANES)
+    return max(1, min(wanted, pools))
+
+
+def _tick_in_lanes(pool_ids: list[int], *, lanes: int, deadline: float) -> list[TickReport]:
+    """Each lane takes the next pool until none is left or the time is spent: this thread is one
+    lane, the others are threads with their own connections, closed when they finish."""
+    queue = iter(pool_ids)
+    taking = threading.Lock()
+    reports: dict[int, TickReport] = {}
+    errors: list[BaseException] = []
+
+    def lane(own_connection: bool) -> None:
+        try:
+            while time.perf_counter() <= deadline and not errors:
+                with taking:
+                    pool_id = next(queue, None)
+                if pool_id is None:
+                    return
+                reports[pool_id] = pool_tick(pool_id=pool_id, kick=False)
+        except BaseException as error:  # noqa: BLE001 - re-raised below, once every lane has stopped
+            errors.append(error)
+        finally:
+            if own_connection:
+                connections.close_all()
+
+    helpers = [threading.Thread(target=lane, args=(True,), name=f"tick-lane-{n}") for n in range(1, lanes)]
+    for helper in helpers:
+        helper.start()
+    lane(False)
+    for helper in helpers:
+        helper.join()
+    if errors:
+        raise errors[0]
+    return [reports[pool_id] for pool_id in pool_ids if pool_id in reports]
 
 
 def operations_close_finished() -> int:

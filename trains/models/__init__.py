@@ -1,0 +1,26 @@
+from trains.models.trains import (
+    LIVE_TRAIN_STATES,
+    STOPPED_TRAIN_STATES,
+    Cycle,
+    Train,
+    TrainState,
+    TrainStop,
+    Visit,
+    VisitState,
+)
+from trains.models.upgrades import Upgrade, UpgradePhase, UpgradeState, VisitOperation
+
+__all__ = [
+    "LIVE_TRAIN_STATES",
+    "STOPPED_TRAIN_STATES",
+    "Cycle",
+    "Train",
+    "TrainState",
+    "TrainStop",
+    "Upgrade",
+    "UpgradePhase",
+    "UpgradeState",
+    "Visit",
+    "VisitOperation",
+    "VisitState",
+]

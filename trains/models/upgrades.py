@@ -1,0 +1,116 @@
+"""Upgrades: a component going to a target version over a scope, in rollout phases, with a failure
+policy. Trains apply them; the planner offboards one that fails too often."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from fleet.models import ComponentVersion, MaintenanceDomain, Pool
+from opsplanner import clock
+from opsplanner.models import Operation
+
+
+class UpgradeState(models.TextChoices):
+    ACTIVE = "active", "Active"
+    OFFBOARDED = "offboarded", "Offboarded"
+    COMPLETED = "completed", "Completed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Upgrade(models.Model):
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="upgrades")
+    component_version = models.ForeignKey(ComponentVersion, on_delete=models.PROTECT, related_name="upgrades")
+    scope = models.CharField(max_length=500, help_text="a selector inside the pool; the whole pool by default")
+    reason = models.CharField(max_length=500)
+    state = models.CharField(max_length=16, choices=UpgradeState.choices, default=UpgradeState.ACTIVE)
+    state_reason = models.CharField(max_length=500, blank=True)
+    emergency = models.BooleanField(default=False)
+    current_phase = models.PositiveSmallIntegerField(default=0, help_text="position of the phase in force")
+    max_failures = models.PositiveIntegerField(
+        default=2, help_text="offboard when more hosts than this fail within one phase"
+    )
+    max_failure_rate = models.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="offboard when more than this share of a phase's finished hosts failed",
+    )
+    failure_rate_min_hosts = models.PositiveIntegerField(default=5, help_text="hosts finished before the rate counts")
+    multi_cycle = models.BooleanField(default=False, help_text="applied to a bounded number of hosts per visit")
+    hosts_per_visit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requester = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=clock.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(multi_cycle=False) | Q(hosts_per_visit__isnull=False),
+                name="upgrade_multi_cycle_has_bound",
+                violation_error_message="A multi-cycle upgrade needs a number of hosts per visit.",
+            ),
+            models.CheckConstraint(condition=~Q(reason=""), name="upgrade_reason_given"),
+        ]
+
+    def __str__(self) -> str:
+        return f"upgrade #{self.pk}: {self.component_version} on {self.scope}"
+
+
+class UpgradePhase(models.Model):
+    """A rollout phase: the hosts of one domain (a canary), or the first N% of the scope. Phases
+    widen: each covers what the earlier ones did. It graduates when min_successes of its new hosts
+    succeeded and soak_s has passed since."""
+
+    upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="phases")
+    position = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=63)
+    domain = models.ForeignKey(MaintenanceDomain, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    percent = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    min_successes = models.PositiveIntegerField(default=1)
+    soak_s = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    successes_reached_at = models.DateTimeField(null=True, blank=True)
+    graduated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["upgrade_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["upgrade", "position"], name="upgrade_phase_position_unique"),
+            models.CheckConstraint(
+                condition=Q(domain__isnull=True, percent__isnull=False) | Q(domain__isnull=False, percent__isnull=True),
+                name="upgrade_phase_domain_xor_percent",
+                violation_error_message="A phase is one domain or a percentage of the scope.",
+            ),
+            models.CheckConstraint(
+                condition=Q(percent__isnull=True) | Q(percent__gte=1, percent__lte=100), name="upgrade_phase_percent"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (phase {self.position} of upgrade {self.upgrade_id})"
+
+
+class VisitOperation(models.Model):
+    """Which operation a visit created for which upgrade (the upgrade's successes and failures)."""
+
+    visit = models.ForeignKey("trains.Visit", on_delete=models.CASCADE, related_name="operations")
+    upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="visit_operations")
+    operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="visit_link")
+    phase = models.PositiveSmallIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["visit", "upgrade"], name="visit_operation_once")]
+
+    def __str__(self) -> str:
+        return f"visit {self.visit_id} -> operation {self.operation_id}"

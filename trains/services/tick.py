@@ -1,0 +1,478 @@
+"""The train tick: per train, under its row lock, in one transaction; harmless to run twice.
+
+1. upgrades: offboard what fails beyond its policy, graduate phases, complete finished upgrades;
+2. visits: a visit whose tasks are all finished is done;
+3. autostop when the pool's buffers are exhausted (and resume automatically if configured);
+4. start visits while the train runs and has room (skipping domains under an opt-out window);
+5. forecast the cycle and alert when it will miss its SLO.
+The core's pool tick does the admitting, draining and returning of the operations a visit creates.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Max
+
+from fleet.models import Host, HostState, InstalledVersion, OptOutWindow, ServicePlacement
+from fleet.selectors.capacity import pool_capacity
+from opsplanner import clock
+from opsplanner.events import event_record
+from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind, OperationSource, TaskState
+from opsplanner.services.approvals import approvals_expire
+from opsplanner.services.operations import operation_submit
+from trains.models import (
+    Cycle,
+    Train,
+    TrainState,
+    Upgrade,
+    UpgradePhase,
+    UpgradeState,
+    Visit,
+    VisitOperation,
+    VisitState,
+)
+from trains.selectors import train_forecast
+from trains.services.trains import train_set_state
+from trains.services.upgrades import (
+    phase_host_sets,
+    upgrade_offboard,
+    upgrade_phase_failures,
+    upgrade_phase_successes,
+    upgrade_scope_hosts,
+)
+
+log = logging.getLogger(__name__)
+ACTOR = "train-scheduler"
+
+
+@dataclass
+class TrainTickReport:
+    train_id: int
+    skipped: bool = False
+    events: list[str] = field(default_factory=list)
+
+
+def trains_tick() -> list[TrainTickReport]:
+    approvals_expire()
+    return [
+        train_tick(train_id=train_id)
+        for train_id in Train.objects.filter(
+            state__in=[TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED]
+        ).values_list("id", flat=True)
+    ]
+
+
+@dataclass
+class _Plan:
+    """Per active upgrade: the hosts its current phase allows that still need it."""
+
+    upgrade: Upgrade
+    phase: UpgradePhase
+    pending: set[int]
+
+
+@transaction.atomic
+def train_tick(*, train_id: int) -> TrainTickReport:
+    report = TrainTickReport(train_id=train_id)
+    train = (
+        Train.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("pool")
+        .filter(pk=train_id)
+        .first()
+    )
+    if train is None or train.state not in (TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED):
+        report.skipped = True
+        return report
+    now = clock.now()
+    plans = _upgrades_step(train, now, report)
+    _finish_visits(train, now, report)
+    _autostop_step(train, now, report)
+    if train.state == TrainState.RUNNING:
+        _start_visits(train, plans, now, report)
+    _forecast_step(train, now, report)
+    return report
+
+
+# --- 1. upgrades ------------------------------------------------------------------------------------
+def _train_upgrades(train: Train) -> list[Upgrade]:
+    if train.emergency:
+        upgrades = Upgrade.objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE)
+    else:
+        upgrades = Upgrade.objects.filter(pool=train.pool, emergency=False, state=UpgradeState.ACTIVE)
+    return list(upgrades.select_related("component_version__component").order_by("created_at", "id"))
+
+
+def _upgrades_step(train: Train, now: dt.datetime, report: TrainTickReport) -> list[_Plan]:
+    plans = []
+    for upgrade in _train_upgrades(train):
+        phases = list(upgrade.phases.order_by("position"))
+        phase = phases[upgrade.current_phase]
+        failures = upgrade_phase_failures(upgrade, phase)
+        successes = upgrade_phase_successes(upgrade, phase.position)
+        breach = _policy_breach(upgrade, phase, failures, successes)
+        if breach:
+            upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
+            report.events.append(f"offboarded upgrade {upgrade.pk}")
+            continue
+        scope = upgrade_scope_hosts(upgrade)
+        sets = phase_host_sets(phases, scope)
+        at_target = set(
+            InstalledVersion.objects.filter(host_id__any=scope, version=upgrade.component_version).values_list(
+                "host_id", flat=True
+            )
+        )
+        if at_target >= set(scope):
+            _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version}")
+            report.events.append(f"completed upgrade {upgrade.pk}")
+            continue
+        allowed = sets[phase.position]
+        pending = allowed - at_target
+        if phase.position + 1 < len(phases) and _graduates(upgrade, phase, successes, pending, now):
+            _graduate(upgrade, phase, phases[phase.position + 1], successes, now)
+            report.events.append(f"upgrade {upgrade.pk} graduated to phase {phase.position + 1}")
+            phase = phases[phase.position + 1]
+            pending = sets[phase.position] - at_target
+        plans.append(_Plan(upgrade=upgrade, phase=phase, pending=pending))
+    return plans
+
+
+def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, successes: int) -> str:
+    if failures > upgrade.max_failures:
+        return f"{failures} hosts failed in phase {phase.name}, more than the {upgrade.max_failures} its policy allows"
+    finished = failures + successes
+    if (
+        upgrade.max_failure_rate is not None
+        and finished >= upgrade.failure_rate_min_hosts
+        and failures / finished > float(upgrade.max_failure_rate)
+    ):
+        return (
+            f"{failures} of {finished} hosts failed in phase {phase.name} ({failures / finished:.0%}), above the "
+            f"{float(upgrade.max_failure_rate):.0%} its policy allows"
+        )
+    return ""
+
+
+def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, pending: set[int], now: dt.datetime) -> bool:
+    """Enough successes (or nothing of the phase left to do), then the soak time."""
+    open_tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade, state__in=OPEN_TASK_STATES).exists()
+    reached = successes >= phase.min_successes or (not pending and not open_tasks)
+    if not reached:
+        return False
+    if phase.successes_reached_at is None:
+        phase.successes_reached_at = now
+        UpgradePhase.objects.filter(pk=phase.pk).update(successes_reached_at=now)
+        event_record(
+            kind="upgrade.phase_succeeded",
+            subject=upgrade,
+            actor=ACTOR,
+            reason=f"phase {phase.name}: {successes} hosts succeeded; soaking {phase.soak_s} s",
+            pool_id=upgrade.pool_id,
+        )
+    return now >= phase.successes_reached_at + dt.timedelta(seconds=phase.soak_s)
+
+
+def _graduate(upgrade: Upgrade, phase: UpgradePhase, nxt: UpgradePhase, successes: int, now: dt.datetime) -> None:
+    UpgradePhase.objects.filter(pk=phase.pk).update(graduated_at=now)
+    UpgradePhase.objects.filter(pk=nxt.pk).update(started_at=now)
+    nxt.started_at = now
+    Upgrade.objects.filter(pk=upgrade.pk, current_phase=phase.position).update(current_phase=nxt.position)
+    upgrade.current_phase = nxt.position
+    event_record(
+        kind="upgrade.phase_graduated",
+        subject=upgrade,
+        actor=ACTOR,
+        reason=f"phase {phase.name} graduated with {successes} successes after its soak; now {nxt.name}",
+        pool_id=upgrade.pool_id,
+        data={"from": phase.position, "to": nxt.position},
+    )
+
+
+def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
+    if Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
+        state=UpgradeState.COMPLETED, state_reason=reason, finished_at=now
+    ):
+        event_record(kind="upgrade.completed", subject=upgrade, actor=ACTOR, reason=reason, pool_id=upgrade.pool_id)
+
+
+# --- 2. visits finishing ----------------------------------------------------------------------------
+def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
+    for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
+        tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
+        if tasks.filter(state__in=OPEN_TASK_STATES).exists():
+            continue
+        done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
+        failed = tasks.filter(state=TaskState.FAILED).values("host_id").distinct().count()
+        _end_visit(visit, now, f"{done} hosts done, {failed} failed")
+        report.events.append(f"visit {visit.pk} done")
+
+
+def _end_visit(visit: Visit, now: dt.datetime, outcome: str) -> None:
+    if Visit.objects.filter(pk=visit.pk, state=visit.state).update(
+        state=VisitState.DONE, ended_at=now, outcome=outcome[:300]
+    ):
+        event_record(
+            kind="train.visit_finished",
+            subject=visit,
+            actor=ACTOR,
+            reason=outcome,
+            pool_id=visit.train.pool_id,
+            data={
+                "train": visit.train_id,
+                "domain": visit.domain.name,
+                "cycle": visit.cycle_id,
+                "seconds": (now - visit.started_at).total_seconds() if visit.started_at else 0,
+            },
+        )
+
+
+# --- 3. autostop ------------------------------------------------------------------------------------
+def _exhausted(train: Train) -> str:
+    capacity = pool_capacity(train.pool)
+    buffers = capacity.buffers
+    name = train.pool.name
+    if capacity.failure_out and capacity.failure_out >= buffers.failure:
+        return (
+            f"failure buffer of pool {name} exhausted: {capacity.failure_out} hosts out broken, "
+            f"buffer {buffers.failure}"
+        )
+    floor = buffers.floor
+    if train.emergency and train.pool.hard_floor_hosts is not None:
+        floor = min(floor, train.pool.hard_floor_hosts)  # an approved emergency goes down to the hard floor
+    if capacity.in_service < floor:
+        return f"pool {name} is below its floor: {capacity.in_service} in service, floor {floor}"
+    ours = HostTask.objects.filter(
+        operation__visit_link__visit__train=train, state__in=OPEN_TASK_STATES - {TaskState.PENDING}
+    ).count()
+    if buffers.planned and capacity.planned_out - ours >= buffers.planned:
+        return (
+            f"planned buffer of pool {name} exhausted by other work: {capacity.planned_out - ours} hosts out, "
+            f"buffer {buffers.planned}"
+        )
+    return ""
+
+
+def _autostop_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
+    if train.state == TrainState.RUNNING:
+        why = _exhausted(train)
+        if why and train_set_state(
+            train=train, expected={TrainState.RUNNING}, new=TrainState.AUTOSTOPPED, reason=why, actor=ACTOR,
+            kind="train.autostopped",
+        ):  # fmt: skip
+            event_record(kind="alert.train_autostopped", subject=train, actor=ACTOR, reason=why, pool_id=train.pool_id)
+            report.events.append("autostopped")
+        return
+    if train.state != TrainState.AUTOSTOPPED or train.auto_resume_after_s is None:
+        return
+    if _exhausted(train):
+        if train.recovered_since is not None:
+            Train.objects.filter(pk=train.pk).update(recovered_since=None)
+        return
+    if train.recovered_since is None:
+        Train.objects.filter(pk=train.pk).update(recovered_since=now)
+        return
+    if now - train.recovered_since >= dt.timedelta(seconds=train.auto_resume_after_s):
+        train_set_state(
+            train=train,
+            expected={TrainState.AUTOSTOPPED},
+            new=TrainState.RUNNING,
+            reason=f"buffers recovered for {train.auto_resume_after_s} s",
+            actor=ACTOR,
+            kind="train.resumed",
+        )
+        report.events.append("auto-resumed")
+
+
+# --- 4. visits starting -----------------------------------------------------------------------------
+def _open_cycle(train: Train, plans: list[_Plan], now: dt.datetime) -> Cycle | None:
+    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
+    if cycle is not None:
+        return cycle
+    if not any(plan.pending for plan in plans):
+        return None  # nothing to do: the train idles rather than spinning empty cycles
+    number = (Cycle.objects.filter(train=train).aggregate(n=Max("number"))["n"] or 0) + 1
+    cycle = Cycle.objects.create(
+        train=train, number=number, started_at=now, deadline_at=now + dt.timedelta(seconds=train.cycle_slo_s)
+    )
+    Visit.objects.bulk_create(
+        [
+            Visit(train=train, cycle=cycle, domain_id=stop.domain_id, position=stop.position)
+            for stop in train.stops.order_by("position")
+        ]
+    )
+    event_record(
+        kind="train.cycle_started",
+        subject=cycle,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        data={"train": train.pk, "number": number, "deadline": cycle.deadline_at.isoformat()},
+    )
+    return cycle
+
+
+def _domain_optouts(visits: list[Visit], now: dt.datetime) -> dict[int, str]:
+    """{domain_id: reason} for domains where a host runs a service with an opt-out window now."""
+    windows = {
+        service_id: (window_id, name, ends)
+        for window_id, service_id, name, ends in OptOutWindow.objects.filter(
+            cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now
+        )
+        .order_by("ends_at")
+        .values_list("id", "service_id", "service__name", "ends_at")
+    }
+    if not windows:
+        return {}
+    reasons: dict[int, str] = {}
+    for domain_id, service_id in ServicePlacement.objects.filter(
+        host__domain_id__in=[v.domain_id for v in visits], service_id__in=windows
+    ).values_list("host__domain_id", "service_id"):
+        window_id, name, ends = windows[service_id]
+        reasons.setdefault(domain_id, f"opt-out window #{window_id} of service {name} until {ends:%Y-%m-%d %H:%M} UTC")
+    return reasons
+
+
+def _start_visits(train: Train, plans: list[_Plan], now: dt.datetime, report: TrainTickReport) -> None:
+    cycle = _open_cycle(train, plans, now)
+    if cycle is None:
+        return
+    running = Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING).count()
+    planned = list(Visit.objects.filter(cycle=cycle, state=VisitState.PLANNED).select_related("domain"))
+    if not planned and not running:
+        _end_cycle(train, cycle, now)
+        report.events.append(f"cycle {cycle.number} done")
+        return
+    optouts = {} if train.emergency else _domain_optouts(planned, now)
+    for visit in planned:
+        if running >= train.visit_concurrency:
+            break
+        if visit.domain_id in optouts:
+            _skip(train, visit, optouts[visit.domain_id], now)
+            continue
+        if _start_visit(train, visit, plans, now):
+            running += 1
+        report.events.append(f"visit {visit.pk} started")
+
+
+def _skip(train: Train, visit: Visit, reason: str, now: dt.datetime) -> None:
+    """The train passes the domain for now and comes back to it later in the cycle."""
+    if visit.skip_reason == reason:
+        return  # one event per new reason, not one per tick
+    Visit.objects.filter(pk=visit.pk).update(skips=visit.skips + 1, skip_reason=reason[:300])
+    event_record(
+        kind="train.domain_skipped",
+        subject=visit,
+        actor=ACTOR,
+        reason=reason,
+        pool_id=train.pool_id,
+        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id},
+    )
+
+
+def _start_visit(train: Train, visit: Visit, plans: list[_Plan], now: dt.datetime) -> bool:
+    """Record the plan, create one operation per upgrade over the domain's hosts; True when the
+    visit drains hosts, False when there was nothing to do there (the visit is done at once)."""
+    in_service = set(
+        Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
+    )
+    steps = []
+    for plan in plans:
+        hosts = sorted(plan.pending & in_service)
+        if plan.upgrade.multi_cycle and plan.upgrade.hosts_per_visit:
+            hosts = hosts[: plan.upgrade.hosts_per_visit]
+        if hosts:
+            steps.append((plan, hosts))
+    if not Visit.objects.filter(pk=visit.pk, state=VisitState.PLANNED).update(
+        state=VisitState.RUNNING,
+        started_at=now,
+        skip_reason="",
+        plan={
+            "hosts": sorted({h for _, hosts in steps for h in hosts}),
+            "upgrades": [
+                {"upgrade": p.upgrade.pk, "target": str(p.upgrade.component_version), "phase": p.phase.name,
+                 "hosts": len(hosts)}
+                for p, hosts in steps
+            ],
+        },
+    ):  # fmt: skip
+        return False
+    visit.state, visit.started_at, visit.train = VisitState.RUNNING, now, train
+    source = OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN
+    for plan, hosts in steps:
+        version = plan.upgrade.component_version
+        operation = operation_submit(
+            kind=OperationKind.UPGRADE,
+            scope=f"train {train.name}, domain {visit.domain.name}: {len(hosts)} hosts",
+            host_ids=hosts,
+            component=version.component.name,
+            version=version.version,
+            reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) on visit {visit.pk} of train {train.name}",
+            priority=train.priority,
+            source=source,
+            override_buffers=train.emergency,
+            executor=train.executor,
+            drainer=train.drainer,
+            actor=ACTOR,
+        )
+        VisitOperation.objects.create(visit=visit, upgrade=plan.upgrade, operation=operation, phase=plan.phase.position)
+    event_record(
+        kind="train.visit_started",
+        subject=visit,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason="emergency" if train.emergency else "",
+        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "emergency": train.emergency,
+              "hosts": sum(len(h) for _, h in steps), "upgrades": [p.upgrade.pk for p, _ in steps]},
+    )  # fmt: skip
+    if not steps:
+        _end_visit(visit, now, "nothing pending in this domain")
+        return False
+    return True
+
+
+def _end_cycle(train: Train, cycle: Cycle, now: dt.datetime) -> None:
+    if not Cycle.objects.filter(pk=cycle.pk, ended_at__isnull=True).update(ended_at=now):
+        return
+    seconds = (now - cycle.started_at).total_seconds()
+    met = now <= cycle.deadline_at
+    event_record(
+        kind="train.cycle_completed",
+        subject=cycle,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=f"cycle {cycle.number} took {seconds:.0f} s; SLO {train.cycle_slo_s} s {'met' if met else 'missed'}",
+        data={"train": train.pk, "seconds": seconds, "slo_met": met},
+    )
+    if train.emergency:
+        train_set_state(
+            train=train,
+            expected={TrainState.RUNNING},
+            new=TrainState.FINISHED,
+            reason="every domain visited",
+            actor=ACTOR,
+            kind="train.finished",
+        )
+
+
+# --- 5. forecast ------------------------------------------------------------------------------------
+def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
+    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
+    if cycle is None:
+        return
+    forecast = train_forecast(train, now=now)
+    Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
+    if forecast.meets_slo or cycle.miss_alerted_at is not None:
+        return
+    Cycle.objects.filter(pk=cycle.pk).update(miss_alerted_at=now, miss_cause=forecast.miss_cause[:500])
+    event_record(
+        kind="alert.cycle_will_miss",
+        subject=cycle,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=f"cycle {cycle.number} of train {train.name} is forecast to end at {forecast.cycle_end:%Y-%m-%d %H:%M} "
+        f"UTC, after its deadline {cycle.deadline_at:%Y-%m-%d %H:%M} UTC: {forecast.miss_cause}",
+        data={"train": train.pk, "forecast_end": forecast.cycle_end.isoformat()},
+    )
+    report.events.append("cycle will miss")

@@ -1,0 +1,163 @@
+"""Creating, pausing and resuming trains."""
+
+from __future__ import annotations
+
+import math
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from fleet.models import Host, MaintenanceDomain, Pool
+from opsplanner import clock
+from opsplanner.events import Actor, actor_user, event_record
+from opsplanner.models import Operation, OperationState
+from trains.models import STOPPED_TRAIN_STATES, Train, TrainState, TrainStop, VisitOperation, VisitState
+
+SUBJECT = "trains.train"
+
+
+def _domains_in_order(pool: Pool, domain_order: list[str] | None) -> list[MaintenanceDomain]:
+    domains = {d.name: d for d in MaintenanceDomain.objects.filter(pool=pool)}
+    if domain_order is None:
+        with_hosts = set(Host.objects.filter(pool=pool).values_list("domain_id", flat=True).distinct())
+        ordered = sorted((d for d in domains.values() if d.pk in with_hosts), key=lambda d: (d.position, d.name))
+        if not ordered:
+            raise ValidationError({"domain_order": f"Pool {pool.name} has no domain with hosts to visit."})
+        return ordered
+    if not domain_order:
+        raise ValidationError({"domain_order": "Give at least one domain to visit."})
+    unknown = [name for name in domain_order if name not in domains]
+    if unknown:
+        raise ValidationError({"domain_order": f"Pool {pool.name} has no domain {', '.join(unknown)}."})
+    repeated = sorted({name for name in domain_order if domain_order.count(name) > 1})
+    if repeated:
+        raise ValidationError(
+            {"domain_order": f"Each domain is visited once per cycle; repeated: {', '.join(repeated)}."}
+        )
+    return [domains[name] for name in domain_order]
+
+
+def _check_slo(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> None:
+    needed = math.ceil(stops / concurrency) * visit_estimate_s
+    if cycle_slo_s < needed:
+        raise ValidationError(
+            {
+                "cycle_slo_s": f"A cycle of {stops} visits of {visit_estimate_s} s, {concurrency} at a time, takes at "
+                f"least {needed} s; the SLO of {cycle_slo_s} s cannot be met."
+            }
+        )
+
+
+@transaction.atomic
+def train_create(
+    *,
+    pool: Pool,
+    name: str,
+    cycle_slo_s: int,
+    visit_estimate_s: int = 3600,
+    domain_order: list[str] | None = None,
+    visit_concurrency: int = 1,
+    priority: int = 200,
+    auto_resume_after_s: int | None = None,
+    executor: str = "simulated",
+    drainer: str = "simulated",
+    actor: Actor = None,
+) -> Train:
+    """A regular train over the pool's domains (all of them, by position, unless an order is given)."""
+    if not isinstance(visit_concurrency, int) or visit_concurrency < 1:
+        raise ValidationError({"visit_concurrency": "Visit at least one domain at a time."})
+    if not isinstance(visit_estimate_s, int) or visit_estimate_s < 1:
+        raise ValidationError({"visit_estimate_s": "A visit takes at least one second."})
+    if not isinstance(cycle_slo_s, int) or cycle_slo_s < 1:
+        raise ValidationError({"cycle_slo_s": "The cycle-time SLO is a positive number of seconds."})
+    domains = _domains_in_order(pool, domain_order)
+    _check_slo(
+        stops=len(domains), concurrency=visit_concurrency, visit_estimate_s=visit_estimate_s, cycle_slo_s=cycle_slo_s
+    )
+    if Train.objects.filter(pool=pool, emergency=False).exists():
+        raise ValidationError({"pool": f"Pool {pool.name} already has a train."})
+    train = Train(
+        name=name,
+        pool=pool,
+        cycle_slo_s=cycle_slo_s,
+        visit_estimate_s=visit_estimate_s,
+        visit_concurrency=visit_concurrency,
+        priority=priority,
+        auto_resume_after_s=auto_resume_after_s,
+        executor=executor,
+        drainer=drainer,
+        created_by=actor_user(actor),
+        state_changed_at=clock.now(),
+    )
+    train.full_clean()
+    train.save()
+    TrainStop.objects.bulk_create(
+        [TrainStop(train=train, domain=domain, position=i) for i, domain in enumerate(domains)]
+    )
+    event_record(
+        kind="train.created",
+        subject=train,
+        actor=actor,
+        pool_id=pool.pk,
+        data={"domains": [d.name for d in domains], "cycle_slo_s": cycle_slo_s, "concurrency": visit_concurrency},
+    )
+    return train
+
+
+def train_set_state(*, train: Train, expected: set[str], new: str, reason: str, actor: Actor, kind: str) -> bool:
+    """Guarded transition; False when the train was not in an expected state (someone else won)."""
+    now = clock.now()
+    changed = Train.objects.filter(pk=train.pk, state__in=expected).update(
+        state=new, state_reason=reason[:500], state_changed_at=now, recovered_since=None
+    )
+    if changed != 1:
+        return False
+    old = train.state
+    train.state, train.state_reason, train.state_changed_at = new, reason[:500], now
+    event_record(
+        kind=kind, subject=train, actor=actor, reason=reason, pool_id=train.pool_id, data={"from": old, "to": new}
+    )
+    _set_holds(train, hold=f"train {train.name} is {new}: {reason}"[:300] if new in STOPPED_TRAIN_STATES else "")
+    return True
+
+
+def _set_holds(train: Train, *, hold: str) -> None:
+    """A stopped train's visits admit no more hosts (hosts already out finish and return)."""
+    operation_ids = VisitOperation.objects.filter(
+        visit__train=train, visit__state=VisitState.RUNNING, operation__state=OperationState.OPEN
+    ).values_list("operation_id", flat=True)
+    Operation.objects.filter(pk__in=list(operation_ids)).update(hold_reason=hold)
+
+
+@transaction.atomic
+def train_pause(*, train_id: int, reason: str, actor: Actor) -> Train:
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why the train is paused."})
+    train = Train.objects.select_for_update().get(pk=train_id)
+    if not train_set_state(
+        train=train,
+        expected={TrainState.RUNNING, TrainState.AUTOSTOPPED},
+        new=TrainState.PAUSED,
+        reason=reason.strip(),
+        actor=actor,
+        kind="train.paused",
+    ):
+        raise ValidationError(f"Train {train.name} is {train.state}; only a running or autostopped train pauses.")
+    return train
+
+
+@transaction.atomic
+def train_resume(*, train_id: int, reason: str, actor: Actor) -> Train:
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why the train resumes."})
+    train = Train.objects.select_for_update().get(pk=train_id)
+    if not train_set_state(
+        train=train,
+        expected=set(STOPPED_TRAIN_STATES),
+        new=TrainState.RUNNING,
+        reason=reason.strip(),
+        actor=actor,
+        kind="train.resumed",
+    ):
+        raise ValidationError(f"Train {train.name} is {train.state}; only a paused or autostopped train resumes.")
+    return train

@@ -1,0 +1,375 @@
+"""Upgrades and their rollout phases; offboarding and re-onboarding."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import QuerySet
+
+from fleet.models import Host, HostState, InstalledVersion, MaintenanceDomain, Pool
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner import clock
+from opsplanner.events import Actor, actor_fields, actor_user, event_record
+from opsplanner.models import (
+    REPAIR_PRIORITY,
+    ApprovalKind,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    OperationState,
+    TaskState,
+)
+from opsplanner.scopes import parse_scope, resolve_scope, version_of
+from opsplanner.services.approvals import approval_request
+from opsplanner.services.operations import operation_cancel, operation_submit
+from trains.models import Upgrade, UpgradePhase, UpgradeState
+
+SUBJECT = "trains.upgrade"
+ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
+# Failures that say nothing about the upgrade itself (the drainer refused, the return failed).
+NOT_THE_UPGRADES_FAULT = ("drain failed", "return to service failed")
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    name: str
+    domain: str = ""
+    percent: int | None = None
+    min_successes: int = 1
+    soak_s: int = 0
+
+
+def _phase_specs(raw: list[dict[str, Any]] | None) -> list[PhaseSpec]:
+    if raw is None:
+        return [PhaseSpec(name="all", percent=100, min_successes=0)]
+    if not raw:
+        raise ValidationError({"phases": "Give at least one phase (or none for a single phase over the scope)."})
+    specs = []
+    for i, item in enumerate(raw, start=1):
+        if not isinstance(item, dict):
+            raise ValidationError({"phases": f"Phase {i} must be an object."})
+        unknown = set(item) - {"name", "domain", "percent", "min_successes", "soak_s"}
+        if unknown:
+            raise ValidationError({"phases": f"Phase {i} has unknown fields: {', '.join(sorted(unknown))}."})
+        domain, percent = item.get("domain") or "", item.get("percent")
+        if bool(domain) == (percent is not None):
+            raise ValidationError({"phases": f"Phase {i} is either one domain or a percentage of the scope."})
+        if percent is not None and (not isinstance(percent, int) or not 1 <= percent <= 100):
+            raise ValidationError({"phases": f"Phase {i}: percent is a whole number from 1 to 100."})
+        for field in ("min_successes", "soak_s"):
+            value = item.get(field, 1 if field == "min_successes" else 0)
+            if not isinstance(value, int) or value < 0:
+                raise ValidationError({"phases": f"Phase {i}: {field} is a whole number, 0 or more."})
+        specs.append(
+            PhaseSpec(
+                name=str(item.get("name") or f"phase {i}")[:63],
+                domain=str(domain),
+                percent=percent,
+                min_successes=item.get("min_successes", 1),
+                soak_s=item.get("soak_s", 0),
+            )
+        )
+    _check_phase_order(specs)
+    return specs
+
+
+def _check_phase_order(specs: list[PhaseSpec]) -> None:
+    """Phases widen: canary domains first, then strictly growing percentages, ending at 100%."""
+    seen_percent = 0
+    for i, spec in enumerate(specs, start=1):
+        if spec.domain and seen_percent:
+            raise ValidationError(
+                {"phases": f"Phases out of order: phase {i} ({spec.name}) is one domain after a {seen_percent}% phase."}
+            )
+        if spec.percent is not None:
+            if spec.percent <= seen_percent:
+                raise ValidationError(
+                    {
+                        "phases": f"Phases out of order: phase {i} ({spec.name}) covers {spec.percent}%, "
+                        f"not more than the {seen_percent}% before it."
+                    }
+                )
+            seen_percent = spec.percent
+    if seen_percent != 100:
+        raise ValidationError({"phases": "The last phase must cover the whole scope (100%)."})
+
+
+def upgrade_scope_hosts(upgrade: Upgrade) -> list[int]:
+    """The upgrade's hosts, by id (the order percentage phases take them in)."""
+    ids = set(resolve_scope(parse_scope(upgrade.scope)))
+    return sorted(Host.objects.filter(pk__any=list(ids), pool_id=upgrade.pool_id).values_list("id", flat=True))
+
+
+def phase_host_sets(phases: list[UpgradePhase], scope_ids: list[int]) -> list[set[int]]:
+    """The hosts each phase allows (each includes the earlier phases' hosts)."""
+    domains = [p.domain_id for p in phases if p.domain_id]
+    in_domain: dict[int, set[int]] = {d: set() for d in domains}
+    for host_id, domain_id in Host.objects.filter(pk__any=scope_ids, domain_id__in=domains).values_list(
+        "id", "domain_id"
+    ):
+        in_domain[domain_id].add(host_id)
+    allowed: set[int] = set()
+    sets = []
+    for phase in phases:
+        if phase.domain_id:
+            allowed |= in_domain[phase.domain_id]
+        else:
+            allowed |= set(scope_ids[: math.ceil(len(scope_ids) * (phase.percent or 0) / 100)])
+        sets.append(set(allowed))
+    return sets
+
+
+@transaction.atomic
+def upgrade_create(
+    *,
+    pool: Pool,
+    component: str,
+    version: str,
+    reason: str,
+    scope: str = "",
+    phases: list[dict[str, Any]] | None = None,
+    max_failures: int = 2,
+    max_failure_rate: float | None = None,
+    failure_rate_min_hosts: int = 5,
+    multi_cycle: bool = False,
+    hosts_per_visit: int | None = None,
+    emergency: bool = False,
+    actor: Actor = None,
+) -> Upgrade:
+    """Create an upgrade for the pool's train, or refuse with the reason (nothing is written)."""
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why this upgrade is needed."})
+    target = version_of(component, version)
+    if target.withdrawn_at is not None:
+        raise ValidationError({"version": f"{target} is withdrawn: {target.withdrawn_reason}"})
+    if multi_cycle and not hosts_per_visit:
+        raise ValidationError({"hosts_per_visit": "A multi-cycle upgrade needs a number of hosts per visit."})
+    if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
+        raise ValidationError({"max_failure_rate": "The failure rate is between 0 and 1."})
+    specs = _phase_specs(phases)
+    scope = (scope or f"pool {pool.name}").strip()
+    _, label = actor_fields(actor)
+    upgrade = Upgrade(
+        pool=pool,
+        component_version=target,
+        scope=scope,
+        reason=reason.strip()[:500],
+        emergency=emergency,
+        max_failures=max_failures,
+        max_failure_rate=None if max_failure_rate is None else round(max_failure_rate, 4),
+        failure_rate_min_hosts=failure_rate_min_hosts,
+        multi_cycle=multi_cycle,
+        hosts_per_visit=hosts_per_visit,
+        requested_by=actor_user(actor),
+        requester=label,
+        created_at=clock.now(),
+    )
+    upgrade.full_clean()
+    scope_ids = sorted(resolve_scope(parse_scope(scope)))
+    outside = Host.objects.filter(pk__any=scope_ids).exclude(pool=pool).count()
+    if outside:
+        raise ValidationError({"scope": f"{outside} hosts of the scope are not in pool {pool.name}."})
+    problems = host_incompatibilities(scope_ids, planned=[target])
+    if problems:
+        host_id, reasons = next(iter(problems.items()))
+        hostname = Host.objects.only("hostname").get(pk=host_id).hostname
+        raise ValidationError(
+            {
+                "version": f"{target} would break a compatibility rule on {len(problems)} of {len(scope_ids)} hosts, "
+                f"e.g. {hostname}: {reasons[0]}."
+            }
+        )
+    upgrade.save()
+    domains = {d.name: d for d in MaintenanceDomain.objects.filter(pool=pool)}
+    rows = []
+    for position, spec in enumerate(specs):
+        if spec.domain and spec.domain not in domains:
+            raise ValidationError({"phases": f"Phase {spec.name}: pool {pool.name} has no domain {spec.domain}."})
+        rows.append(
+            UpgradePhase(
+                upgrade=upgrade,
+                position=position,
+                name=spec.name,
+                domain=domains.get(spec.domain) if spec.domain else None,
+                percent=spec.percent,
+                min_successes=spec.min_successes,
+                soak_s=spec.soak_s,
+                started_at=upgrade.created_at if position == 0 else None,
+            )
+        )
+    sets = phase_host_sets(rows, scope_ids)
+    before: set[int] = set()
+    for phase, allowed in zip(rows, sets, strict=True):
+        new = len(allowed - before)
+        if phase.domain_id and new == 0:
+            raise ValidationError({"phases": f"Phase {phase.name}: domain {phase.domain.name} has no host in scope."})
+        if phase.min_successes > new:
+            raise ValidationError(
+                {"phases": f"Phase {phase.name} adds {new} hosts; it cannot wait for {phase.min_successes} successes."}
+            )
+        before = allowed
+    UpgradePhase.objects.bulk_create(rows)
+    event_record(
+        kind="upgrade.created",
+        subject=upgrade,
+        actor=actor,
+        reason=upgrade.reason,
+        pool_id=pool.pk,
+        data={
+            "target": str(target),
+            "scope": scope,
+            "hosts": len(scope_ids),
+            "phases": [s.name for s in specs],
+            "emergency": emergency,
+        },
+    )
+    return upgrade
+
+
+def upgrade_tasks(upgrade: Upgrade, *, phase: int | None = None) -> QuerySet[HostTask]:
+    tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade)
+    return tasks if phase is None else tasks.filter(operation__visit_link__phase=phase)
+
+
+def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
+    failed = upgrade_tasks(upgrade, phase=phase.position).filter(state=TaskState.FAILED)
+    if phase.started_at is not None:  # a re-onboarded phase counts from its restart
+        failed = failed.filter(finished_at__gte=phase.started_at)
+    for prefix in NOT_THE_UPGRADES_FAULT:
+        failed = failed.exclude(failure_reason__startswith=prefix)
+    return failed.count()
+
+
+def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
+    return (
+        upgrade_tasks(upgrade, phase=phase)
+        .filter(
+            state__in=[TaskState.DONE, TaskState.HANDED_OVER],
+            host__state=HostState.IN_SERVICE,
+            host__installed_versions__version=upgrade.component_version_id,
+        )
+        .values("host_id")
+        .distinct()
+        .count()
+    )
+
+
+def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
+    """Remove a failing upgrade from every train: its pending work is cancelled, its version is
+    withdrawn (no host returns running it: repairs roll it back), and hosts already back in
+    service with it get a rollback operation. Runs in the caller's transaction."""
+    now = clock.now()
+    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
+        state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
+    ):
+        return False
+    upgrade.state, upgrade.state_reason = UpgradeState.OFFBOARDED, reason[:500]
+    target = upgrade.component_version
+    target.withdrawn_at = now
+    target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
+    target.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN)
+    cancelled = 0
+    for operation_id in open_ops.values_list("id", flat=True):
+        if HostTask.objects.filter(operation_id=operation_id, state=TaskState.PENDING).exists():
+            cancelled += operation_cancel(
+                operation_id=operation_id, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
+            )
+    rollbacks = _rollback_in_service(upgrade, actor)
+    failed_hosts = list(
+        upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
+    )
+    event_record(
+        kind="upgrade.offboarded",
+        subject=upgrade,
+        actor=actor,
+        reason=reason,
+        pool_id=upgrade.pool_id,
+        data={"cancelled_tasks": cancelled, "rollbacks": rollbacks, "failed_hosts": failed_hosts},
+    )
+    event_record(
+        kind="alert.upgrade_offboarded",
+        subject=upgrade,
+        actor=actor,
+        reason=f"{target} offboarded: {reason}; failed hosts went to repair, re-onboarding needs an approval",
+        pool_id=upgrade.pool_id,
+    )
+    return True
+
+
+def _rollback_in_service(upgrade: Upgrade, actor: Actor) -> list[int]:
+    """Hosts in service that run the withdrawn version go back to what they ran before."""
+    target = upgrade.component_version
+    by_previous: dict[str, list[int]] = {}
+    for host_id, previous in InstalledVersion.objects.filter(
+        version=target, previous_version__isnull=False, host__state=HostState.IN_SERVICE
+    ).values_list("host_id", "previous_version__version"):
+        by_previous.setdefault(previous, []).append(host_id)
+    operations = []
+    for previous, host_ids in sorted(by_previous.items()):
+        try:
+            operation = operation_submit(
+                kind=OperationKind.UPGRADE,
+                scope=f"rollback of upgrade #{upgrade.pk} on {len(host_ids)} hosts",
+                host_ids=host_ids,
+                component=target.component.name,
+                version=previous,
+                reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
+                priority=ROLLBACK_PRIORITY,
+                source=OperationSource.REPAIR,
+                actor=actor,
+            )
+        except ValidationError as refused:
+            event_record(
+                kind="upgrade.rollback_refused",
+                subject=upgrade,
+                actor=actor,
+                reason="; ".join(refused.messages),
+                pool_id=upgrade.pool_id,
+                data={"hosts": host_ids},
+            )
+            continue
+        operations.append(operation.pk)
+    return operations
+
+
+@transaction.atomic
+def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> Any:
+    upgrade = Upgrade.objects.select_for_update().get(pk=upgrade_id)
+    if upgrade.state != UpgradeState.OFFBOARDED:
+        raise ValidationError(f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.")
+    return approval_request(
+        kind=ApprovalKind.REONBOARD_UPGRADE,
+        subject_type=SUBJECT,
+        subject_id=upgrade.pk,
+        reason=reason,
+        actor=actor,
+        summary={"upgrade": upgrade.pk, "target": str(upgrade.component_version), "offboarded": upgrade.state_reason},
+    )
+
+
+def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
+    """Approval handler: an approved re-onboarding puts the upgrade back in its current phase."""
+    if outcome != "approved":
+        return
+    upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
+    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
+        state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
+    ):
+        return
+    version = upgrade.component_version
+    version.withdrawn_at, version.withdrawn_reason = None, ""
+    version.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+    # The phase starts over: failures before the re-onboarding no longer count.
+    UpgradePhase.objects.filter(upgrade=upgrade, position=upgrade.current_phase).update(
+        started_at=clock.now(), successes_reached_at=None
+    )
+    Upgrade.objects.filter(pk=upgrade.pk).update(current_phase=upgrade.current_phase)
+    event_record(
+        kind="upgrade.reonboarded", subject=upgrade, actor=actor, reason=approval.reason, pool_id=upgrade.pool_id
+    )
