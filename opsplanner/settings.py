@@ -8,6 +8,7 @@ Two shapes:
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from opsplanner.env import (
@@ -48,6 +49,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "knox",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "channels",
     "opsplanner",
@@ -219,9 +224,58 @@ SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["opsplanner.api.permissions.RolePermission"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "opsplanner.api.pagination.LimitOffsetPagination",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["opsplanner.api.throttling.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"token": env_str("API_THROTTLE_RATE", "6000/min")},
+    "EXCEPTION_HANDLER": "opsplanner.api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+# Integration tokens: hashed at rest, expiring, revocable (django-rest-knox).
+REST_KNOX = {
+    "TOKEN_TTL": dt.timedelta(hours=env_int("API_TOKEN_TTL_HOURS", 24 * 7, minimum=1)),
+    "AUTO_REFRESH": False,
+    "TOKEN_LIMIT_PER_USER": env_int("API_TOKENS_PER_USER", 20, minimum=1),
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "OpsPlanner API",
+    "DESCRIPTION": "Intents, executors, fleet and events. Every write goes through the same services as the UI.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "AdapterEnum": "opsplanner.models.operations.Adapter",
+        "OperationKindEnum": "opsplanner.models.operations.OperationKind",
+        "OperationStateEnum": "opsplanner.models.operations.OperationState",
+        "OperationSourceEnum": "opsplanner.models.operations.OperationSource",
+        "TaskStateEnum": "opsplanner.models.operations.TaskState",
+        "WorkKindEnum": "opsplanner.models.work_items.WorkKind",
+        "WorkStateEnum": "opsplanner.models.work_items.WorkState",
+        "ApprovalKindEnum": "opsplanner.models.approvals.ApprovalKind",
+        "ApprovalStateEnum": "opsplanner.models.approvals.ApprovalState",
+        "HostStateEnum": "fleet.models.hosts.HostState",
+        "DomainKindEnum": "fleet.models.pools.DomainKind",
+        "ComponentLayerEnum": "fleet.models.components.ComponentLayer",
+        "TrainStateEnum": "trains.models.trains.TrainState",
+        "VisitStateEnum": "trains.models.trains.VisitState",
+        "UpgradeStateEnum": "trains.models.upgrades.UpgradeState",
+    },
+}
+# Request bodies above this are refused (413) before they are parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024, minimum=1024)
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -11,5 +11,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("fleet/", include("fleet.urls")),
+    path("api/", include("opsplanner.api.urls")),
     path("admin/", admin.site.urls),
 ]

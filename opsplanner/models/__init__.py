@@ -1,5 +1,6 @@
 from opsplanner.models.approvals import Approval, ApprovalKind, ApprovalState
 from opsplanner.models.events import Event
+from opsplanner.models.idempotency import IdempotencyRecord
 from opsplanner.models.leases import Lease
 from opsplanner.models.operations import (
     ACTIVE_TASK_STATES,
@@ -41,6 +42,7 @@ __all__ = [
     "ApprovalState",
     "Event",
     "HostTask",
+    "IdempotencyRecord",
     "Lease",
     "Operation",
     "OperationKind",

@@ -187,7 +187,10 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     list(Pool.objects.select_for_update(no_key=True).filter(pk__any=pool_ids).order_by("pk").values_list("pk"))
     operation = Operation.objects.select_for_update().get(pk=operation_id)
     if operation.state != OperationState.OPEN:
-        raise ValidationError(f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.")
+        raise ValidationError(
+            f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.",
+            code="conflict",
+        )
     _, actor_label = actor_fields(actor)
     now = clock.now()
     pending = list(

@@ -142,7 +142,10 @@ def train_pause(*, train_id: int, reason: str, actor: Actor) -> Train:
         actor=actor,
         kind="train.paused",
     ):
-        raise ValidationError(f"Train {train.name} is {train.state}; only a running or autostopped train pauses.")
+        raise ValidationError(
+            f"Train {train.name} is {train.state}; only a running or autostopped train pauses.",
+            code="conflict",
+        )
     return train
 
 
@@ -159,5 +162,8 @@ def train_resume(*, train_id: int, reason: str, actor: Actor) -> Train:
         actor=actor,
         kind="train.resumed",
     ):
-        raise ValidationError(f"Train {train.name} is {train.state}; only a paused or autostopped train resumes.")
+        raise ValidationError(
+            f"Train {train.name} is {train.state}; only a paused or autostopped train resumes.",
+            code="conflict",
+        )
     return train

@@ -342,7 +342,10 @@ def _rollback_in_service(upgrade: Upgrade, actor: Actor) -> list[int]:
 def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> Any:
     upgrade = Upgrade.objects.select_for_update().get(pk=upgrade_id)
     if upgrade.state != UpgradeState.OFFBOARDED:
-        raise ValidationError(f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.")
+        raise ValidationError(
+            f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.",
+            code="conflict",
+        )
     return approval_request(
         kind=ApprovalKind.REONBOARD_UPGRADE,
         subject_type=SUBJECT,

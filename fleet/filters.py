@@ -1,0 +1,58 @@
+"""FilterSets for fleet lists, shared by the API and the UI pages."""
+
+from __future__ import annotations
+
+import django_filters
+from django.db.models import Q, QuerySet
+
+from fleet.models import CapacityReservation, Host, HostState, MaintenanceDomain, OptOutWindow
+from opsplanner import clock
+
+
+class HostFilter(django_filters.FilterSet):
+    pool = django_filters.NumberFilter(field_name="pool_id", help_text="pool id")
+    pool_name = django_filters.CharFilter(field_name="pool__name", help_text="pool name")
+    domain = django_filters.NumberFilter(field_name="domain_id", help_text="domain id")
+    state = django_filters.MultipleChoiceFilter(choices=HostState.choices)
+    hostname = django_filters.CharFilter(field_name="hostname", lookup_expr="startswith", help_text="prefix")
+
+    class Meta:
+        model = Host
+        fields = ["pool", "pool_name", "domain", "state", "hostname"]
+
+
+class DomainFilter(django_filters.FilterSet):
+    pool = django_filters.NumberFilter(field_name="pool_id")
+
+    class Meta:
+        model = MaintenanceDomain
+        fields = ["pool", "kind"]
+
+
+class _WindowFilter(django_filters.FilterSet):
+    service = django_filters.NumberFilter(field_name="service_id")
+    active = django_filters.BooleanFilter(method="filter_active", help_text="open now (not cancelled)")
+    current = django_filters.BooleanFilter(method="filter_current", help_text="not cancelled and not over")
+
+    def filter_active(self, queryset: QuerySet, name: str, value: bool | None) -> QuerySet:
+        now = clock.now()
+        active = Q(cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now)
+        return queryset.filter(active) if value else queryset.exclude(active)
+
+    def filter_current(self, queryset: QuerySet, name: str, value: bool | None) -> QuerySet:
+        current = Q(cancelled_at__isnull=True, ends_at__gt=clock.now())
+        return queryset.filter(current) if value else queryset.exclude(current)
+
+
+class OptOutWindowFilter(_WindowFilter):
+    class Meta:
+        model = OptOutWindow
+        fields = ["service", "active", "current"]
+
+
+class ReservationFilter(_WindowFilter):
+    pool = django_filters.NumberFilter(field_name="pool_id")
+
+    class Meta:
+        model = CapacityReservation
+        fields = ["service", "pool", "active", "current"]

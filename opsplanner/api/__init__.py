@@ -1,0 +1,1 @@
+"""The REST API: thin viewsets over the same services and selectors as the UI."""

@@ -1,0 +1,258 @@
+"""Fleet resources: pools with live buffer usage, domains, hosts, components, services, windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from rest_framework import serializers
+
+from fleet.models import (
+    FAILURE_OUT_STATES,
+    PLANNED_OUT_STATES,
+    CapacityReservation,
+    CompatibilityRule,
+    Component,
+    ComponentVersion,
+    Host,
+    HostState,
+    MaintenanceDomain,
+    OptOutWindow,
+    Pool,
+    Service,
+)
+from fleet.models.services import _TimeWindow
+
+
+def pools_with_usage(queryset: QuerySet[Pool]) -> QuerySet[Pool]:
+    """Host counts by state as annotations: the buffer usage of every listed pool in one query."""
+    return queryset.annotate(
+        n_total=Count("hosts"),
+        n_in_service=Count("hosts", filter=Q(hosts__state=HostState.IN_SERVICE)),
+        n_planned_out=Count("hosts", filter=Q(hosts__state__in=PLANNED_OUT_STATES)),
+        n_failure_out=Count("hosts", filter=Q(hosts__state__in=FAILURE_OUT_STATES)),
+    )
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Pool
+        fields = [
+            "id",
+            "name",
+            "workload_class",
+            "description",
+            "planned_buffer_hosts",
+            "planned_buffer_fraction",
+            "failure_buffer_hosts",
+            "failure_buffer_fraction",
+            "hard_floor_hosts",
+            "created_at",
+            "usage",
+        ]
+
+    def get_usage(self, pool: Pool) -> dict[str, int]:
+        total = pool.n_total
+        buffers = pool.buffers_for(total)
+        return {
+            "total": total,
+            "in_service": pool.n_in_service,
+            "planned_out": pool.n_planned_out,
+            "failure_out": pool.n_failure_out,
+            "planned_buffer": buffers.planned,
+            "failure_buffer": buffers.failure,
+            "floor": buffers.floor,
+            "planned_room": max(buffers.planned - pool.n_planned_out, 0),
+        }
+
+
+class DomainSerializer(serializers.ModelSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    hosts = serializers.IntegerField(source="n_hosts", read_only=True)
+
+    class Meta:
+        model = MaintenanceDomain
+        fields = ["id", "pool", "pool_name", "name", "kind", "position", "hosts", "created_at"]
+
+
+class HostSerializer(serializers.ModelSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    domain_name = serializers.CharField(source="domain.name", read_only=True)
+
+    class Meta:
+        model = Host
+        fields = [
+            "id",
+            "hostname",
+            "pool",
+            "pool_name",
+            "domain",
+            "domain_name",
+            "state",
+            "state_changed_at",
+            "sku",
+            "gpu_count",
+            "created_at",
+        ]
+
+
+class InstalledSerializer(serializers.Serializer):
+    component = serializers.CharField()
+    version = serializers.CharField()
+    previous_version = serializers.CharField(allow_null=True)
+    installed_at = serializers.DateTimeField()
+
+
+class HolderSerializer(serializers.Serializer):
+    operation = serializers.IntegerField()
+    host_task = serializers.IntegerField()
+    kind = serializers.CharField()
+    since = serializers.DateTimeField()
+
+
+class HostDetailSerializer(HostSerializer):
+    versions = serializers.SerializerMethodField()
+    holder = serializers.SerializerMethodField()
+    incompatibilities = serializers.SerializerMethodField()
+    services = serializers.SerializerMethodField()
+
+    class Meta(HostSerializer.Meta):
+        fields = [*HostSerializer.Meta.fields, "versions", "holder", "incompatibilities", "services"]
+
+    def get_versions(self, host: Host) -> list[dict[str, Any]]:
+        rows = host.installed_versions.select_related("component", "version", "previous_version").order_by(
+            "component__name"
+        )
+        return InstalledSerializer(
+            [
+                {
+                    "component": row.component.name,
+                    "version": row.version.version,
+                    "previous_version": row.previous_version.version if row.previous_version_id else None,
+                    "installed_at": row.installed_at,
+                }
+                for row in rows
+            ],
+            many=True,
+        ).data
+
+    def get_holder(self, host: Host) -> dict[str, Any] | None:
+        lease = host.leases.filter(active=True).select_related("operation").first()
+        if lease is None:
+            return None
+        return HolderSerializer(
+            {
+                "operation": lease.operation_id,
+                "host_task": lease.host_task_id,
+                "kind": lease.operation.kind,
+                "since": lease.acquired_at,
+            }
+        ).data
+
+    def get_incompatibilities(self, host: Host) -> list[str]:
+        from fleet.selectors.compatibility import host_incompatibilities
+
+        return host_incompatibilities([host.pk]).get(host.pk, [])
+
+    def get_services(self, host: Host) -> list[str]:
+        return list(host.services.order_by("name").values_list("name", flat=True))
+
+
+class ComponentVersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ComponentVersion
+        fields = ["id", "version", "released_at", "withdrawn_at", "withdrawn_reason"]
+
+
+class ComponentSerializer(serializers.ModelSerializer):
+    versions = ComponentVersionSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Component
+        fields = ["id", "name", "display_name", "layer", "needs_reboot", "needs_drain", "versions"]
+
+
+class CompatibilityRuleSerializer(serializers.ModelSerializer):
+    job_facing_component = serializers.CharField(source="job_facing_version.component.name", read_only=True)
+    job_facing_version = serializers.CharField(source="job_facing_version.version", read_only=True)
+    lower_component = serializers.CharField(source="lower_component.name", read_only=True)
+
+    class Meta:
+        model = CompatibilityRule
+        fields = [
+            "id",
+            "job_facing_component",
+            "job_facing_version",
+            "lower_component",
+            "min_version",
+            "max_version",
+            "note",
+        ]
+
+
+class ServiceSerializer(serializers.ModelSerializer):
+    owners = serializers.SlugRelatedField(slug_field="username", many=True, read_only=True)
+    hosts = serializers.IntegerField(source="n_hosts", read_only=True)
+
+    class Meta:
+        model = Service
+        fields = ["id", "name", "display_name", "description", "owners", "hosts"]
+
+
+class _WindowSerializer(serializers.ModelSerializer):
+    service_name = serializers.CharField(source="service.name", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    active = serializers.SerializerMethodField()
+
+    def get_active(self, window: _TimeWindow) -> bool:
+        from opsplanner import clock
+
+        return window.is_active_at(clock.now())
+
+
+WINDOW_FIELDS = [
+    "id",
+    "service",
+    "service_name",
+    "starts_at",
+    "ends_at",
+    "reason",
+    "created_by",
+    "created_at",
+    "cancelled_at",
+    "active",
+]
+
+
+class OptOutWindowSerializer(_WindowSerializer):
+    class Meta:
+        model = OptOutWindow
+        fields = WINDOW_FIELDS
+
+
+class ReservationSerializer(_WindowSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+
+    class Meta:
+        model = CapacityReservation
+        fields = [*WINDOW_FIELDS, "pool", "pool_name", "min_hosts_in_service"]
+
+
+class WindowInput(serializers.Serializer):
+    """An opt-out window to register: which service, when, why."""
+
+    service = serializers.IntegerField(min_value=1)
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    reason = serializers.CharField(max_length=500)
+
+
+class ReservationInput(WindowInput):
+    pool = serializers.IntegerField(min_value=1)
+    min_hosts_in_service = serializers.IntegerField(min_value=1, max_value=10_000_000)
+
+
+class ReasonInput(serializers.Serializer):
+    reason = serializers.CharField(max_length=500)

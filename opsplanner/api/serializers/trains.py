@@ -1,0 +1,171 @@
+"""Trains, their forecast, visits, upgrades and phases."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from opsplanner.models import Adapter
+from opsplanner.scopes import MAX_SCOPE_LENGTH
+from trains.models import Train, Upgrade, UpgradePhase, Visit
+
+
+class TrainSerializer(serializers.ModelSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    domain_order = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Train
+        fields = [
+            "id",
+            "name",
+            "pool",
+            "pool_name",
+            "emergency",
+            "upgrade",
+            "state",
+            "state_reason",
+            "state_changed_at",
+            "visit_concurrency",
+            "cycle_slo_s",
+            "visit_estimate_s",
+            "priority",
+            "executor",
+            "drainer",
+            "auto_resume_after_s",
+            "created_at",
+            "domain_order",
+        ]
+
+    def get_domain_order(self, train: Train) -> list[str]:
+        return [stop.domain.name for stop in train.stops.all()]
+
+
+class TrainInput(serializers.Serializer):
+    pool = serializers.IntegerField(min_value=1)
+    name = serializers.CharField(max_length=63)
+    cycle_slo_s = serializers.IntegerField(min_value=1, max_value=366 * 24 * 3600)
+    visit_estimate_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, default=3600)
+    domain_order = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=10_000)
+    visit_concurrency = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    priority = serializers.IntegerField(min_value=0, max_value=1000, default=200)
+    auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, required=False)
+    executor = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+    drainer = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+
+
+class DomainForecastSerializer(serializers.Serializer):
+    domain_id = serializers.IntegerField()
+    domain = serializers.CharField()
+    position = serializers.IntegerField()
+    state = serializers.CharField()
+    last_visited_at = serializers.DateTimeField(allow_null=True)
+    starts_at = serializers.DateTimeField(allow_null=True)
+    ends_at = serializers.DateTimeField(allow_null=True)
+    skip_reason = serializers.CharField()
+
+
+class ForecastSerializer(serializers.Serializer):
+    train = serializers.IntegerField(source="train.pk")
+    train_name = serializers.CharField(source="train.name")
+    cycle = serializers.IntegerField(source="cycle.number", allow_null=True, default=None)
+    cycle_deadline = serializers.DateTimeField(source="cycle.deadline_at", allow_null=True, default=None)
+    visit_seconds = serializers.FloatField()
+    cycle_end = serializers.DateTimeField(allow_null=True)
+    meets_slo = serializers.BooleanField()
+    miss_cause = serializers.CharField()
+    domains = DomainForecastSerializer(many=True)
+
+
+class VisitSerializer(serializers.ModelSerializer):
+    domain_name = serializers.CharField(source="domain.name", read_only=True)
+    cycle_number = serializers.IntegerField(source="cycle.number", read_only=True)
+
+    class Meta:
+        model = Visit
+        fields = [
+            "id",
+            "train",
+            "cycle",
+            "cycle_number",
+            "domain",
+            "domain_name",
+            "position",
+            "state",
+            "plan",
+            "started_at",
+            "ended_at",
+            "skips",
+            "skip_reason",
+            "outcome",
+        ]
+
+
+class UpgradePhaseSerializer(serializers.ModelSerializer):
+    domain_name = serializers.CharField(source="domain.name", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = UpgradePhase
+        fields = [
+            "position",
+            "name",
+            "domain",
+            "domain_name",
+            "percent",
+            "min_successes",
+            "soak_s",
+            "started_at",
+            "successes_reached_at",
+            "graduated_at",
+        ]
+
+
+class UpgradeSerializer(serializers.ModelSerializer):
+    component = serializers.CharField(source="component_version.component.name", read_only=True)
+    version = serializers.CharField(source="component_version.version", read_only=True)
+    phases = UpgradePhaseSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Upgrade
+        fields = [
+            "id",
+            "pool",
+            "component",
+            "version",
+            "scope",
+            "reason",
+            "state",
+            "state_reason",
+            "emergency",
+            "current_phase",
+            "max_failures",
+            "max_failure_rate",
+            "failure_rate_min_hosts",
+            "multi_cycle",
+            "hosts_per_visit",
+            "requester",
+            "created_at",
+            "finished_at",
+            "phases",
+        ]
+
+
+class PhaseInput(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    domain = serializers.CharField(max_length=63, required=False, allow_blank=True)
+    percent = serializers.IntegerField(min_value=1, max_value=100, required=False)
+    min_successes = serializers.IntegerField(min_value=0, max_value=1_000_000, default=1)
+    soak_s = serializers.IntegerField(min_value=0, max_value=30 * 24 * 3600, default=0)
+
+
+class UpgradeInput(serializers.Serializer):
+    pool = serializers.IntegerField(min_value=1)
+    component = serializers.CharField(max_length=63)
+    version = serializers.CharField(max_length=64)
+    reason = serializers.CharField(max_length=500)
+    scope = serializers.CharField(max_length=MAX_SCOPE_LENGTH, required=False, allow_blank=True, default="")
+    phases = PhaseInput(many=True, required=False, max_length=20)
+    max_failures = serializers.IntegerField(min_value=0, max_value=1_000_000, default=2)
+    max_failure_rate = serializers.FloatField(min_value=0, max_value=1, required=False)
+    failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=1_000_000, default=5)
+    multi_cycle = serializers.BooleanField(default=False)
+    hosts_per_visit = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)

@@ -1,0 +1,250 @@
+"""Operations (submitted as intents), host tasks, work items, approvals and events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from opsplanner.models import (
+    MAX_PRIORITY,
+    Adapter,
+    Approval,
+    ApprovalKind,
+    Event,
+    HostTask,
+    Operation,
+    OperationKind,
+    WorkItem,
+    WorkKind,
+)
+from opsplanner.scopes import MAX_SCOPE_LENGTH
+from opsplanner.services.work_items import MAX_CLAIM, MAX_LEASE_SECONDS
+
+
+class OperationSerializer(serializers.ModelSerializer):
+    component = serializers.SerializerMethodField()
+    version = serializers.SerializerMethodField()
+    tasks = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Operation
+        fields = [
+            "id",
+            "kind",
+            "component",
+            "version",
+            "scope",
+            "priority",
+            "source",
+            "requester",
+            "reason",
+            "needs_drain",
+            "gang",
+            "estimated_duration_s",
+            "executor",
+            "drainer",
+            "max_attempts",
+            "drain_timeout_s",
+            "state",
+            "hold_reason",
+            "override_buffers",
+            "created_at",
+            "closed_at",
+            "tasks",
+        ]
+
+    def get_component(self, operation: Operation) -> str | None:
+        target = operation.component_version
+        return target.component.name if target else None
+
+    def get_version(self, operation: Operation) -> str | None:
+        target = operation.component_version
+        return target.version if target else None
+
+    def get_tasks(self, operation: Operation) -> dict[str, int]:
+        """Host tasks by state (annotated by the viewset's queryset)."""
+        return dict(getattr(operation, "task_counts", None) or {})
+
+
+class OperationIntent(serializers.Serializer):
+    """An intent: what to do, to which hosts (a selector the planner resolves, or host names), how urgently."""
+
+    kind = serializers.ChoiceField(choices=[k for k in OperationKind.values if k != OperationKind.REPAIR])
+    scope = serializers.CharField(
+        max_length=MAX_SCOPE_LENGTH,
+        required=False,
+        allow_blank=True,
+        help_text="e.g. 'pool P', '10% of pool P', 'domain P/D', 'hosts running C below V in pool P'",
+    )
+    hosts = serializers.ListField(
+        child=serializers.CharField(max_length=253), required=False, max_length=10_000, help_text="host names"
+    )
+    component = serializers.CharField(max_length=63, required=False, allow_blank=True)
+    version = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    priority = serializers.IntegerField(min_value=0, max_value=MAX_PRIORITY, default=100)
+    reason = serializers.CharField(max_length=500)
+    needs_drain = serializers.BooleanField(required=False, allow_null=True, default=None)
+    gang = serializers.BooleanField(default=False)
+    estimated_duration_s = serializers.IntegerField(min_value=1, max_value=7 * 24 * 3600, default=1800)
+    executor = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+    drainer = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+    max_attempts = serializers.IntegerField(min_value=1, max_value=10, default=3)
+    drain_timeout_s = serializers.IntegerField(min_value=1, max_value=7 * 24 * 3600, default=3600)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        scope, hosts = attrs.get("scope", "").strip(), attrs.get("hosts")
+        if bool(scope) == bool(hosts):
+            raise serializers.ValidationError({"scope": "Give a scope selector or a list of hosts (exactly one)."})
+        if hosts:
+            attrs["scope"] = "hosts: " + ", ".join(hosts)
+            if len(attrs["scope"]) > MAX_SCOPE_LENGTH:
+                attrs["host_names"] = hosts
+        return attrs
+
+
+class HostTaskSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="host.hostname", read_only=True)
+
+    class Meta:
+        model = HostTask
+        fields = [
+            "id",
+            "operation",
+            "host",
+            "hostname",
+            "pool_id",
+            "priority",
+            "state",
+            "drain_key",
+            "waiting_code",
+            "waiting_reason",
+            "failure_reason",
+            "created_at",
+            "admitted_at",
+            "finished_at",
+            "state_changed_at",
+        ]
+
+
+class WorkItemSerializer(serializers.ModelSerializer):
+    hostname = serializers.CharField(source="host.hostname", read_only=True)
+    attempt = serializers.IntegerField(source="attempts", read_only=True)
+
+    class Meta:
+        model = WorkItem
+        fields = [
+            "id",
+            "kind",
+            "verify_class",
+            "host",
+            "hostname",
+            "host_task",
+            "pool_id",
+            "adapter",
+            "state",
+            "params",
+            "attempt",
+            "max_attempts",
+            "claimed_by",
+            "claimed_at",
+            "lease_expires_at",
+            "deadline_at",
+            "result",
+            "outcome_reason",
+            "created_at",
+            "finished_at",
+        ]
+
+
+class ClaimInput(serializers.Serializer):
+    kinds = serializers.ListField(child=serializers.ChoiceField(choices=WorkKind.choices), required=False)
+    pool = serializers.IntegerField(min_value=1, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_CLAIM, default=10)
+    lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
+    worker = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, help_text="a name for this process, under your user"
+    )
+
+
+class HeartbeatInput(serializers.Serializer):
+    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
+    worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class ResultInput(serializers.Serializer):
+    versions = serializers.DictField(child=serializers.CharField(max_length=64), required=False)
+    passed = serializers.BooleanField(required=False)
+    details = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class ReportInput(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["done", "failed"])
+    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    result = ResultInput(required=False)
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class HeartbeatAnswer(serializers.Serializer):
+    lease_expires_at = serializers.DateTimeField()
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Approval
+        fields = [
+            "id",
+            "kind",
+            "subject_type",
+            "subject_id",
+            "summary",
+            "requester",
+            "reason",
+            "state",
+            "decider",
+            "decision_reason",
+            "decided_at",
+            "created_at",
+            "expires_at",
+        ]
+
+
+class ApprovalRequestInput(serializers.Serializer):
+    """Request a decision. emergency_train: pool, component, version (scope, domains_at_once optional);
+    reonboard_upgrade: upgrade."""
+
+    kind = serializers.ChoiceField(choices=[ApprovalKind.EMERGENCY_TRAIN, ApprovalKind.REONBOARD_UPGRADE])
+    reason = serializers.CharField(max_length=500)
+    pool = serializers.IntegerField(min_value=1, required=False)
+    component = serializers.CharField(max_length=63, required=False)
+    version = serializers.CharField(max_length=64, required=False)
+    scope = serializers.CharField(max_length=MAX_SCOPE_LENGTH, required=False, allow_blank=True, default="")
+    domains_at_once = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    upgrade = serializers.IntegerField(min_value=1, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        needed = ("pool", "component", "version") if attrs["kind"] == ApprovalKind.EMERGENCY_TRAIN else ("upgrade",)
+        missing = {name: f"Required for a {attrs['kind']} request." for name in needed if name not in attrs}
+        if missing:
+            raise serializers.ValidationError(missing)
+        return attrs
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = [
+            "id",
+            "created_at",
+            "kind",
+            "actor",
+            "actor_id",
+            "subject_type",
+            "subject_id",
+            "pool_id",
+            "host_id",
+            "reason",
+            "data",
+        ]

@@ -1,0 +1,105 @@
+"""FilterSets for operations, tasks, work items, approvals and events (API and UI)."""
+
+from __future__ import annotations
+
+import django_filters
+from django.db.models import Q, QuerySet
+
+from opsplanner.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalState,
+    Event,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    OperationState,
+    TaskState,
+    WaitingCode,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
+
+
+class OperationFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=OperationState.choices)
+    kind = django_filters.MultipleChoiceFilter(choices=OperationKind.choices)
+    source = django_filters.MultipleChoiceFilter(choices=OperationSource.choices)
+
+    class Meta:
+        model = Operation
+        fields = ["state", "kind", "source"]
+
+
+class HostTaskFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=TaskState.choices)
+    waiting_code = django_filters.MultipleChoiceFilter(choices=WaitingCode.choices)
+    operation = django_filters.NumberFilter(field_name="operation_id")
+    host = django_filters.NumberFilter(field_name="host_id")
+    pool = django_filters.NumberFilter(field_name="pool_id")
+
+    class Meta:
+        model = HostTask
+        fields = ["state", "waiting_code", "operation", "host", "pool"]
+
+
+class WorkItemFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=WorkState.choices)
+    kind = django_filters.MultipleChoiceFilter(choices=WorkKind.choices)
+    pool = django_filters.NumberFilter(field_name="pool_id")
+    host = django_filters.NumberFilter(field_name="host_id")
+
+    class Meta:
+        model = WorkItem
+        fields = ["state", "kind", "pool", "host", "adapter"]
+
+
+class ApprovalFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=ApprovalState.choices)
+    kind = django_filters.MultipleChoiceFilter(choices=ApprovalKind.choices)
+
+    class Meta:
+        model = Approval
+        fields = ["state", "kind"]
+
+
+class EventFilter(django_filters.FilterSet):
+    """Events by host, pool, operation (its own events and its tasks'), train (its own, its cycles'
+    and its visits'), kind (exact, or a prefix ending in '.'), and time range. All index probes."""
+
+    host = django_filters.NumberFilter(field_name="host_id")
+    pool = django_filters.NumberFilter(field_name="pool_id")
+    operation = django_filters.NumberFilter(method="filter_operation")
+    train = django_filters.NumberFilter(method="filter_train")
+    kind = django_filters.CharFilter(method="filter_kind", help_text="e.g. task.state_changed, or task. for all")
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    subject_type = django_filters.CharFilter()
+    subject_id = django_filters.NumberFilter()
+
+    class Meta:
+        model = Event
+        fields = ["host", "pool", "operation", "train", "kind", "since", "until", "subject_type", "subject_id"]
+
+    def filter_operation(self, queryset: QuerySet, name: str, value: int) -> QuerySet:
+        tasks = HostTask.objects.filter(operation_id=value).values("id")
+        return queryset.filter(
+            Q(subject_type="opsplanner.operation", subject_id=value)
+            | Q(subject_type="opsplanner.hosttask", subject_id__in=tasks)
+        )
+
+    def filter_train(self, queryset: QuerySet, name: str, value: int) -> QuerySet:
+        from trains.models import Cycle, Visit
+
+        return queryset.filter(
+            Q(subject_type="trains.train", subject_id=value)
+            | Q(subject_type="trains.visit", subject_id__in=Visit.objects.filter(train_id=value).values("id"))
+            | Q(subject_type="trains.cycle", subject_id__in=Cycle.objects.filter(train_id=value).values("id"))
+        )
+
+    def filter_kind(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        if value.endswith("."):
+            return queryset.filter(kind__startswith=value)
+        return queryset.filter(kind=value)
