@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
+from fleet.filters import HostFilter
 from fleet.models import Host, HostState, Pool
 
 HOSTS_PER_PAGE = 100
@@ -18,11 +19,11 @@ HOSTS_PER_PAGE = 100
 def pool_hosts(request: HttpRequest, name: str) -> HttpResponse:
     pool = get_object_or_404(Pool, name=name)
     hosts = Host.objects.filter(pool=pool).select_related("domain").order_by("domain__position", "hostname")
+    # The same FilterSet as GET /api/hosts/: an unknown state is ignored here rather than refused.
     state = request.GET.get("state", "")
-    if state in HostState.values:
-        hosts = hosts.filter(state=state)
-    else:
+    if state not in HostState.values:
         state = ""
+    hosts = HostFilter({"state": [state]} if state else {}, queryset=hosts).qs
     page = Paginator(hosts, HOSTS_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,

@@ -1,5 +1,6 @@
-"""Demo logins for the embedded default: two operators (for the two-person rule), a service owner
-and a viewer. Only in DEBUG; the password is random per installation, kept in var/ and printed."""
+"""Demo logins for the embedded default: two operators (for the two-person rule), a service owner,
+a viewer and an executor (for the API walk-through). Only in DEBUG; the password is random per
+installation, kept in var/ and printed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ DEMO_USERS: tuple[tuple[str, str, bool], ...] = (
     ("operator2", Role.OPERATOR, True),
     ("owner", Role.SERVICE_OWNER, False),
     ("viewer", Role.VIEWER, False),
+    ("executor", Role.EXECUTOR, False),
 )
 OWNED_BY_DEMO_OWNER = ("llm-pretrain", "genai-serving")
 

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "opsplanner.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -137,6 +138,8 @@ if REDIS_URL:
             "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
+    # Shared by every web process: API rate limits count per token across all of them.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
     # kombu's filesystem transport: messages are files, so a worker and the beat in other
     # processes see them without any server. Not crash-safe and not shared across machines.
@@ -184,6 +187,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "opsplanner.tasks.simulated_work_step",
         "schedule": 1.0,
         "options": {"expires": 5.0},
+    },
+    "housekeeping": {
+        "task": "opsplanner.tasks.housekeeping",
+        "schedule": 600.0,
+        "options": {"expires": 600.0},
     },
     "worker-heartbeat": {
         "task": "opsplanner.tasks.worker_heartbeat",
@@ -274,6 +282,8 @@ SPECTACULAR_SETTINGS = {
         "UpgradeStateEnum": "trains.models.upgrades.UpgradeState",
     },
 }
+# Idempotency-Key answers are kept this long; a retry after that is a new request.
+IDEMPOTENCY_KEEP_HOURS = env_int("IDEMPOTENCY_KEEP_HOURS", 48, minimum=1)
 # Request bodies above this are refused (413) before they are parsed.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024, minimum=1024)
 

@@ -7,6 +7,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from opsplanner.services import simulator
+from opsplanner.services.housekeeping import idempotency_records_purge
 from opsplanner.services.tick import fleet_tick
 from opsplanner.services.tick import pool_tick as pool_tick_service
 from opsplanner.services.workers import worker_heartbeat_record
@@ -37,3 +38,8 @@ def pool_tick(pool_id: int) -> None:
 @shared_task(name="opsplanner.tasks.simulated_work_step")
 def simulated_work_step() -> int:
     return simulator.simulated_work_step()
+
+
+@shared_task(name="opsplanner.tasks.housekeeping")
+def housekeeping() -> int:
+    return idempotency_records_purge()

@@ -117,9 +117,13 @@ class HostDetailSerializer(HostSerializer):
     holder = serializers.SerializerMethodField()
     incompatibilities = serializers.SerializerMethodField()
     services = serializers.SerializerMethodField()
+    history = serializers.SerializerMethodField(help_text="the host's events, newest first")
 
     class Meta(HostSerializer.Meta):
-        fields = [*HostSerializer.Meta.fields, "versions", "holder", "incompatibilities", "services"]
+        fields = [*HostSerializer.Meta.fields, "versions", "holder", "incompatibilities", "services", "history"]
+
+    def get_history(self, host: Host) -> str:
+        return f"/api/events/?host={host.pk}"
 
     def get_versions(self, host: Host) -> list[dict[str, Any]]:
         rows = host.installed_versions.select_related("component", "version", "previous_version").order_by(

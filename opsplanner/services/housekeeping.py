@@ -1,0 +1,16 @@
+"""Periodic clean-up: forget Idempotency-Key answers after their keeping time."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+
+from opsplanner import clock
+from opsplanner.models import IdempotencyRecord
+
+
+def idempotency_records_purge(*, older_than: dt.timedelta | None = None) -> int:
+    keep = older_than or dt.timedelta(hours=settings.IDEMPOTENCY_KEEP_HOURS)
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=clock.now() - keep).delete()
+    return deleted
