@@ -76,6 +76,7 @@ class OptOutWindow(_TimeWindow):
     service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="optout_windows")
 
     class Meta:
+        verbose_name = "opt-out window"
         ordering = ["starts_at"]
         constraints = [
             models.CheckConstraint(

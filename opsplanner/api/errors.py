@@ -109,4 +109,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         response.data = {"detail": str(exc.detail), "code": codes if isinstance(codes, str) else "error"}
+        if response.status_code == status.HTTP_400_BAD_REQUEST:  # e.g. a body that is not JSON
+            response.data["errors"] = {NON_FIELD: [str(exc.detail)]}
     return response

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -22,6 +22,11 @@ from opsplanner.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 128
+
+
+def check_key(key: str) -> None:
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise serializers.ValidationError({HEADER: f"Give an {HEADER} of 1 to {MAX_KEY_LENGTH} printable characters."})
 
 
 def _request_hash(request: Any) -> str:
@@ -60,11 +65,7 @@ def idempotent(view_method: Callable[..., Response]) -> Callable[..., Response]:
         if not key:
             with transaction.atomic():
                 return view_method(self, request, *args, **kwargs)
-        if len(key) > MAX_KEY_LENGTH or not key.isprintable():
-            return Response(
-                {"detail": f"{HEADER} must be 1 to {MAX_KEY_LENGTH} printable characters.", "code": "invalid"},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
+        check_key(key)
         request_hash = _request_hash(request)
         existing = IdempotencyRecord.objects.filter(user=request.user, key=key).first()
         if existing is not None:

@@ -100,15 +100,17 @@ def work_item_heartbeat(
         mine = mine.filter(attempts=attempt)
     changed = mine.update(lease_expires_at=expires)
     if changed != 1:
-        raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
+        raise WorkItemConflict(_not_running_for(item_id, worker, attempt), code="conflict")
     return expires
 
 
-def _not_running_for(item_id: int, worker: str) -> str:
-    item = WorkItem.objects.filter(pk=item_id).values_list("state", "claimed_by").first()
+def _not_running_for(item_id: int, worker: str, attempt: int | None = None) -> str:
+    item = WorkItem.objects.filter(pk=item_id).values_list("state", "claimed_by", "attempts").first()
     if item is None:
         return f"There is no work item #{item_id}."
-    state, holder = item
+    state, holder, attempts = item
+    if state == WorkState.RUNNING and holder == worker and attempt is not None and attempt != attempts:
+        return f"Work item #{item_id} is on attempt {attempts}; the claim of attempt {attempt} expired."
     if state == WorkState.RUNNING:
         return f"Work item #{item_id} is running for {holder}, not for {worker}."
     return f"Work item #{item_id} is {state}, not running for {worker} (its lease may have expired)."

@@ -11,11 +11,11 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status, viewsets
+from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from opsplanner.api.idempotency import HEADER, MAX_KEY_LENGTH
+from opsplanner.api.idempotency import HEADER, check_key
 from opsplanner.api.pagination import IdCursorPagination
 from opsplanner.api.serializers import work as s
 from opsplanner.api.views.common import valid
@@ -96,14 +96,7 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
         """Report done or failed with the results (new versions, verification outcome)."""
         item = self.get_object()
         key = request.headers.get(HEADER, "")
-        if not key or len(key) > MAX_KEY_LENGTH:
-            return Response(
-                {
-                    "detail": f"A report needs an {HEADER} header of 1 to {MAX_KEY_LENGTH} characters.",
-                    "code": "invalid",
-                },
-                status=status.HTTP_400_BAD_REQUEST,
-            )
+        check_key(key)
         data = valid(s.ReportInput, request.data)
         reported = work_item_report(
             item_id=item.pk,
