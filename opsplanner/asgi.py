@@ -5,6 +5,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsplanner.settings")
+# Read by settings: under ASGI each request runs on a new thread, so kept-open connections leak;
+# the web server uses a connection pool instead.
+os.environ.setdefault("OPSPLANNER_ASGI", "1")
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 import django_filters
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
 from opsplanner.models import (
@@ -21,6 +25,23 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
+
+
+class UtcIsoDateTimeField(django_filters.fields.IsoDateTimeField):
+    """An ISO time converted to UTC: PostgreSQL refuses offsets beyond ±15:59 that Python accepts."""
+
+    def to_python(self, value: Any) -> dt.datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None or parsed.tzinfo is None:
+            return parsed
+        try:
+            return parsed.astimezone(dt.UTC)
+        except OverflowError:  # e.g. 0001-01-01T00:00+01:00
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
 
 
 class OperationFilter(django_filters.FilterSet):
@@ -74,8 +95,8 @@ class EventFilter(django_filters.FilterSet):
     operation = django_filters.NumberFilter(method="filter_operation")
     train = django_filters.NumberFilter(method="filter_train")
     kind = django_filters.CharFilter(method="filter_kind", help_text="e.g. task.state_changed, or task. for all")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     subject_type = django_filters.CharFilter()
     subject_id = django_filters.NumberFilter()
 

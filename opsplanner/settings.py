@@ -122,6 +122,13 @@ else:
             "CONN_HEALTH_CHECKS": True,
         }
     }
+    # Under ASGI (daphne) every request runs on a fresh thread: a persistent connection is never
+    # reused and piles up until PostgreSQL refuses new clients. Web processes use psycopg's pool
+    # (per process, DATABASE_POOL_MAX_SIZE connections); workers keep their one persistent connection.
+    _pool_max = env_int("DATABASE_POOL_MAX_SIZE", 8 if env_bool("OPSPLANNER_ASGI", False) else 0, minimum=0)
+    if _pool_max:
+        DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": _pool_max, "timeout": 10}
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASE_IS_SQLITE = _database.is_sqlite
 

@@ -64,7 +64,8 @@ class Host(models.Model):
     class Meta:
         ordering = ["hostname"]
         indexes = [
-            models.Index(fields=["pool", "state"], name="host_pool_state_idx"),
+            # (pool, state) counts for the buffers; the id serves the API's cursor order within them.
+            models.Index(fields=["pool", "state", "id"], name="host_pool_state_id_idx"),
             models.Index(fields=["domain", "state"], name="host_domain_state_idx"),
         ]
         constraints = [

@@ -207,7 +207,7 @@ class ServiceSerializer(serializers.ModelSerializer):
 
 class _WindowSerializer(serializers.ModelSerializer):
     service_name = serializers.CharField(source="service.name", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     active = serializers.SerializerMethodField()
 
     def get_active(self, window: _TimeWindow) -> bool:

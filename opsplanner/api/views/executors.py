@@ -61,7 +61,7 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
         return queryset
 
     @extend_schema(request=s.ClaimInput, responses=s.WorkItemSerializer(many=True))
-    @action(detail=False, methods=["post"])
+    @action(detail=False, methods=["post"], pagination_class=None, filter_backends=[])
     def claim(self, request: Any) -> Response:
         """Claim up to `limit` ready items (of these kinds, in this pool) for `lease_seconds`."""
         data = valid(s.ClaimInput, request.data)

@@ -46,7 +46,7 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
         return s.pools_with_usage(Pool.objects.order_by("name"))
 
     @extend_schema(responses=ForecastSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def forecast(self, request: Any, pk: str | None = None) -> Response:
         """Planned drains of the pool: each live train's forecast per domain."""
         pool = self.get_object()

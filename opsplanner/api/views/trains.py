@@ -44,7 +44,7 @@ class TrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return Response(self.get_serializer(self.get_queryset().get(pk=train.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=s.ForecastSerializer)
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def forecast(self, request: Any, pk: str | None = None) -> Response:
         """When each domain was last visited and will next be, and whether the cycle meets its SLO."""
         return Response(s.ForecastSerializer(train_forecast(self.get_object())).data)
