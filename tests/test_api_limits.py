@@ -52,3 +52,20 @@ def test_idempotency_answers_are_forgotten_after_their_keeping_time() -> None:
     with clock.use_clock(lambda: dt.datetime.now(dt.UTC) + dt.timedelta(days=3)):
         assert idempotency_records_purge() == 1
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_the_hand_written_host_and_event_representations_match_the_declared_fields() -> None:
+    from rest_framework import serializers
+
+    from opsplanner.api.serializers.fleet import HostSerializer
+    from opsplanner.api.serializers.work import EventSerializer
+    from opsplanner.models import Event
+
+    _, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    events = list(Event.objects.filter(host_id=hosts[0].pk))
+    assert events
+    for serializer_class, rows in ((HostSerializer, hosts), (EventSerializer, events)):
+        for row in rows:
+            fast = serializer_class(row).data
+            generic = serializers.ModelSerializer.to_representation(serializer_class(row), row)
+            assert dict(fast) == dict(generic)

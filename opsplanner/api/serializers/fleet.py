@@ -22,6 +22,7 @@ from fleet.models import (
     Service,
 )
 from fleet.models.services import _TimeWindow
+from opsplanner.api.serializers.fast import iso
 
 
 def pools_with_usage(queryset: QuerySet[Pool]) -> QuerySet[Pool]:
@@ -96,6 +97,23 @@ class HostSerializer(serializers.ModelSerializer):
             "gpu_count",
             "created_at",
         ]
+
+    def to_representation(self, host: Host) -> dict[str, Any]:
+        if type(self) is not HostSerializer:  # the detail view adds computed fields
+            return super().to_representation(host)
+        return {
+            "id": host.id,
+            "hostname": host.hostname,
+            "pool": host.pool_id,
+            "pool_name": host.pool.name,
+            "domain": host.domain_id,
+            "domain_name": host.domain.name,
+            "state": host.state,
+            "state_changed_at": iso(host.state_changed_at),
+            "sku": host.sku,
+            "gpu_count": host.gpu_count,
+            "created_at": iso(host.created_at),
+        }
 
 
 class InstalledSerializer(serializers.Serializer):

@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from opsplanner.api.serializers.fast import iso
 from opsplanner.models import (
     MAX_PRIORITY,
     Adapter,
@@ -248,3 +249,18 @@ class EventSerializer(serializers.ModelSerializer):
             "reason",
             "data",
         ]
+
+    def to_representation(self, event: Event) -> dict[str, Any]:
+        return {
+            "id": event.id,
+            "created_at": iso(event.created_at),
+            "kind": event.kind,
+            "actor": event.actor,
+            "actor_id": event.actor_id,
+            "subject_type": event.subject_type,
+            "subject_id": event.subject_id,
+            "pool_id": event.pool_id,
+            "host_id": event.host_id,
+            "reason": event.reason,
+            "data": event.data,
+        }
