@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, F, Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -70,6 +70,9 @@ class HostViewSet(viewsets.ReadOnlyModelViewSet):
     pagination_class = IdCursorPagination
 
     def get_queryset(self) -> QuerySet[Host]:
+        if self.action == "list":
+            # One model object per row, not three: the names come along as annotations.
+            return Host.objects.annotate(pool_name=F("pool__name"), domain_name=F("domain__name"))
         return Host.objects.select_related("pool", "domain")
 
     def get_serializer_class(self) -> type:
