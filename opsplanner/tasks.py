@@ -7,7 +7,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from opsplanner.services import simulator
-from opsplanner.services.housekeeping import idempotency_records_purge
+from opsplanner.services.housekeeping import expired_tokens_delete, idempotency_records_purge
 from opsplanner.services.tick import fleet_tick
 from opsplanner.services.tick import pool_tick as pool_tick_service
 from opsplanner.services.workers import worker_heartbeat_record
@@ -42,4 +42,4 @@ def simulated_work_step() -> int:
 
 @shared_task(name="opsplanner.tasks.housekeeping")
 def housekeeping() -> int:
-    return idempotency_records_purge()
+    return idempotency_records_purge() + expired_tokens_delete()

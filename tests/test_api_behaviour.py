@@ -628,10 +628,10 @@ def crowd(django_db_setup, django_db_blocker) -> Iterator[Crowd]:
         transaction.set_rollback(True)
 
 
-# Every request authenticates in 3 queries (the token with its user, knox's sweep of the user's
-# expired tokens, the user's roles). Then a limit/offset list counts (1) and reads its page (1); a
+# Every request authenticates in 2 queries (the token with its user, the user's roles; expired
+# tokens are swept by housekeeping, not per request). Then a limit/offset list counts (1) and reads its page (1); a
 # cursor list reads its page only (1); prefetches and the operations' task counts add 1 each.
-AUTH = 3
+AUTH = 2
 LIMIT_OFFSET = AUTH + 2
 CURSOR = AUTH + 1
 # list endpoint -> (the page-size parameter, the queries it issues whatever the page size)

@@ -69,3 +69,20 @@ def test_the_hand_written_host_and_event_representations_match_the_declared_fiel
             fast = serializer_class(row).data
             generic = serializers.ModelSerializer.to_representation(serializer_class(row), row)
             assert dict(fast) == dict(generic)
+
+
+def test_expired_tokens_are_refused_and_housekeeping_deletes_them() -> None:
+    from knox.models import AuthToken
+
+    from opsplanner.services.housekeeping import expired_tokens_delete
+
+    client = role_client(Role.VIEWER)
+    fresh = token_client(client.user)
+    AuthToken.objects.filter(pk=AuthToken.objects.order_by("created").first().pk).update(
+        expiry=clock.now() - dt.timedelta(seconds=1)
+    )
+    assert client.get("/api/pools/").status_code == 401
+    assert fresh.get("/api/pools/").status_code == 200
+    AuthToken.objects.update(expiry=clock.now() - dt.timedelta(seconds=1))
+    assert expired_tokens_delete() == 1
+    assert not AuthToken.objects.exists()
