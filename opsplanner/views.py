@@ -8,15 +8,21 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from fleet.selectors.capacity import pool_capacities
+from opsplanner.htmx import render_page
+from opsplanner.permissions import Action, user_can
 from opsplanner.selectors.health import database_reachable, worker_health
 
 
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    return render(
+    if not user_can(request.user, Action.READ):
+        # Executors use the API only; they get a page that says so rather than a fleet.
+        return render(request, "opsplanner/no_pages.html", status=403)
+    return render_page(
         request,
         "opsplanner/home.html",
+        "opsplanner/htmx/fleet_overview.html",
         {"capacities": pool_capacities(), "workers": worker_health()},
     )
 

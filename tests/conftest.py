@@ -32,3 +32,7 @@ def operator(django_user_model):
     user = django_user_model.objects.create_user(username="op", password="op-password-1")
     user.groups.add(roles_ensure()[Role.OPERATOR])
     return user
+
+
+# Browser-test fixtures (a real web server and Chromium), registered for every test module.
+from tests.browser import chromium, live_server_process  # noqa: E402, F401

@@ -10,6 +10,7 @@ from django.utils import timezone
 from fleet import services
 from fleet.models import HostState
 from opsplanner.models import WorkerHeartbeat
+from opsplanner.roles import Role
 from tests.builders import make_domain, make_host, make_pool
 
 pytestmark = pytest.mark.django_db
@@ -55,8 +56,8 @@ def test_the_home_page_costs_the_same_queries_for_a_bigger_fleet(client, operato
             domain = make_domain(pool)
             for _ in range(3):
                 make_host(domain)
-    # session, user, pools with their host counts, worker heartbeats
-    with django_assert_num_queries(4):
+    # session, user, the user's roles, pools with their host counts, worker heartbeats
+    with django_assert_num_queries(5):
         assert client.get("/").status_code == 200
 
 
@@ -94,3 +95,25 @@ def test_worker_health_needs_a_recent_heartbeat(client, settings) -> None:
     response = client.get("/healthz/workers")
     assert response.status_code == 200
     assert response.json()["live_workers"] == ["new@box"]
+
+
+def test_an_htmx_refresh_of_the_overview_gets_the_partial_alone(client, operator) -> None:
+    make_host(make_domain(make_pool(name="ai-east")))
+    client.force_login(operator)
+    full = client.get("/").content.decode()
+    partial = client.get("/", HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" in full
+    assert 'id="fleet-overview"' in full
+    assert "<html" not in partial
+    assert 'id="pool-ai-east"' in partial
+
+
+def test_an_executor_gets_no_fleet_pages_and_is_told_to_use_the_api(client) -> None:
+    from tests.trains_builders import make_user
+
+    make_host(make_domain(make_pool(name="ai-east")))
+    client.force_login(make_user(Role.EXECUTOR))
+    response = client.get("/")
+    assert response.status_code == 403
+    assert "ai-east" not in response.content.decode()
+    assert "/api/docs/" in response.content.decode()

@@ -1,0 +1,104 @@
+"""Browser tests' parts: the real ASGI server (daphne) on the test database, and headless Chromium
+from the Debian packages driven by Playwright. Tests that use them must commit what the server
+should see (`django_db(transaction=True)`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.processes import ROOT, _process_env, free_port, wait_for
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = ROOT / "var" / "screenshots"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def live_server_process(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
+    tmp_path = tmp_path_factory.mktemp("live-server")
+    port = free_port()
+    with django_db_blocker.unblock():
+        env = _process_env(tmp_path, queue="unused-live-server", tag="web")
+    log = tmp_path / "daphne.log"
+    with log.open("wb") as sink:
+        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "opsplanner.asgi:application"]
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    server = LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
+    try:
+        wait_for(lambda: _answers(server.url) or process.poll() is not None, timeout=60, what="the web server")
+        if process.poll() is not None:
+            raise AssertionError(f"the web server exited:\n{log.read_text()[-3000:]}")
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[object]:
+    if not shutil.which(CHROMIUM):
+        raise AssertionError(
+            f"Chromium is not at {CHROMIUM}: install Debian's chromium (`.ci/run` does) or set CHROMIUM_PATH"
+        )
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls stay sync.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def screenshot(page: object, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    return path
+
+
+def log_in(browser: object, server: LiveServer, username: str, password: str) -> object:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    page.goto(f"{server.url}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_load_state()
+    return page

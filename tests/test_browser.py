@@ -1,0 +1,79 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven by Playwright, against the
+real ASGI server on the test database."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fleet.models import HostState
+from fleet.services import host_transition
+from opsplanner.roles import Role
+from tests.browser import log_in, screenshot
+from tests.builders import make_fleet
+from tests.trains_builders import make_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+PASSWORD = "x-pass-123"  # make_user's
+
+
+def test_an_operator_logs_in_and_sees_every_pool_with_its_buffers(live_server_process, chromium) -> None:
+    pool, _ = make_fleet(domains=2, hosts_per_domain=3, pool_name="ai-train-east")
+    operator = make_user(Role.OPERATOR)
+    page = log_in(chromium, live_server_process, operator.username, PASSWORD)
+    try:
+        row = page.locator(f"#pool-{pool.name}")
+        row.wait_for()
+        assert row.locator(".in-service").inner_text() == "6"
+        assert page.locator("nav").get_by_text("Fleet").is_visible()
+        assert f"{operator.username} (operator)" in page.locator(".who").inner_text()
+        screenshot(page, "overview")
+    finally:
+        page.close()
+
+
+def test_a_wrong_password_is_refused_with_a_message(live_server_process, chromium) -> None:
+    viewer = make_user(Role.VIEWER)
+    page = log_in(chromium, live_server_process, viewer.username, "not-the-password")
+    try:
+        assert "did not match" in page.locator(".error").inner_text()
+        assert "/login/" in page.url
+    finally:
+        page.close()
+
+
+def test_the_overview_shows_a_host_leaving_service_without_a_reload(live_server_process, chromium) -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=4, pool_name="web-central")
+    viewer = make_user(Role.VIEWER)
+    page = log_in(chromium, live_server_process, viewer.username, PASSWORD)
+    try:
+        cell = page.locator(f"#pool-{pool.name} .in-service")
+        cell.wait_for()
+        assert cell.inner_text() == "4"
+        page.evaluate("window.__notReloaded = true")
+        committed = time.monotonic()
+        host_transition(host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
+        page.wait_for_function(
+            f"document.querySelector('#pool-{pool.name} .in-service').innerText.trim() === '3'", timeout=15_000
+        )
+        seen_after = time.monotonic() - committed
+        assert page.evaluate("window.__notReloaded") is True  # swapped in place, not a page load
+        assert "1 / 2" in page.locator(f"#pool-{pool.name} .failure-out").inner_text()
+        assert seen_after < 10
+    finally:
+        page.close()
+
+
+def test_a_viewer_sees_no_admin_link_and_an_executor_sees_no_fleet(live_server_process, chromium) -> None:
+    make_fleet(domains=1, hosts_per_domain=2, pool_name="storage-west")
+    viewer_page = log_in(chromium, live_server_process, make_user(Role.VIEWER).username, PASSWORD)
+    executor_page = log_in(chromium, live_server_process, make_user(Role.EXECUTOR).username, PASSWORD)
+    try:
+        assert viewer_page.locator("nav a", has_text="Admin").count() == 0
+        assert viewer_page.locator("#pool-storage-west").is_visible()
+        assert executor_page.locator("#pool-storage-west").count() == 0
+        assert "works through the API" in executor_page.locator("main").inner_text()
+    finally:
+        viewer_page.close()
+        executor_page.close()
