@@ -11,6 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from opsplanner import clock
 from opsplanner.bulk import copy_rows
+from opsplanner.live import announce_after_commit, groups_for
 from opsplanner.models import Event
 
 Actor = AbstractBaseUser | AnonymousUser | str | None
@@ -39,12 +40,14 @@ def event_record(
     data: dict[str, Any] | None = None,
 ) -> Event:
     actor_id, actor_label = actor_fields(actor)
+    subject_type = subject._meta.label_lower
+    announce_after_commit(groups_for([pool_id], [subject_type]))
     return Event.objects.create(
         created_at=clock.now(),
         kind=kind,
         actor_id=actor_id,
         actor=actor_label,
-        subject_type=subject._meta.label_lower,
+        subject_type=subject_type,
         subject_id=subject.pk,
         pool_id=pool_id,
         host_id=host_id,
@@ -126,3 +129,4 @@ def events_copy_rows(rows: Sequence[Sequence[Any]]) -> None:
     """Insert events given as rows in the order of EVENT_COLUMNS, data as JSON text: no model
     instance per event, for set-based code such as the tick that writes thousands at once."""
     copy_rows(Event, EVENT_COLUMNS, rows)
+    announce_after_commit(groups_for({row[6] for row in rows}, {row[4] for row in rows}))

@@ -1,3 +1,7 @@
-"""Websocket routes. The live dashboard adds its consumers here."""
+"""Websocket routes."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from opsplanner.consumers import LiveConsumer
+
+websocket_urlpatterns: list = [path("ws/live/", LiveConsumer.as_asgi())]

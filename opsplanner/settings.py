@@ -143,7 +143,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # channels-redis waits for messages with a 5 s blocking pop; redis-py 8's default read
+            # timeout is also 5 s, which cut every idle websocket after 5 s. Give the read more room.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
     # Shared by every web process: API rate limits count per token across all of them.

@@ -4,16 +4,19 @@ should see (`django_db(transaction=True)`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from tests.processes import ROOT, _process_env, free_port, wait_for
 
@@ -69,13 +72,15 @@ def live_server_process(django_db_setup, django_db_blocker, tmp_path_factory) ->
             process.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
     if not shutil.which(CHROMIUM):
         raise AssertionError(
             f"Chromium is not at {CHROMIUM}: install Debian's chromium (`.ci/run` does) or set CHROMIUM_PATH"
         )
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls stay sync.
+    # Playwright's sync API keeps an event loop in this thread while it runs (module scope, so the
+    # next modules get a plain thread back); the test's own ORM calls stay sync. Changes the pages
+    # should see live are made with `committed_elsewhere`, as a worker would make them.
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import sync_playwright
 
@@ -87,10 +92,40 @@ def chromium() -> Iterator[object]:
             browser.close()
 
 
+def committed_elsewhere(change: Callable[..., object], **kwargs: object) -> None:
+    """Run a service call in its own thread and connection (like a worker) and wait for its commit
+    and its after-commit announcements."""
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            change(**kwargs)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(error)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(30)
+    if errors:
+        raise errors[0]
+
+
 def screenshot(page: object, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    return path
+
+
+def record(name: str, values: list[float]) -> Path:
+    """Measurements a browser test takes (for BENCHMARKS.md), next to the screenshots."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.json"
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    path.write_text(json.dumps({"values": values, "max": ordered[-1], "p95": p95}, indent=1))
     return path
 
 

@@ -56,8 +56,9 @@ def test_the_home_page_costs_the_same_queries_for_a_bigger_fleet(client, operato
             domain = make_domain(pool)
             for _ in range(3):
                 make_host(domain)
-    # session, user, the user's roles, pools with their host counts, worker heartbeats
-    with django_assert_num_queries(5):
+    # session, user, the user's roles, pending approvals (an operator's nav), pools with their host
+    # counts, worker heartbeats
+    with django_assert_num_queries(6):
         assert client.get("/").status_code == 200
 
 

@@ -1,0 +1,143 @@
+"""The live websocket through the real ASGI application (auth middleware, origin check, Redis
+channel layer): who may connect, what each user receives, and that pushes follow commits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.db import transaction
+from django.test import Client
+
+from fleet.models import HostState
+from fleet.services import host_transition
+from opsplanner.asgi import application
+from opsplanner.consumers import REFUSED
+from opsplanner.roles import Role
+from tests.builders import make_fleet
+from tests.trains_builders import make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+def session_cookie(user: object) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode())
+
+
+def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
+    return WebsocketCommunicator(application, "/ws/live/", headers=[ORIGIN, *headers])
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    """Each test is one coroutine on one event loop; database work inside it goes through
+    sync_to_async (thread-sensitive: the test's own thread and connection)."""
+    async_to_sync(scenario)()
+
+
+def test_an_unauthenticated_socket_is_refused() -> None:
+    async def scenario() -> None:
+        connected, code = await socket().connect(timeout=5)
+        assert not connected
+        assert code == REFUSED
+
+    run(scenario)
+
+
+def test_an_executor_cannot_watch_the_fleet() -> None:
+    cookie = session_cookie(make_user(Role.EXECUTOR))
+
+    async def scenario() -> None:
+        connected, code = await socket(cookie).connect(timeout=5)
+        assert not connected
+        assert code == REFUSED
+
+    run(scenario)
+
+
+def test_a_viewer_receives_the_changed_pool_row_after_the_commit_and_not_before() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=3, pool_name="ai-east")
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    async def scenario() -> None:
+        viewer = socket(cookie)
+        assert (await viewer.connect(timeout=5))[0]
+
+        def fail_a_host_and_look_before_committing() -> None:
+            with transaction.atomic():
+                host_transition(host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="p")
+                assert async_to_sync(viewer.receive_nothing)(timeout=0.5)  # not announced before the commit
+
+        await sync_to_async(fail_a_host_and_look_before_committing)()
+        html = await viewer.receive_from(timeout=5)
+        assert 'id="pool-ai-east"' in html
+        assert 'hx-swap-oob="true"' in html
+        assert '<td class="num in-service">2</td>' in html
+        await viewer.disconnect()
+
+    run(scenario)
+
+
+def test_a_rolled_back_change_is_never_announced() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="web-west")
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    def change_then_roll_back() -> None:
+        with transaction.atomic():
+            host_transition(host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="x")
+            transaction.set_rollback(True)
+
+    async def scenario() -> None:
+        viewer = socket(cookie)
+        assert (await viewer.connect(timeout=5))[0]
+        await sync_to_async(change_then_roll_back)()
+        assert await viewer.receive_nothing(timeout=1)
+        await viewer.disconnect()
+
+    run(scenario)
+
+
+def test_only_operators_receive_the_approvals_queue() -> None:
+    from opsplanner.services.approvals import approval_request
+
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    operator, viewer = make_user(Role.OPERATOR), make_user(Role.VIEWER)
+    operator_cookie, viewer_cookie = session_cookie(operator), session_cookie(viewer)
+
+    def request_approval() -> None:
+        approval_request(
+            kind="large_operation", subject_type="fleet.pool", subject_id=pool.pk, reason="big", actor=operator
+        )
+
+    async def scenario() -> None:
+        operator_socket, viewer_socket = socket(operator_cookie), socket(viewer_cookie)
+        assert (await operator_socket.connect(timeout=5))[0]
+        assert (await viewer_socket.connect(timeout=5))[0]
+        await sync_to_async(request_approval)()
+        assert 'id="approvals-pending"' in await operator_socket.receive_from(timeout=5)
+        assert await viewer_socket.receive_nothing(timeout=1)
+        await operator_socket.disconnect()
+        await viewer_socket.disconnect()
+
+    run(scenario)
+
+
+def test_a_subscription_to_something_that_does_not_exist_is_refused_with_the_reason() -> None:
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    async def scenario() -> None:
+        viewer = socket(cookie)
+        assert (await viewer.connect(timeout=5))[0]
+        await viewer.send_to(text_data=json.dumps({"subscribe": "pool", "id": 999999}))
+        assert "no pool #999999" in json.loads(await viewer.receive_from(timeout=5))["error"]
+        await viewer.send_to(text_data=json.dumps({"subscribe": "train"}))
+        assert "subscribe" in json.loads(await viewer.receive_from(timeout=5))["error"]
+        await viewer.disconnect()
+
+    run(scenario)
