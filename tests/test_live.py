@@ -4,7 +4,8 @@ channel layer): who may connect, what each user receives, and that pushes follow
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -35,6 +36,18 @@ def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, "/ws/live/", headers=[ORIGIN, *headers])
 
 
+@asynccontextmanager
+async def connected(*headers: tuple[bytes, bytes]) -> AsyncIterator[WebsocketCommunicator]:
+    """An accepted socket, always disconnected afterwards so its consumer finishes inside the loop."""
+    communicator = socket(*headers)
+    accepted, code = await communicator.connect(timeout=5)
+    try:
+        assert accepted, f"the socket was refused ({code})"
+        yield communicator
+    finally:
+        await communicator.disconnect()
+
+
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     """Each test is one coroutine on one event loop; database work inside it goes through
     sync_to_async (thread-sensitive: the test's own thread and connection)."""
@@ -43,7 +56,9 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 def test_an_unauthenticated_socket_is_refused() -> None:
     async def scenario() -> None:
-        connected, code = await socket().connect(timeout=5)
+        refused = socket()
+        connected, code = await refused.connect(timeout=5)
+        await refused.disconnect()  # let the application instance finish before the loop closes
         assert not connected
         assert code == REFUSED
 
@@ -54,7 +69,9 @@ def test_an_executor_cannot_watch_the_fleet() -> None:
     cookie = session_cookie(make_user(Role.EXECUTOR))
 
     async def scenario() -> None:
-        connected, code = await socket(cookie).connect(timeout=5)
+        refused = socket(cookie)
+        connected, code = await refused.connect(timeout=5)
+        await refused.disconnect()
         assert not connected
         assert code == REFUSED
 
@@ -66,20 +83,20 @@ def test_a_viewer_receives_the_changed_pool_row_after_the_commit_and_not_before(
     cookie = session_cookie(make_user(Role.VIEWER))
 
     async def scenario() -> None:
-        viewer = socket(cookie)
-        assert (await viewer.connect(timeout=5))[0]
+        async with connected(cookie) as viewer:
 
-        def fail_a_host_and_look_before_committing() -> None:
-            with transaction.atomic():
-                host_transition(host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="p")
-                assert async_to_sync(viewer.receive_nothing)(timeout=0.5)  # not announced before the commit
+            def fail_a_host_and_look_before_committing() -> None:
+                with transaction.atomic():
+                    host_transition(
+                        host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="p"
+                    )
+                    assert async_to_sync(viewer.receive_nothing)(timeout=0.5)  # not announced before the commit
 
-        await sync_to_async(fail_a_host_and_look_before_committing)()
-        html = await viewer.receive_from(timeout=5)
-        assert 'id="pool-ai-east"' in html
-        assert 'hx-swap-oob="true"' in html
-        assert '<td class="num in-service">2</td>' in html
-        await viewer.disconnect()
+            await sync_to_async(fail_a_host_and_look_before_committing)()
+            html = await viewer.receive_from(timeout=5)
+            assert 'id="pool-ai-east"' in html
+            assert 'hx-swap-oob="true"' in html
+            assert '<td class="num in-service">2</td>' in html
 
     run(scenario)
 
@@ -94,11 +111,9 @@ def test_a_rolled_back_change_is_never_announced() -> None:
             transaction.set_rollback(True)
 
     async def scenario() -> None:
-        viewer = socket(cookie)
-        assert (await viewer.connect(timeout=5))[0]
-        await sync_to_async(change_then_roll_back)()
-        assert await viewer.receive_nothing(timeout=1)
-        await viewer.disconnect()
+        async with connected(cookie) as viewer:
+            await sync_to_async(change_then_roll_back)()
+            assert await viewer.receive_nothing(timeout=1)
 
     run(scenario)
 
@@ -116,14 +131,10 @@ def test_only_operators_receive_the_approvals_queue() -> None:
         )
 
     async def scenario() -> None:
-        operator_socket, viewer_socket = socket(operator_cookie), socket(viewer_cookie)
-        assert (await operator_socket.connect(timeout=5))[0]
-        assert (await viewer_socket.connect(timeout=5))[0]
-        await sync_to_async(request_approval)()
-        assert 'id="approvals-pending"' in await operator_socket.receive_from(timeout=5)
-        assert await viewer_socket.receive_nothing(timeout=1)
-        await operator_socket.disconnect()
-        await viewer_socket.disconnect()
+        async with connected(operator_cookie) as operator_socket, connected(viewer_cookie) as viewer_socket:
+            await sync_to_async(request_approval)()
+            assert 'id="approvals-pending"' in await operator_socket.receive_from(timeout=5)
+            assert await viewer_socket.receive_nothing(timeout=1)
 
     run(scenario)
 
@@ -132,12 +143,10 @@ def test_a_subscription_to_something_that_does_not_exist_is_refused_with_the_rea
     cookie = session_cookie(make_user(Role.VIEWER))
 
     async def scenario() -> None:
-        viewer = socket(cookie)
-        assert (await viewer.connect(timeout=5))[0]
-        await viewer.send_to(text_data=json.dumps({"subscribe": "pool", "id": 999999}))
-        assert "no pool #999999" in json.loads(await viewer.receive_from(timeout=5))["error"]
-        await viewer.send_to(text_data=json.dumps({"subscribe": "train"}))
-        assert "subscribe" in json.loads(await viewer.receive_from(timeout=5))["error"]
-        await viewer.disconnect()
+        async with connected(cookie) as viewer:
+            await viewer.send_to(text_data=json.dumps({"subscribe": "pool", "id": 999999}))
+            assert "no pool #999999" in json.loads(await viewer.receive_from(timeout=5))["error"]
+            await viewer.send_to(text_data=json.dumps({"subscribe": "train"}))
+            assert "subscribe" in json.loads(await viewer.receive_from(timeout=5))["error"]
 
     run(scenario)
