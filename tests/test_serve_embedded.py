@@ -118,7 +118,9 @@ def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: 
             text=True,
             timeout=120,
         )
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert submitted.returncode == 0, (
+            submitted.stdout + submitted.stderr + "\n--- serve log (tail) ---\n" + log.read_text()[-6000:]
+        )
         assert "submitted operation #1 with 16 host tasks" in submitted.stdout
         assert "operation #1 completed" in submitted.stdout
         invariants = subprocess.run([*manage, "check_invariants"], cwd=ROOT, env=env, capture_output=True, text=True)
