@@ -1,6 +1,10 @@
 """The live websocket: each browser joins the groups of what its user may see and gets HTML
 fragments for HTMX out-of-band swaps when those change. The permission check is the same
-`user_can` as the API and the pages, asked at connect and for every subscription."""
+`user_can` as the API and the pages, asked at connect and for every subscription.
+
+A page says which it is (`{"watch": "gantt", "params": {...}}`, sent by live.js on every open,
+so also after a reconnect); the consumer answers with a resync of that page's fragments from the
+database, then pushes the fragments of each group that changes (opsplanner.live_pages)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from django.template.loader import render_to_string
 from fleet.models import Pool
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.live import APPROVALS_GROUP, pool_group
+from opsplanner.live_pages import live_renderer
 from opsplanner.models import Approval, ApprovalState
 from opsplanner.permissions import Action, user_can
 
@@ -24,6 +29,8 @@ class LiveConsumer(WebsocketConsumer):
     def connect(self) -> None:
         self.user = self.scope.get("user")
         self.joined: set[str] = set()
+        self.page: str | None = None
+        self.params: dict[str, str] = {}
         if not user_can(self.user, Action.READ):
             self.close(code=REFUSED)  # before accept: the handshake is refused
             return
@@ -34,12 +41,16 @@ class LiveConsumer(WebsocketConsumer):
             self._join(APPROVALS_GROUP)
 
     def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """{"subscribe": "pool", "id": N}: join one more group, if this user may see it."""
+        """{"watch": page, "params": {...}}: resync that page and follow it;
+        {"subscribe": "pool", "id": N}: join one more group, if this user may see it."""
         try:
             message = json.loads(text_data or "")
+            if isinstance(message, dict) and "watch" in message:
+                self._watch(str(message["watch"]), message.get("params") or {})
+                return
             kind, object_id = message["subscribe"], int(message["id"])
-        except (ValueError, KeyError, TypeError):
-            self.send(text_data=json.dumps({"error": 'send {"subscribe": "pool", "id": N}'}))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.send(text_data=json.dumps({"error": 'send {"watch": page} or {"subscribe": "pool", "id": N}'}))
             return
         if kind == "pool" and user_can(self.user, Action.READ) and Pool.objects.filter(pk=object_id).exists():
             self._join(pool_group(object_id))
@@ -55,15 +66,43 @@ class LiveConsumer(WebsocketConsumer):
         group = event["group"]
         if group not in self.joined:
             return
+        parts = []
         if group == APPROVALS_GROUP:
-            pending = Approval.objects.filter(state=ApprovalState.PENDING).count()
-            html = render_to_string("opsplanner/htmx/approvals_badge.html", {"pending": pending, "oob": True})
+            parts.append(self._approvals_badge())
+        if self.page is None:
+            # A socket that has not said which page it shows gets the overview's pool rows.
+            if group.startswith("pool-"):
+                parts.append(self._pool_row(int(group.removeprefix("pool-"))))
         else:
-            pool = Pool.objects.filter(pk=int(group.removeprefix("pool-"))).first()
-            if pool is None:
-                return
-            html = render_to_string("opsplanner/htmx/pool_row.html", {"capacity": pool_capacity(pool), "oob": True})
-        self.send(text_data=html)
+            renderer = live_renderer(self.page)
+            if renderer is not None:
+                parts.append(renderer(user=self.user, group=group, params=self.params))
+        html = "".join(parts)
+        if html:
+            self.send(text_data=html)
+
+    def _watch(self, page: str, params: object) -> None:
+        renderer = live_renderer(page)
+        if renderer is None or not isinstance(params, dict):
+            self.send(text_data=json.dumps({"error": f"there is no live page {page!r}"}))
+            return
+        self.page = page
+        self.params = {str(k): str(v) for k, v in params.items()}
+        # The resync: everything the page shows that may have changed while the socket was closed.
+        parts = [renderer(user=self.user, group=None, params=self.params)]
+        if APPROVALS_GROUP in self.joined:
+            parts.append(self._approvals_badge())
+        self.send(text_data="".join(parts))
+
+    def _approvals_badge(self) -> str:
+        pending = Approval.objects.filter(state=ApprovalState.PENDING).count()
+        return render_to_string("opsplanner/htmx/approvals_badge.html", {"pending": pending, "oob": True})
+
+    def _pool_row(self, pool_id: int) -> str:
+        pool = Pool.objects.filter(pk=pool_id).first()
+        if pool is None:
+            return ""
+        return render_to_string("opsplanner/htmx/pool_row.html", {"capacity": pool_capacity(pool), "oob": True})
 
     def _join(self, group: str) -> None:
         async_to_sync(self.channel_layer.group_add)(group, self.channel_name)

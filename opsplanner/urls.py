@@ -2,15 +2,20 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from opsplanner import views
+from opsplanner.views import approvals, events, gantt, pages
 
 urlpatterns = [
-    path("", views.home, name="home"),
-    path("healthz", views.health_web, name="health-web"),
-    path("healthz/workers", views.health_workers, name="health-workers"),
+    path("", pages.home, name="home"),
+    path("gantt/", gantt.gantt_page, name="gantt"),
+    path("events/", events.event_log, name="events"),
+    path("approvals/", approvals.approvals_queue, name="approvals"),
+    path("approvals/<int:pk>/decide/", approvals.approval_decide_view, name="approval-decide"),
+    path("healthz", pages.health_web, name="health-web"),
+    path("healthz/workers", pages.health_workers, name="health-workers"),
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("fleet/", include("fleet.urls")),
+    path("trains/", include("trains.urls")),
     path("api/", include("opsplanner.api.urls")),
     path("admin/", admin.site.urls),
 ]

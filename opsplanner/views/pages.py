@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
-from fleet.selectors.capacity import pool_capacities
+from fleet.models import Pool
+from fleet.selectors.capacity import pool_capacities, pool_capacity
 from opsplanner.htmx import render_page
+from opsplanner.live_pages import live_page
 from opsplanner.permissions import Action, user_can
 from opsplanner.selectors.health import database_reachable, worker_health
 
@@ -25,6 +30,22 @@ def home(request: HttpRequest) -> HttpResponse:
         "opsplanner/htmx/fleet_overview.html",
         {"capacities": pool_capacities(), "workers": worker_health()},
     )
+
+
+@live_page("overview")
+def overview_live(*, user: Any, group: str | None, params: dict[str, str]) -> str:
+    """The overview's fragments: the whole table on a resync, one pool's row when it changed."""
+    if group is None:
+        html = render_to_string(
+            "opsplanner/htmx/fleet_overview.html", {"capacities": pool_capacities(), "workers": worker_health()}
+        )
+        return f'<div id="fleet-overview" hx-swap-oob="innerHTML">{html}</div>'
+    if not group.startswith("pool-"):
+        return ""
+    pool = Pool.objects.filter(pk=int(group.removeprefix("pool-"))).first()
+    if pool is None:
+        return ""
+    return render_to_string("opsplanner/htmx/pool_row.html", {"capacity": pool_capacity(pool), "oob": True})
 
 
 @require_GET

@@ -1,0 +1,1 @@
+"""Fleet pages: pools, hosts, service owners."""

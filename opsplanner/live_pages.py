@@ -1,0 +1,45 @@
+"""Which fragments each live page wants pushed, registered by the module that renders the page.
+
+A page names itself in `<body data-live-page=… data-live-params=…>`; live.js tells the consumer on
+every (re)connect, the consumer answers with a full resync (group None) and later with the
+fragments of each group that changed. A renderer returns HTML whose elements carry
+`hx-swap-oob`, re-read from the database for that user, or "" when nothing on the page changed."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class LiveRenderer(Protocol):
+    def __call__(self, *, user: Any, group: str | None, params: dict[str, str]) -> str: ...
+
+
+_RENDERERS: dict[str, LiveRenderer] = {}
+# Modules that register renderers; imported on first use so the consumer needs no app wiring.
+LIVE_PAGE_MODULES = (
+    "opsplanner.views.pages",
+    "opsplanner.views.gantt",
+    "opsplanner.views.approvals",
+    "trains.views.trains_pages",
+    "fleet.views.hosts",
+)
+_loaded = False
+
+
+def live_page(name: str) -> Callable[[LiveRenderer], LiveRenderer]:
+    def register(renderer: LiveRenderer) -> LiveRenderer:
+        _RENDERERS[name] = renderer
+        return renderer
+
+    return register
+
+
+def live_renderer(name: str) -> LiveRenderer | None:
+    global _loaded
+    if not _loaded:
+        for module in LIVE_PAGE_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+    return _RENDERERS.get(name)

@@ -1,0 +1,1 @@
+"""Pages of the core: overview, Gantt, event log, approvals queue."""

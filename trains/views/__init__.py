@@ -1,0 +1,1 @@
+"""Trains pages: trains, upgrades, the emergency train form."""
