@@ -8,9 +8,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 
-def render_page(request: HttpRequest, page: str, partial: str, context: dict[str, Any]) -> HttpResponse:
+def render_page(
+    request: HttpRequest, page: str, partial: str, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
     """`page` extends base.html and includes `partial`; an HTMX request (not a boosted navigation)
     gets the partial alone, so a region refreshes without reloading the page."""
     htmx = getattr(request, "htmx", None)
     wants_partial = bool(htmx) and not htmx.boosted  # type: ignore[union-attr]
-    return render(request, partial if wants_partial else page, context)
+    return render(request, partial if wants_partial else page, context, status=status)

@@ -12,7 +12,11 @@ from fleet.services import host_transition
 from opsplanner.roles import Role
 from tests.browser import committed_elsewhere, log_in, record, screenshot
 from tests.builders import make_fleet
-from tests.trains_builders import make_user
+from tests.driving import instant_simulator
+from tests.trains_builders import make_train, make_user
+from trains.models import Visit, VisitState
+from trains.services.tick import train_tick
+from trains.services.upgrades import upgrade_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 PASSWORD = "x-pass-123"  # make_user's
@@ -85,3 +89,49 @@ def test_a_viewer_sees_no_admin_link_and_an_executor_sees_no_fleet(live_server_p
     finally:
         viewer_page.close()
         executor_page.close()
+
+
+def _drive_until_visit_done(*, train_id: int, pool_id: int, domain_id: int) -> None:
+    """What the workers would do, round by round: tick the train and the pool, run the simulator."""
+    from opsplanner.services.simulator import simulated_work_step
+    from opsplanner.services.tick import pool_tick
+
+    for _ in range(60):
+        train_tick(train_id=train_id)
+        pool_tick(pool_id=pool_id)
+        simulated_work_step()
+        if Visit.objects.filter(train_id=train_id, domain_id=domain_id, state=VisitState.DONE).exists():
+            return
+    raise AssertionError("the visit did not finish")
+
+
+def test_a_gantt_bar_changes_state_live_while_a_train_runs(live_server_process, chromium) -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, pool_name="gpu-gantt")
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+    first = pool.domains.order_by("position").first()
+    page = log_in(chromium, live_server_process, make_user(Role.VIEWER).username, PASSWORD)
+    try:
+        page.goto(f"{live_server_process.url}/gantt/?pool={pool.name}")
+        row = f"#gantt-row-domain-{first.pk}"
+        page.locator(f"{row} rect.forecast").first.wait_for()  # not yet visited: a forecast bar
+        page.wait_for_function("document.body.dataset.live === '1'", timeout=10_000)
+        page.evaluate("window.__notReloaded = true")
+
+        committed_elsewhere(train_tick, train_id=train.pk)  # the train starts its first visit
+
+        page.locator(f"{row} rect.visit-running").wait_for(timeout=10_000)
+        assert page.locator(f"{row} rect.forecast").count() == 0
+        screenshot(page, "gantt")
+
+        committed_elsewhere(_drive_until_visit_done, train_id=train.pk, pool_id=pool.pk, domain_id=first.pk)
+
+        page.locator(f"{row} rect.visit-done").wait_for(timeout=10_000)
+        assert page.locator(f"{row} rect.visit-running").count() == 0
+        assert page.evaluate("window.__notReloaded") is True  # swapped in place over the websocket
+        # The swapped bars are SVG elements (drawn), not unknown HTML elements.
+        namespace = page.evaluate(f"document.querySelector('{row} rect.visit-done').namespaceURI")
+        assert namespace == "http://www.w3.org/2000/svg"
+    finally:
+        page.close()

@@ -1,0 +1,103 @@
+"""The host page and the event log."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import HostState
+from fleet.services import host_transition, installed_version_set, service_place
+from opsplanner.models import Event, OperationKind
+from opsplanner.roles import Role
+from opsplanner.services.operations import operation_submit
+from opsplanner.views import events as events_view
+from tests.builders import make_fleet, make_service
+from tests.driving import drive, instant_simulator
+from tests.trains_builders import make_user, nic_firmware
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_host_page_shows_versions_services_its_gantt_row_and_its_events(client) -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    host = hosts[0]
+    installed_version_set(host=host, version=nic_firmware()["22.1"])
+    service_place(service=make_service(name="search"), hosts=[host])
+    operation_submit(kind=OperationKind.REBOOT, scope=f"hosts: {host.hostname}", reason="kernel", actor="test")
+    drive(pool)
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get(f"/fleet/hosts/{host.hostname}/").content.decode()
+
+    assert "nic-firmware" in page
+    assert "22.1" in page
+    assert "search (1 running jobs)" in page
+    assert f'id="gantt-row-host-{host.pk}"' in page
+    assert "task task-done kind-reboot" in page
+    assert "task.state_changed" in page
+    assert "Nobody holds it." in page
+
+
+def test_the_host_page_says_who_holds_the_host_and_why_other_work_waits(client) -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=4)
+    host = hosts[0]
+    first = operation_submit(kind=OperationKind.REBOOT, scope=f"hosts: {host.hostname}", reason="a", actor="t")
+    from opsplanner.services.tick import pool_tick
+
+    pool_tick(pool_id=pool.pk)
+    operation_submit(kind=OperationKind.REBOOT, scope=f"hosts: {host.hostname}", reason="b", actor="t")
+    pool_tick(pool_id=pool.pk)
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get(f"/fleet/hosts/{host.hostname}/").content.decode()
+
+    assert f"Held by operation #{first.pk}" in page
+    assert "held by operation" in page.lower()
+
+
+def test_an_unknown_host_is_not_found(client) -> None:
+    client.force_login(make_user(Role.VIEWER))
+
+    assert client.get("/fleet/hosts/no-such-host/").status_code == 404
+
+
+def test_the_event_log_filters_by_kind_prefix_and_pool(client) -> None:
+    _east, east_hosts = make_fleet(domains=1, hosts_per_domain=1, pool_name="east")
+    west, west_hosts = make_fleet(domains=1, hosts_per_domain=1, pool_name="west")
+    for host in (east_hosts[0], west_hosts[0]):
+        host_transition(host_id=host.pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get(f"/events/?kind=host.&pool={west.pk}").content.decode()
+
+    assert f'<a href="?host={west_hosts[0].pk}">' in page
+    assert f'<a href="?host={east_hosts[0].pk}">' not in page
+
+
+def test_the_event_log_pages_by_event_id(client, monkeypatch) -> None:
+    monkeypatch.setattr(events_view, "PAGE_SIZE", 3)
+    _, hosts = make_fleet(domains=1, hosts_per_domain=4)
+    for host in hosts:
+        host_transition(host_id=host.pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
+    ids = list(Event.objects.filter(kind__startswith="host.").order_by("-id").values_list("id", flat=True))
+    client.force_login(make_user(Role.VIEWER))
+
+    first = client.get("/events/?kind=host.").content.decode()
+    second = client.get(f"/events/?kind=host.&before={ids[2]}").content.decode()
+
+    assert f"before={ids[2]}" in first
+    assert f'<td class="num">{ids[3]}</td>' in second
+    assert f'<td class="num">{ids[2]}</td>' not in second
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [("since=last-tuesday", "Enter a valid date/time"), ("pool=x", "Enter a number"), ("before=abc", "whole number")],
+)
+def test_the_event_log_refuses_bad_filters_with_a_message(client, query: str, message: str) -> None:
+    client.force_login(make_user(Role.VIEWER))
+
+    response = client.get(f"/events/?{query}")
+
+    assert response.status_code == 400
+    assert message in response.content.decode()
