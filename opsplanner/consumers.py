@@ -74,7 +74,7 @@ class LiveConsumer(WebsocketConsumer):
             if group.startswith("pool-"):
                 parts.append(self._pool_row(int(group.removeprefix("pool-"))))
         else:
-            renderer = live_renderer(self.page)
+            renderer = live_renderer(self.page, self.user)
             if renderer is not None:
                 parts.append(renderer(user=self.user, group=group, params=self.params))
         html = "".join(parts)
@@ -82,9 +82,9 @@ class LiveConsumer(WebsocketConsumer):
             self.send(text_data=html)
 
     def _watch(self, page: str, params: object) -> None:
-        renderer = live_renderer(page)
+        renderer = live_renderer(page, self.user)
         if renderer is None or not isinstance(params, dict):
-            self.send(text_data=json.dumps({"error": f"there is no live page {page!r}"}))
+            self.send(text_data=json.dumps({"error": f"there is no live page {page!r} you may watch"}))
             return
         self.page = page
         self.params = {str(k): str(v) for k, v in params.items()}

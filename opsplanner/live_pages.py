@@ -11,12 +11,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from opsplanner.permissions import Action, user_can
+
 
 class LiveRenderer(Protocol):
     def __call__(self, *, user: Any, group: str | None, params: dict[str, str]) -> str: ...
 
 
 _RENDERERS: dict[str, LiveRenderer] = {}
+_ACTIONS: dict[str, Action] = {}
 # Modules that register renderers; imported on first use so the consumer needs no app wiring.
 LIVE_PAGE_MODULES = (
     "opsplanner.views.pages",
@@ -28,18 +31,26 @@ LIVE_PAGE_MODULES = (
 _loaded = False
 
 
-def live_page(name: str) -> Callable[[LiveRenderer], LiveRenderer]:
+def live_page(name: str, *, action: Action = Action.READ) -> Callable[[LiveRenderer], LiveRenderer]:
+    """Register the renderer of page `name`; a socket may watch it only if its user may `action`."""
+
     def register(renderer: LiveRenderer) -> LiveRenderer:
         _RENDERERS[name] = renderer
+        _ACTIONS[name] = action
         return renderer
 
     return register
 
 
-def live_renderer(name: str) -> LiveRenderer | None:
+def live_renderer(name: str, user: Any) -> LiveRenderer | None:
+    """The page's renderer, or None when there is no such page or this user may not watch it
+    (the same `user_can` as the page itself)."""
     global _loaded
     if not _loaded:
         for module in LIVE_PAGE_MODULES:
             importlib.import_module(module)
         _loaded = True
-    return _RENDERERS.get(name)
+    renderer = _RENDERERS.get(name)
+    if renderer is None or not user_can(user, _ACTIONS[name]):
+        return None
+    return renderer
