@@ -16,7 +16,6 @@ from channels.generic.websocket import WebsocketConsumer
 from django.template.loader import render_to_string
 
 from fleet.models import Pool
-from fleet.selectors.capacity import pool_capacity
 from opsplanner.live import APPROVALS_GROUP, pool_group
 from opsplanner.live_pages import live_renderer
 from opsplanner.models import Approval, ApprovalState
@@ -99,10 +98,9 @@ class LiveConsumer(WebsocketConsumer):
         return render_to_string("opsplanner/htmx/approvals_badge.html", {"pending": pending, "oob": True})
 
     def _pool_row(self, pool_id: int) -> str:
-        pool = Pool.objects.filter(pk=pool_id).first()
-        if pool is None:
-            return ""
-        return render_to_string("opsplanner/htmx/pool_row.html", {"capacity": pool_capacity(pool), "oob": True})
+        from opsplanner.views.pages import pool_row_html
+
+        return pool_row_html(pool_id)
 
     def _join(self, group: str) -> None:
         async_to_sync(self.channel_layer.group_add)(group, self.channel_name)

@@ -49,16 +49,29 @@ def test_the_home_page_lists_each_pool_with_its_hosts_by_state(client, operator)
 
 
 def test_the_home_page_costs_the_same_queries_for_a_bigger_fleet(client, operator, django_assert_num_queries) -> None:
+    from tests.trains_builders import make_train
+    from trains.models import Cycle
+
     client.force_login(operator)
-    for _ in range(3):
+
+    def grow() -> None:
         pool = make_pool()
         for _ in range(2):
             domain = make_domain(pool)
             for _ in range(3):
                 make_host(domain)
+        train = make_train(pool)
+        Cycle.objects.create(train=train, number=1, deadline_at=timezone.now() + dt.timedelta(days=1))
+
     # session, user, the user's roles, pending approvals (an operator's nav), pools with their host
-    # counts, worker heartbeats
-    with django_assert_num_queries(6):
+    # counts, trains, their open cycles, their stops, visits done, running visits, reservations,
+    # alerts, worker heartbeats
+    grow()
+    with django_assert_num_queries(13):
+        assert client.get("/").status_code == 200
+    for _ in range(3):
+        grow()
+    with django_assert_num_queries(13):
         assert client.get("/").status_code == 200
 
 
@@ -118,3 +131,36 @@ def test_an_executor_gets_no_fleet_pages_and_is_told_to_use_the_api(client) -> N
     assert response.status_code == 403
     assert "ai-east" not in response.content.decode()
     assert "/api/docs/" in response.content.decode()
+
+
+def test_the_overview_shows_each_pools_gauge_train_visit_cycle_progress_reservation_and_alerts(client) -> None:
+    from fleet.services import reservation_create
+    from opsplanner.events import event_record
+    from tests.builders import make_fleet, make_service
+    from tests.driving import drive_trains, instant_simulator
+    from tests.trains_builders import make_train, make_user
+    from trains.models import Visit, VisitState
+    from trains.services.upgrades import upgrade_create
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, pool_name="gpu-west")
+    train = make_train(pool, name="west-train")
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+    drive_trains(pool, until=lambda: Visit.objects.filter(train=train, state=VisitState.DONE).exists())
+    now = timezone.now()
+    reservation_create(
+        service=make_service(), pool=pool, min_hosts_in_service=4, starts_at=now - dt.timedelta(hours=1),
+        ends_at=now + dt.timedelta(hours=1), reason="launch",
+    )  # fmt: skip
+    event_record(
+        kind="alert.cycle_will_miss", subject=train, actor="scheduler", reason="opt-outs hold", pool_id=pool.pk
+    )
+    client.force_login(make_user(Role.VIEWER))
+
+    row = client.get("/").content.decode().split('id="pool-gpu-west"')[1].split("</tr>")[0]
+
+    assert "west-train: running" in row
+    assert "cycle 1: 1/3 domains" in row
+    assert '<line class="floor"' in row
+    assert "reserved: 4 hosts stay in service" in row
+    assert "alert.cycle_will_miss: opt-outs hold" in row

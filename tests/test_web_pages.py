@@ -101,3 +101,16 @@ def test_the_event_log_refuses_bad_filters_with_a_message(client, query: str, me
 
     assert response.status_code == 400
     assert message in response.content.decode()
+
+
+def test_no_template_has_a_comment_that_django_would_print() -> None:
+    """Django's {# #} comments end at the line's end; a multi-line one is printed on the page."""
+    from pathlib import Path
+
+    offenders = [
+        f"{path}:{number}"
+        for path in Path("templates").rglob("*.html")
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if "{#" in line and "#}" not in line
+    ]
+    assert not offenders, f"use {{% comment %}} for these: {offenders}"

@@ -48,11 +48,12 @@ def pool_capacity(pool: Pool) -> PoolCapacity:
     return PoolCapacity(pool=pool, by_state=by_state)
 
 
-def pool_capacities() -> list[PoolCapacity]:
-    """Every pool with its host counts by state (the buffer usage of every pool): one query."""
+def pool_capacities(*, pool_id: int | None = None) -> list[PoolCapacity]:
+    """Every pool (or one) with its host counts by state (the buffer usage of every pool): one query."""
     counts = {f"n_{state}": Count("hosts", filter=Q(hosts__state=state)) for state in HostState.values}
     capacities = []
-    for pool in Pool.objects.annotate(**counts).order_by("name"):
+    pools = Pool.objects.all() if pool_id is None else Pool.objects.filter(pk=pool_id)
+    for pool in pools.annotate(**counts).order_by("name"):
         by_state = {state: getattr(pool, f"n_{state}") for state in HostState.values}
         capacities.append(PoolCapacity(pool=pool, by_state={k: v for k, v in by_state.items() if v}))
     return capacities

@@ -12,8 +12,10 @@ from fleet.services.inventory import (
 from fleet.services.owners import (
     optout_window_cancel,
     optout_window_create,
+    optout_window_update,
     reservation_cancel,
     reservation_create,
+    reservation_update,
     service_create,
     service_place,
 )
@@ -29,9 +31,11 @@ __all__ = [
     "installed_version_set",
     "optout_window_cancel",
     "optout_window_create",
+    "optout_window_update",
     "pool_create",
     "reservation_cancel",
     "reservation_create",
+    "reservation_update",
     "service_create",
     "service_place",
 ]

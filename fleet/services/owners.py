@@ -55,6 +55,36 @@ def _not_in_past(ends_at: dt.datetime) -> None:
         raise ValidationError({"ends_at": "This window is already over; its end must be in the future."})
 
 
+def _fits_pool(pool: Pool, min_hosts_in_service: int) -> None:
+    pool_size = Host.objects.filter(pool=pool).count()
+    if min_hosts_in_service > pool_size:
+        raise ValidationError(
+            {
+                "min_hosts_in_service": f"Pool {pool.name} has only {pool_size} hosts; "
+                f"cannot reserve {min_hosts_in_service}."
+            }
+        )
+
+
+def _still_editable(window: OptOutWindow | CapacityReservation) -> None:
+    """Only a live window may change: a cancelled or finished one is history (register a new one)."""
+    label = f"{window._meta.verbose_name.capitalize()} #{window.pk}"
+    if window.cancelled_at is not None:
+        raise ValidationError(
+            f"{label} was cancelled at {window.cancelled_at:%Y-%m-%d %H:%M} UTC and cannot be edited; "
+            "register a new one instead."
+        )
+    if window.ends_at <= clock.now():
+        raise ValidationError(
+            f"{label} is already over (it ended at {window.ends_at:%Y-%m-%d %H:%M} UTC) and cannot be edited; "
+            "register a new one instead."
+        )
+
+
+def _window_times(window: OptOutWindow | CapacityReservation) -> dict[str, str]:
+    return {"starts_at": window.starts_at.isoformat(), "ends_at": window.ends_at.isoformat()}
+
+
 @transaction.atomic
 def optout_window_create(
     *, service: Service, starts_at: dt.datetime, ends_at: dt.datetime, reason: str, actor: Actor = None
@@ -71,6 +101,30 @@ def optout_window_create(
         actor=actor,
         reason=reason,
         data={"service": service.name, "starts_at": starts_at.isoformat(), "ends_at": ends_at.isoformat()},
+    )
+    return window
+
+
+@transaction.atomic
+def optout_window_update(
+    *, window_id: int, starts_at: dt.datetime, ends_at: dt.datetime, reason: str, actor: Actor = None
+) -> OptOutWindow:
+    """Move or re-word a live window; a cancelled or finished one is refused, saying why."""
+    window = OptOutWindow.objects.select_for_update().get(pk=window_id)
+    _still_editable(window)
+    before = {**_window_times(window), "reason": window.reason}
+    window.starts_at, window.ends_at, window.reason = starts_at, ends_at, reason
+    window.full_clean()
+    _not_in_past(ends_at)
+    if before == {**_window_times(window), "reason": window.reason}:
+        return window  # nothing changed, so no event
+    window.save(update_fields=["starts_at", "ends_at", "reason"])
+    event_record(
+        kind="optout_window.updated",
+        subject=window,
+        actor=actor,
+        reason=reason,
+        data={"service": window.service.name, **_window_times(window), "before": before},
     )
     return window
 
@@ -108,14 +162,7 @@ def reservation_create(
     )
     reservation.full_clean()
     _not_in_past(ends_at)
-    pool_size = Host.objects.filter(pool=pool).count()
-    if min_hosts_in_service > pool_size:
-        raise ValidationError(
-            {
-                "min_hosts_in_service": f"Pool {pool.name} has only {pool_size} hosts; "
-                f"cannot reserve {min_hosts_in_service}."
-            }
-        )
+    _fits_pool(pool, min_hosts_in_service)
     reservation.save()
     event_record(
         kind="reservation.created",
@@ -124,6 +171,49 @@ def reservation_create(
         reason=reason,
         pool_id=pool.pk,
         data={"service": service.name, "min_hosts_in_service": min_hosts_in_service},
+    )
+    return reservation
+
+
+@transaction.atomic
+def reservation_update(
+    *,
+    reservation_id: int,
+    min_hosts_in_service: int,
+    starts_at: dt.datetime,
+    ends_at: dt.datetime,
+    reason: str,
+    actor: Actor = None,
+) -> CapacityReservation:
+    """Change a live reservation's size, times or reason (its pool stays: reserve elsewhere anew)."""
+    reservation = CapacityReservation.objects.select_for_update().get(pk=reservation_id)
+    _still_editable(reservation)
+    before = {
+        **_window_times(reservation),
+        "reason": reservation.reason,
+        "min_hosts_in_service": reservation.min_hosts_in_service,
+    }
+    reservation.min_hosts_in_service = min_hosts_in_service
+    reservation.starts_at, reservation.ends_at, reservation.reason = starts_at, ends_at, reason
+    reservation.full_clean()
+    _not_in_past(ends_at)
+    _fits_pool(reservation.pool, min_hosts_in_service)
+    after = {**_window_times(reservation), "reason": reason, "min_hosts_in_service": min_hosts_in_service}
+    if before == after:
+        return reservation  # nothing changed, so no event
+    reservation.save(update_fields=["min_hosts_in_service", "starts_at", "ends_at", "reason"])
+    event_record(
+        kind="reservation.updated",
+        subject=reservation,
+        actor=actor,
+        reason=reason,
+        pool_id=reservation.pool_id,
+        data={
+            "service": reservation.service.name,
+            **_window_times(reservation),
+            "min_hosts_in_service": min_hosts_in_service,
+            "before": before,
+        },
     )
     return reservation
 

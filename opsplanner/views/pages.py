@@ -10,12 +10,11 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
-from fleet.models import Pool
-from fleet.selectors.capacity import pool_capacities, pool_capacity
 from opsplanner.htmx import render_page
 from opsplanner.live_pages import live_page
 from opsplanner.permissions import Action, user_can
 from opsplanner.selectors.health import database_reachable, worker_health
+from opsplanner.selectors.overview import pool_overviews
 
 
 @login_required
@@ -28,7 +27,7 @@ def home(request: HttpRequest) -> HttpResponse:
         request,
         "opsplanner/home.html",
         "opsplanner/htmx/fleet_overview.html",
-        {"capacities": pool_capacities(), "workers": worker_health()},
+        {"overviews": pool_overviews(), "workers": worker_health()},
     )
 
 
@@ -37,15 +36,18 @@ def overview_live(*, user: Any, group: str | None, params: dict[str, str]) -> st
     """The overview's fragments: the whole table on a resync, one pool's row when it changed."""
     if group is None:
         html = render_to_string(
-            "opsplanner/htmx/fleet_overview.html", {"capacities": pool_capacities(), "workers": worker_health()}
+            "opsplanner/htmx/fleet_overview.html", {"overviews": pool_overviews(), "workers": worker_health()}
         )
         return f'<div id="fleet-overview" hx-swap-oob="innerHTML">{html}</div>'
     if not group.startswith("pool-"):
         return ""
-    pool = Pool.objects.filter(pk=int(group.removeprefix("pool-"))).first()
-    if pool is None:
-        return ""
-    return render_to_string("opsplanner/htmx/pool_row.html", {"capacity": pool_capacity(pool), "oob": True})
+    return pool_row_html(int(group.removeprefix("pool-")))
+
+
+def pool_row_html(pool_id: int) -> str:
+    """One pool's overview row as an out-of-band swap ("" when the pool is gone)."""
+    rows = pool_overviews(pool_id=pool_id)
+    return render_to_string("opsplanner/htmx/pool_row.html", {"row": rows[0], "oob": True}) if rows else ""
 
 
 @require_GET
