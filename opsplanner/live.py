@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from functools import partial
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -18,7 +19,8 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 APPROVALS_GROUP = "approvals"
 MESSAGE_TYPE = "live.changed"
-_pending = threading.local()
+# What this thread's current commit already announced (reset at the start of each commit's callbacks).
+_sent = threading.local()
 
 
 def pool_group(pool_id: int) -> str:
@@ -33,25 +35,39 @@ def groups_for(pool_ids: Iterable[int | None], subject_types: Iterable[str]) -> 
 
 
 def announce_after_commit(groups: set[str]) -> None:
-    """Queue the groups; one flush per commit sends each once (later callbacks find nothing left)."""
+    """Send the groups once the current transaction commits, each group once per commit.
+
+    Each call registers its own callback with its own groups, so groups queued in a transaction
+    (or savepoint) that rolls back are dropped with it by Django; a reset callback registered
+    first in each transaction starts the commit's record of what was already sent."""
     if not groups:
         return
-    pending: set[str] = getattr(_pending, "groups", None) or set()
-    pending |= groups
-    _pending.groups = pending
-    transaction.on_commit(_flush, robust=True)
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and not any(
+        getattr(func, "live_reset", False) for _, func, _ in connection.run_on_commit
+    ):
+        transaction.on_commit(_reset_sent, robust=True)
+    transaction.on_commit(partial(_send_unsent, frozenset(groups)), robust=True)
 
 
-def _flush() -> None:
-    groups: set[str] = getattr(_pending, "groups", None) or set()
-    _pending.groups = set()
-    if not groups:
+def _reset_sent() -> None:
+    _sent.groups = set()
+
+
+_reset_sent.live_reset = True  # type: ignore[attr-defined]
+
+
+def _send_unsent(groups: frozenset[str]) -> None:
+    already: set[str] = getattr(_sent, "groups", None) or set()
+    unsent = set(groups) - already
+    _sent.groups = already | unsent
+    if not unsent:
         return
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        for group in sorted(groups):
+        for group in sorted(unsent):
             async_to_sync(layer.group_send)(group, {"type": MESSAGE_TYPE, "group": group})
     except Exception as error:  # noqa: BLE001 - live updates are best effort; pages also poll
-        log.warning("live update not sent (%s): %s", ", ".join(sorted(groups)), error)
+        log.warning("live update not sent (%s): %s", ", ".join(sorted(unsent)), error)

@@ -10,6 +10,7 @@ urlpatterns = [
     path("events/", events.event_log, name="events"),
     path("approvals/", approvals.approvals_queue, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.approval_decide_view, name="approval-decide"),
+    path("live/fragments/", pages.live_fragments, name="live-fragments"),
     path("healthz", pages.health_web, name="health-web"),
     path("healthz/workers", pages.health_workers, name="health-workers"),
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),

@@ -150,3 +150,82 @@ def test_a_subscription_to_something_that_does_not_exist_is_refused_with_the_rea
             assert "subscribe" in json.loads(await viewer.receive_from(timeout=5))["error"]
 
     run(scenario)
+
+
+def test_a_page_that_says_what_it_shows_gets_a_resync_then_only_its_own_rows() -> None:
+    east, east_hosts = make_fleet(domains=2, hosts_per_domain=2, pool_name="gantt-east")
+    _, west_hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="gantt-west")
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    def fail(host: object) -> None:
+        host_transition(host_id=host.pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
+
+    async def scenario() -> None:
+        async with connected(cookie) as viewer:
+            await viewer.send_to(text_data=json.dumps({"watch": "gantt", "params": {"pool": east.name}}))
+            resync = await viewer.receive_from(timeout=5)
+            assert '<div id="gantt-chart" hx-swap-oob="innerHTML">' in resync
+            assert f'id="gantt-row-domain-{east_hosts[0].domain_id}"' in resync
+
+            await sync_to_async(fail)(west_hosts[0])  # a pool this page does not show
+            assert await viewer.receive_nothing(timeout=1)
+
+            await sync_to_async(fail)(east_hosts[0])
+            rows = await viewer.receive_from(timeout=5)
+            assert f'hx-swap-oob="innerHTML:#gantt-row-domain-{east_hosts[0].domain_id}"' in rows
+            assert 'id="pool-gantt-east"' not in rows  # the overview's row is not this page's
+
+    run(scenario)
+
+
+def test_a_reconnected_page_is_resynced_with_what_changed_while_it_was_away() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=3, pool_name="away")
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    async def scenario() -> None:
+        async with connected(cookie) as viewer:
+            await viewer.send_to(text_data=json.dumps({"watch": "overview", "params": {}}))
+            assert '<td class="num in-service">3</td>' in await viewer.receive_from(timeout=5)
+        await sync_to_async(host_transition)(
+            host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="while away"
+        )
+        async with connected(cookie) as viewer:
+            await viewer.send_to(text_data=json.dumps({"watch": "overview", "params": {}}))
+            resync = await viewer.receive_from(timeout=5)
+            assert '<div id="fleet-overview" hx-swap-oob="innerHTML">' in resync
+            assert '<td class="num in-service">2</td>' in resync
+
+    run(scenario)
+
+
+def test_a_page_the_user_may_not_see_or_that_does_not_exist_cannot_be_watched() -> None:
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    async def scenario() -> None:
+        async with connected(cookie) as viewer:
+            await viewer.send_to(text_data=json.dumps({"watch": "approvals", "params": {}}))
+            assert "no live page 'approvals' you may watch" in json.loads(await viewer.receive_from(timeout=5))["error"]
+            await viewer.send_to(text_data=json.dumps({"watch": "nonsense"}))
+            assert "no live page 'nonsense'" in json.loads(await viewer.receive_from(timeout=5))["error"]
+
+    run(scenario)
+
+
+def test_a_rolled_back_change_is_not_announced_by_the_next_commit_either() -> None:
+    _, east_hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="east-rb")
+    _, west_hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="west-rb")
+    cookie = session_cookie(make_user(Role.VIEWER))
+
+    def roll_back_east_then_commit_west() -> None:
+        with transaction.atomic():
+            host_transition(host_id=east_hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="x")
+            transaction.set_rollback(True)
+        host_transition(host_id=west_hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="y")
+
+    async def scenario() -> None:
+        async with connected(cookie) as viewer:
+            await sync_to_async(roll_back_east_then_commit_west)()
+            assert 'id="pool-west-rb"' in await viewer.receive_from(timeout=5)
+            assert await viewer.receive_nothing(timeout=1)  # nothing for east, whose change never happened
+
+    run(scenario)

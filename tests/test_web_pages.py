@@ -114,3 +114,59 @@ def test_no_template_has_a_comment_that_django_would_print() -> None:
         if "{#" in line and "#}" not in line
     ]
     assert not offenders, f"use {{% comment %}} for these: {offenders}"
+
+
+def test_without_a_shared_channel_layer_pages_poll_their_live_fragments_instead(client, settings) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    _, hosts = make_fleet(domains=1, hosts_per_domain=3, pool_name="embedded")
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get("/").content.decode()
+    host_transition(host_id=hosts[0].pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
+    fragments = client.get("/live/fragments/", {"page": "overview", "params": "{}"}).content.decode()
+
+    assert 'data-live-poll="/live/fragments/"' in page
+    assert "ws-connect" not in page
+    assert '<div id="fleet-overview" hx-swap-oob="innerHTML">' in fragments
+    assert '<td class="num in-service">2</td>' in fragments
+
+
+def test_with_redis_pages_open_the_live_socket(client) -> None:
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get("/").content.decode()
+
+    assert 'ws-connect="/ws/live/"' in page
+    assert "data-live-poll" not in page
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "message"),
+    [
+        ({"page": "overview", "params": "[1]"}, 400, "params must be a JSON object"),
+        ({"page": "overview", "params": "{"}, 400, "params must be a JSON object"),
+        ({"page": "nonsense"}, 404, "no live page 'nonsense'"),
+        ({"page": "approvals"}, 404, "no live page 'approvals' you may watch"),
+    ],
+)
+def test_polled_fragments_refuse_bad_or_forbidden_pages_with_a_message(client, query, status, message) -> None:
+    client.force_login(make_user(Role.VIEWER))
+
+    response = client.get("/live/fragments/", query)
+
+    assert response.status_code == status
+    assert message in response.content.decode()
+
+
+def test_the_host_page_tells_the_live_socket_which_host_it_shows(client) -> None:
+    import html
+    import json
+    import re
+
+    _, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get(f"/fleet/hosts/{hosts[0].hostname}/").content.decode()
+
+    attribute = re.search(r'data-live-params="([^"]*)"', page).group(1)
+    assert json.loads(html.unescape(attribute)) == {"host": str(hosts[0].pk)}

@@ -5,6 +5,11 @@ from trains.views import emergency, trains_pages
 app_name = "trains"
 urlpatterns = [
     path("", trains_pages.trains_list, name="list"),
+    path("<int:pk>/", trains_pages.train_detail, name="detail"),
+    path("<int:pk>/pause/", trains_pages.train_pause_view, name="pause"),
+    path("<int:pk>/resume/", trains_pages.train_resume_view, name="resume"),
     path("upgrades/", trains_pages.upgrades_list, name="upgrades"),
+    path("upgrades/<int:pk>/", trains_pages.upgrade_detail, name="upgrade-detail"),
+    path("upgrades/<int:pk>/reonboard/", trains_pages.upgrade_reonboard_view, name="upgrade-reonboard"),
     path("emergency/new/", emergency.emergency_train_new, name="emergency-new"),
 ]

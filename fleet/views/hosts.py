@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -48,6 +49,7 @@ def host_page(request: HttpRequest, hostname: str) -> HttpResponse:
     context = _host_context(host, window)
     context.update(
         window=window,
+        live_params=json.dumps({"host": str(host.pk), **window}),
         versions=InstalledVersion.objects.filter(host=host)
         .select_related("component", "version", "previous_version")
         .order_by("component__layer", "component__name"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -11,10 +12,12 @@ from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from opsplanner.htmx import render_page
-from opsplanner.live_pages import live_page
+from opsplanner.live_pages import live_page, live_renderer
+from opsplanner.models import Approval, ApprovalState
 from opsplanner.permissions import Action, user_can
 from opsplanner.selectors.health import database_reachable, worker_health
 from opsplanner.selectors.overview import pool_overviews
+from opsplanner.web import action_required
 
 
 @login_required
@@ -48,6 +51,28 @@ def pool_row_html(pool_id: int) -> str:
     """One pool's overview row as an out-of-band swap ("" when the pool is gone)."""
     rows = pool_overviews(pool_id=pool_id)
     return render_to_string("opsplanner/htmx/pool_row.html", {"row": rows[0], "oob": True}) if rows else ""
+
+
+@action_required(Action.READ)
+@require_GET
+def live_fragments(request: HttpRequest) -> HttpResponse:
+    """What the live socket would push, for pages without one (the embedded default has no
+    cross-process channel layer): the page's resync fragments, polled by live.js."""
+    page = request.GET.get("page", "")
+    try:
+        params = json.loads(request.GET.get("params") or "{}")
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        return HttpResponse("params must be a JSON object", status=400, content_type="text/plain")
+    renderer = live_renderer(page, request.user)
+    if renderer is None:
+        return HttpResponse(f"there is no live page {page!r} you may watch", status=404, content_type="text/plain")
+    html = renderer(user=request.user, group=None, params={str(k): str(v) for k, v in params.items()})
+    if user_can(request.user, Action.APPROVE):
+        pending = Approval.objects.filter(state=ApprovalState.PENDING).count()
+        html += render_to_string("opsplanner/htmx/approvals_badge.html", {"pending": pending, "oob": True})
+    return HttpResponse(html)
 
 
 @require_GET

@@ -1,0 +1,380 @@
+"""Set-based reads for the trains and upgrades pages: a fixed number of queries however many
+trains or upgrades are shown (the per-object selectors cost a few queries each).
+
+`trains_forecasts` computes what `trains.selectors.train_forecast` does, for many trains at once;
+tests/test_web_trains.py checks that the two agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import Coalesce, RowNumber
+from django.db.models.lookups import IsNull
+
+from fleet.models import HostState
+from opsplanner import clock
+from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask, TaskState
+from trains.models import (
+    STOPPED_TRAIN_STATES,
+    Cycle,
+    Train,
+    TrainState,
+    TrainStop,
+    Upgrade,
+    UpgradePhase,
+    UpgradeState,
+    Visit,
+    VisitState,
+)
+from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, _miss_cause
+from trains.services.upgrades import NOT_THE_UPGRADES_FAULT
+from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
+
+# Finished trains and upgrades stay on the pages this long, then only the API and the admin show them.
+FINISHED_SHOWN_FOR = dt.timedelta(days=7)
+LIST_FORECAST_ROWS = 8  # the list shows the next few domains; the detail page shows them all
+RECENT_EVENTS = 20
+UPGRADE_STATE_ORDER = [UpgradeState.OFFBOARDED, UpgradeState.ACTIVE, UpgradeState.COMPLETED, UpgradeState.CANCELLED]
+
+
+# --- trains -----------------------------------------------------------------------------------------
+def duration_text(seconds: float) -> str:
+    """7 d, 36 h, 45 min, 30 s: the largest unit that reads as a round number, else seconds."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+@dataclass
+class SkipRow:
+    domain: str
+    skips: int
+    reason: str  # empty once the train came back and visited the domain
+    state: str
+
+
+@dataclass
+class TrainRow:
+    train: Train
+    forecast: TrainForecast
+    stops: int
+    visits_done: int
+    skipped: list[SkipRow] = field(default_factory=list)
+
+    @property
+    def cycle(self) -> Cycle | None:
+        return self.forecast.cycle
+
+    @property
+    def slo_text(self) -> str:
+        return duration_text(self.train.cycle_slo_s)
+
+    @property
+    def visit_text(self) -> str:
+        return duration_text(round(self.forecast.visit_seconds))
+
+    @property
+    def remaining(self) -> list[DomainForecast]:
+        """The domains still to visit in this cycle, soonest first."""
+        waiting = [d for d in self.forecast.domains if d.state != VisitState.DONE and d.starts_at is not None]
+        return sorted(waiting, key=lambda d: (d.starts_at, d.position))
+
+    @property
+    def upcoming(self) -> list[DomainForecast]:
+        """The next few of them, for the list."""
+        return self.remaining[:LIST_FORECAST_ROWS]
+
+
+def trains_shown(
+    *, pool_id: int | None = None, train_id: int | None = None, now: dt.datetime | None = None
+) -> list[Train]:
+    """Every train that is not long finished, with its pool (one query)."""
+    now = now or clock.now()
+    trains = Train.objects.select_related("pool", "upgrade__component_version__component")
+    if train_id is not None:
+        return list(trains.filter(pk=train_id))
+    if pool_id is not None:
+        trains = trains.filter(pool_id=pool_id)
+    ended = Q(state__in=[TrainState.FINISHED, TrainState.CANCELLED], state_changed_at__lt=now - FINISHED_SHOWN_FOR)
+    return list(trains.exclude(ended).order_by("pool__name", "emergency", "name"))
+
+
+def _visit_seconds(train_ids: list[int]) -> dict[int, list[float]]:
+    """Per train, the lengths of its recent visits that drained hosts, newest first (one query)."""
+    ranked = (
+        Visit.objects.filter(train_id__in=train_ids, state=VisitState.DONE, started_at__isnull=False)
+        .exclude(plan__hosts=[])
+        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
+        .filter(rank__lte=RECENT_VISITS)
+        .order_by("train_id", "rank")
+    )
+    lengths: dict[int, list[float]] = defaultdict(list)
+    for train_id, started, ended in ranked.values_list("train_id", "started_at", "ended_at"):
+        lengths[train_id].append((ended - started).total_seconds())
+    return lengths
+
+
+def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> dict[int, TrainForecast]:
+    """`train_forecast` for each train, in five queries in all."""
+    return _read_trains(trains, now or clock.now())[0]
+
+
+def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
+    """The forecasts, and the visits of each train's open cycle by domain."""
+    ids = [t.pk for t in trains]
+    if not ids:
+        return {}, {}
+    cycles = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, ended_at__isnull=True)}
+    recent = _visit_seconds(ids)
+    last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
+    for train_id, domain_id, at in (
+        Visit.objects.filter(train_id__in=ids, state=VisitState.DONE)
+        .values("train_id", "domain_id")
+        .annotate(at=Max("ended_at"))
+        .values_list("train_id", "domain_id", "at")
+    ):
+        last[train_id][domain_id] = at
+    visits: dict[int, dict[int, Visit]] = defaultdict(dict)
+    for visit in Visit.objects.filter(cycle_id__in=[c.pk for c in cycles.values()]).order_by():
+        visits[visit.train_id][visit.domain_id] = visit
+    stops: dict[int, list[TrainStop]] = defaultdict(list)
+    for stop in TrainStop.objects.filter(train_id__in=ids).select_related("domain").order_by("train_id", "position"):
+        stops[stop.train_id].append(stop)
+    forecasts = {}
+    for train in trains:
+        lengths = recent.get(train.pk)
+        seconds = sum(lengths) / len(lengths) if lengths else float(train.visit_estimate_s)
+        forecasts[train.pk] = _forecast(
+            train, cycles.get(train.pk), seconds, last[train.pk], visits[train.pk], stops[train.pk], now
+        )
+    return forecasts, visits
+
+
+def _forecast(
+    train: Train,
+    cycle: Cycle | None,
+    seconds: float,
+    last: dict[int, dt.datetime],
+    visits: dict[int, Visit],
+    stops: list[TrainStop],
+    now: dt.datetime,
+) -> TrainForecast:
+    """The lane arithmetic of `train_forecast`, on rows already read."""
+    forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
+    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
+    lanes = [now] * train.visit_concurrency
+    running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
+    for i, visit in enumerate(running[: len(lanes)]):
+        lanes[i] = max(now, (visit.started_at or now) + dt.timedelta(seconds=seconds))
+    step = dt.timedelta(seconds=seconds)
+    for stop in stops:
+        visit = visits.get(stop.domain_id)
+        state = visit.state if visit else "not in a cycle"
+        starts = ends = None
+        if visit is not None and visit.state == VisitState.RUNNING:
+            starts, ends = visit.started_at, max(now, (visit.started_at or now) + step)
+        elif visit is not None and visit.state == VisitState.DONE:
+            starts, ends = visit.started_at, visit.ended_at
+        elif train.state not in (TrainState.FINISHED, TrainState.CANCELLED):
+            lane = min(range(len(lanes)), key=lambda i: lanes[i])
+            starts = lanes[lane]
+            ends = starts + step
+            lanes[lane] = ends
+        forecast.domains.append(
+            DomainForecast(
+                domain_id=stop.domain_id,
+                domain=stop.domain.name,
+                position=stop.position,
+                state=state,
+                last_visited_at=last.get(stop.domain_id),
+                starts_at=starts,
+                ends_at=ends,
+                skip_reason=visit.skip_reason if visit else "",
+            )
+        )
+    if cycle is None:
+        return forecast
+    forecast.cycle_end = max([now, *(d.ends_at for d in forecast.domains if d.ends_at)])
+    forecast.meets_slo = forecast.cycle_end <= cycle.deadline_at
+    if not forecast.meets_slo:
+        forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for)
+    return forecast
+
+
+def train_rows(trains: list[Train], *, now: dt.datetime | None = None) -> list[TrainRow]:
+    forecasts, visits = _read_trains(trains, now or clock.now())
+    rows = []
+    for train in trains:
+        forecast = forecasts[train.pk]
+        names = {d.domain_id: d.domain for d in forecast.domains}
+        current = sorted(visits.get(train.pk, {}).values(), key=lambda v: v.position)
+        rows.append(
+            TrainRow(
+                train=train,
+                forecast=forecast,
+                stops=len(forecast.domains),
+                visits_done=sum(1 for v in current if v.state == VisitState.DONE),
+                # The current cycle's skips, still counted after the train came back to the domain.
+                skipped=[
+                    SkipRow(
+                        domain=names.get(v.domain_id, str(v.domain_id)),
+                        skips=v.skips,
+                        reason=v.skip_reason,
+                        state=v.state,
+                    )
+                    for v in current
+                    if v.skips
+                ],
+            )
+        )
+    return rows
+
+
+def train_events(train: Train) -> list[Event]:
+    """The train's own events and those of its cycles and visits (which name the train)."""
+    return list(
+        Event.objects.filter(pool_id=train.pool_id)
+        .filter(Q(subject_type="trains.train", subject_id=train.pk) | Q(data__train=train.pk))
+        .order_by("-created_at", "-id")[:RECENT_EVENTS]
+    )
+
+
+# --- upgrades ---------------------------------------------------------------------------------------
+@dataclass
+class PhaseRow:
+    phase: UpgradePhase
+    successes: int
+    failures: int
+    in_force: bool
+
+    @property
+    def covers(self) -> str:
+        return f"domain {self.phase.domain.name}" if self.phase.domain_id else f"{self.phase.percent}% of the scope"
+
+    @property
+    def status(self) -> str:
+        if self.phase.graduated_at is not None:
+            return "graduated"
+        return "in force" if self.in_force else "waiting"
+
+
+@dataclass
+class UpgradeRow:
+    upgrade: Upgrade
+    phases: list[PhaseRow]
+    reonboard: Approval | None  # a pending request to re-onboard it
+
+    @property
+    def reonboard_state(self) -> str:
+        return "pending" if self.reonboard is not None else "none"
+
+    @property
+    def failure_rate_percent(self) -> str:
+        rate = self.upgrade.max_failure_rate
+        return "" if rate is None else f"{float(rate) * 100:g}"
+
+
+def upgrades_shown(
+    *, pool_id: int | None = None, upgrade_id: int | None = None, state: str = "", now: dt.datetime | None = None
+) -> list[Upgrade]:
+    """Offboarded first (they need a decision), then active, then recently finished (one query)."""
+    now = now or clock.now()
+    upgrades = Upgrade.objects.select_related("pool", "component_version__component")
+    if upgrade_id is not None:
+        return list(upgrades.filter(pk=upgrade_id))
+    if pool_id is not None:
+        upgrades = upgrades.filter(pool_id=pool_id)
+    if state:
+        upgrades = upgrades.filter(state=state)
+    ended = Q(state__in=[UpgradeState.COMPLETED, UpgradeState.CANCELLED], finished_at__lt=now - FINISHED_SHOWN_FOR)
+    rank = {s.value: i for i, s in enumerate(UPGRADE_STATE_ORDER)}
+    return sorted(upgrades.exclude(ended), key=lambda u: (rank.get(u.state, 99), -u.created_at.timestamp(), -u.pk))
+
+
+def _count(
+    tasks: QuerySet[HostTask], expression: str = "%(function)s(%(expressions)s)", column: str = "id"
+) -> Subquery:
+    return Subquery(
+        tasks.order_by().annotate(n=Func(F(column), function="COUNT", template=expression)).values("n"),
+        output_field=IntegerField(),
+    )
+
+
+def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
+    """Each phase with `successes` and `failures` counted in SQL, as upgrade_phase_successes and
+    upgrade_phase_failures count them (one query for every phase of every upgrade)."""
+    tasks = HostTask.objects.filter(
+        operation__visit_link__upgrade_id=OuterRef("upgrade_id"), operation__visit_link__phase=OuterRef("position")
+    )
+    # A re-onboarded phase counts failures from its restart.
+    failed = tasks.filter(state=TaskState.FAILED).filter(
+        Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at"))
+    )
+    for prefix in NOT_THE_UPGRADES_FAULT:
+        failed = failed.exclude(failure_reason__startswith=prefix)
+    succeeded = tasks.filter(
+        state__in=[TaskState.DONE, TaskState.HANDED_OVER],
+        host__state=HostState.IN_SERVICE,
+        host__installed_versions__version=OuterRef("upgrade__component_version_id"),
+    )
+    return list(
+        UpgradePhase.objects.filter(upgrade_id__in=upgrade_ids)
+        .select_related("domain")
+        .annotate(
+            failures=Coalesce(_count(failed), 0),
+            successes=Coalesce(_count(succeeded, "%(function)s(DISTINCT %(expressions)s)", "host_id"), 0),
+        )
+        .order_by("upgrade_id", "position")
+    )
+
+
+def upgrade_rows(upgrades: list[Upgrade]) -> list[UpgradeRow]:
+    """Upgrades with their phases' counts and any pending re-onboarding request (three queries)."""
+    ids = [u.pk for u in upgrades]
+    if not ids:
+        return []
+    phases: dict[int, list[UpgradePhase]] = defaultdict(list)
+    for phase in phases_with_counts(ids):
+        phases[phase.upgrade_id].append(phase)
+    pending = {
+        a.subject_id: a
+        for a in Approval.objects.filter(
+            kind=ApprovalKind.REONBOARD_UPGRADE,
+            subject_type=UPGRADE_SUBJECT,
+            subject_id__in=ids,
+            state=ApprovalState.PENDING,
+        )
+    }
+    return [
+        UpgradeRow(
+            upgrade=upgrade,
+            phases=[
+                PhaseRow(
+                    phase=p,
+                    successes=p.successes,  # type: ignore[attr-defined]
+                    failures=p.failures,  # type: ignore[attr-defined]
+                    in_force=upgrade.state == UpgradeState.ACTIVE and p.position == upgrade.current_phase,
+                )
+                for p in phases[upgrade.pk]
+            ],
+            reonboard=pending.get(upgrade.pk),
+        )
+        for upgrade in upgrades
+    ]
+
+
+def upgrade_events(upgrade: Upgrade) -> list[Event]:
+    """The upgrade's events and those of the requests to re-onboard it (asked, approved, rejected)."""
+    requests = Approval.objects.filter(
+        kind=ApprovalKind.REONBOARD_UPGRADE, subject_type=UPGRADE_SUBJECT, subject_id=upgrade.pk
+    ).values("id")
+    return list(
+        Event.objects.filter(
+            Q(subject_type=UPGRADE_SUBJECT, subject_id=upgrade.pk)
+            | Q(subject_type=Approval._meta.label_lower, subject_id__in=requests)
+        ).order_by("-created_at", "-id")[:RECENT_EVENTS]
+    )
