@@ -3,12 +3,14 @@ real ASGI server on the test database."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
 
 from fleet.models import HostState
 from fleet.services import host_transition
+from opsplanner import clock
 from opsplanner.roles import Role
 from tests.browser import committed_elsewhere, log_in, record, screenshot
 from tests.builders import make_fleet
@@ -113,7 +115,12 @@ def test_a_gantt_bar_changes_state_live_while_a_train_runs(live_server_process, 
     first = pool.domains.order_by("position").first()
     page = log_in(chromium, live_server_process, make_user(Role.VIEWER).username, PASSWORD)
     try:
-        page.goto(f"{live_server_process.url}/gantt/?pool={pool.name}")
+        # An hour around now, so the one-minute visits of this test train are wide enough to see.
+        now = clock.now()
+        window = (
+            f"start={now - dt.timedelta(minutes=10):%Y-%m-%dT%H:%M}&end={now + dt.timedelta(minutes=50):%Y-%m-%dT%H:%M}"
+        )
+        page.goto(f"{live_server_process.url}/gantt/?pool={pool.name}&{window}")
         row = f"#gantt-row-domain-{first.pk}"
         page.locator(f"{row} rect.forecast").first.wait_for()  # not yet visited: a forecast bar
         page.wait_for_function("document.body.dataset.live === '1'", timeout=10_000)

@@ -21,6 +21,8 @@ LANE_HEIGHT = {0: 0.55, 1: 0.35}  # share of the row: visits above, operations b
 
 def _ticks(start: dt.datetime, end: dt.datetime) -> tuple[dt.timedelta, str]:
     span = end - start
+    if span <= dt.timedelta(hours=2):
+        return dt.timedelta(minutes=10), "%H:%M"
     if span <= dt.timedelta(hours=12):
         return dt.timedelta(hours=1), "%H:%M"
     if span <= dt.timedelta(days=2):

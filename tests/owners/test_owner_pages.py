@@ -7,7 +7,6 @@ import datetime as dt
 import re
 
 import pytest
-from django.core.exceptions import ValidationError
 
 from fleet import services
 from fleet.models import CapacityReservation, OptOutWindow
@@ -15,83 +14,10 @@ from opsplanner import clock
 from opsplanner.models import Event
 from opsplanner.roles import Role
 from tests.builders import make_fleet, make_service
+from tests.owners.helpers import NOW, counts, field_block, hours, make_reservation, make_window, window_data
 from tests.trains_builders import make_train, make_user
 
 pytestmark = pytest.mark.django_db
-
-NOW = dt.datetime(2031, 3, 10, 12, 0, tzinfo=dt.UTC)
-
-
-@pytest.fixture(autouse=True)
-def fixed_clock():
-    """One clock for the services, the views and the forecast, so times on the page are exact."""
-    with clock.use_clock(lambda: NOW):
-        yield
-
-
-@pytest.fixture
-def fleet():
-    return make_fleet(domains=2, hosts_per_domain=3, pool_name="ai-train-east")
-
-
-@pytest.fixture
-def owner():
-    return make_user(Role.SERVICE_OWNER)
-
-
-@pytest.fixture
-def service(owner, fleet):
-    _, hosts = fleet
-    service = make_service(name="llm-train", owners=[owner])
-    services.service_place(service=service, hosts=hosts[3:])  # the hosts of rack-0002
-    return service
-
-
-@pytest.fixture
-def other_service(fleet):
-    _, hosts = fleet
-    service = make_service(name="web-search", owners=[make_user(Role.SERVICE_OWNER)])
-    services.service_place(service=service, hosts=hosts[:3])
-    return service
-
-
-def local(moment: dt.datetime) -> str:
-    """How a datetime-local input sends a time."""
-    return moment.strftime("%Y-%m-%dT%H:%M")
-
-
-def hours(n: float) -> dt.datetime:
-    return NOW + dt.timedelta(hours=n)
-
-
-def window_data(starts: float = 2, ends: float = 6, reason: str = "quarterly training run") -> dict[str, str]:
-    return {"starts_at": local(hours(starts)), "ends_at": local(hours(ends)), "reason": reason}
-
-
-def make_window(service, starts: float = 2, ends: float = 6, reason: str = "big run") -> OptOutWindow:
-    return services.optout_window_create(service=service, starts_at=hours(starts), ends_at=hours(ends), reason=reason)
-
-
-def make_reservation(service, pool, hosts: int = 2, starts: float = 2, ends: float = 6) -> CapacityReservation:
-    return services.reservation_create(
-        service=service,
-        pool=pool,
-        min_hosts_in_service=hosts,
-        starts_at=hours(starts),
-        ends_at=hours(ends),
-        reason="launch",
-    )
-
-
-def field_block(page: str, name: str) -> str:
-    """The markup of one form field: its label, input, help and errors."""
-    match = re.search(rf'<div class="field[^"]*" id="field-{name}">(.*?)</div>', page, re.S)
-    assert match, f"no field {name} on the page"
-    return match.group(1)
-
-
-def counts() -> tuple[int, int, int]:
-    return OptOutWindow.objects.count(), CapacityReservation.objects.count(), Event.objects.count()
 
 
 # Who may see the pages.
@@ -492,125 +418,3 @@ def test_a_service_owner_cancels_a_reservation_giving_a_reason(client, owner, se
 
 
 # Another owner's service.
-
-
-def _other_urls(other_service, fleet) -> list[str]:
-    window = make_window(other_service)
-    reservation = make_reservation(other_service, fleet[0])
-    base = "/fleet/services/web-search"
-    return [
-        f"{base}/",
-        f"{base}/optouts/new/",
-        f"{base}/optouts/{window.pk}/edit/",
-        f"{base}/optouts/{window.pk}/cancel/",
-        f"{base}/reservations/new/",
-        f"{base}/reservations/{reservation.pk}/edit/",
-        f"{base}/reservations/{reservation.pk}/cancel/",
-    ]
-
-
-def test_a_service_owner_cannot_see_or_open_the_forms_of_another_owners_service(
-    client, owner, service, other_service, fleet
-) -> None:
-    client.force_login(owner)
-    for url in _other_urls(other_service, fleet):
-        response = client.get(url)
-        assert response.status_code == 404, url  # as the API answers: not in their scope
-        assert "There is no service web-search among the services you own" in response.content.decode()
-
-
-def test_a_service_owner_cannot_create_edit_or_cancel_anything_of_another_owners_service(
-    client, owner, service, other_service, fleet
-) -> None:
-    urls = _other_urls(other_service, fleet)
-    client.force_login(owner)
-    before = counts()
-    data = {"pool": fleet[0].pk, "min_hosts_in_service": 1, **window_data(reason="mine now")}
-    for url in urls[1:]:
-        response = client.post(url, data)
-        assert response.status_code == 404, url
-        assert "among the services you own" in response.content.decode()
-    assert counts() == before
-    assert not OptOutWindow.objects.filter(cancelled_at__isnull=False).exists()
-    assert not CapacityReservation.objects.filter(cancelled_at__isnull=False).exists()
-
-
-def test_a_service_owner_cannot_reach_another_owners_window_through_their_own_service(
-    client, owner, service, other_service, fleet
-) -> None:
-    window = make_window(other_service)
-    reservation = make_reservation(other_service, fleet[0])
-    client.force_login(owner)
-    before = counts()
-
-    edit = client.post(f"/fleet/services/llm-train/optouts/{window.pk}/edit/", window_data(reason="mine"))
-    cancel = client.post(f"/fleet/services/llm-train/reservations/{reservation.pk}/cancel/", {"reason": "mine"})
-
-    assert edit.status_code == cancel.status_code == 404
-    assert f"Service llm-train has no opt-out window #{window.pk}." in edit.content.decode()
-    assert f"Service llm-train has no capacity reservation #{reservation.pk}." in cancel.content.decode()
-    assert counts() == before
-
-
-def test_an_unknown_service_is_not_found_and_says_so(client, owner) -> None:
-    client.force_login(owner)
-    response = client.get("/fleet/services/nope/optouts/new/")
-    assert response.status_code == 404
-    assert "There is no service nope" in response.content.decode()
-
-
-# Operators.
-
-
-def test_an_operator_manages_any_service(client, service, other_service, fleet) -> None:
-    client.force_login(make_user(Role.OPERATOR))
-    assert client.get("/fleet/services/web-search/").status_code == 200
-
-    created = client.post("/fleet/services/web-search/optouts/new/", window_data(reason="ops maintenance freeze"))
-    window = OptOutWindow.objects.get(service=other_service)
-    edited = client.post(f"/fleet/services/web-search/optouts/{window.pk}/edit/", window_data(3, 7, "moved"))
-    reserved = client.post(
-        "/fleet/services/llm-train/reservations/new/",
-        {"pool": fleet[0].pk, "min_hosts_in_service": 1, **window_data()},
-    )
-    reservation = CapacityReservation.objects.get(service=service)
-    cancelled = client.post(f"/fleet/services/llm-train/reservations/{reservation.pk}/cancel/", {"reason": "done"})
-
-    assert [r.status_code for r in (created, edited, reserved, cancelled)] == [302] * 4
-    window.refresh_from_db()
-    reservation.refresh_from_db()
-    assert window.reason == "moved"
-    assert reservation.cancelled_at is not None
-
-
-def test_an_operator_asking_for_an_unknown_service_is_told_it_does_not_exist(client) -> None:
-    client.force_login(make_user(Role.OPERATOR))
-    response = client.get("/fleet/services/nope/")
-    assert response.status_code == 404
-    assert "There is no service nope." in response.content.decode()
-
-
-# The update services themselves (the single writers the forms call).
-
-
-def test_updating_a_finished_window_is_refused_with_the_reason(service) -> None:
-    window = make_window(service, starts=1, ends=2)
-    with clock.use_clock(lambda: hours(3)), pytest.raises(ValidationError) as refused:
-        services.optout_window_update(window_id=window.pk, starts_at=hours(4), ends_at=hours(5), reason="again")
-    assert "is already over (it ended at 2031-03-10 14:00 UTC)" in refused.value.messages[0]
-
-
-def test_updating_a_window_without_a_change_records_no_event(service) -> None:
-    window = make_window(service)
-    before = Event.objects.count()
-    services.optout_window_update(window_id=window.pk, starts_at=hours(2), ends_at=hours(6), reason="big run")
-    assert Event.objects.count() == before
-
-
-def test_updating_a_cancelled_reservation_is_refused_with_the_reason(service, fleet) -> None:
-    reservation = make_reservation(service, fleet[0])
-    services.reservation_cancel(reservation_id=reservation.pk, reason="off")
-    with pytest.raises(ValidationError, match="was cancelled at"):
-        services.reservation_update(
-            reservation_id=reservation.pk, min_hosts_in_service=1, starts_at=hours(1), ends_at=hours(2), reason="x"
-        )
