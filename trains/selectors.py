@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from django.db.models import Max
 
 from opsplanner import clock
-from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, Visit, VisitState
+from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 
 RECENT_VISITS = 10
 
@@ -54,7 +54,6 @@ def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainFore
     now = now or clock.now()
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     seconds = visit_seconds(train)
-    forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
     last = dict(
         Visit.objects.filter(train=train, state=VisitState.DONE)
         .values("domain_id")
@@ -62,6 +61,21 @@ def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainFore
         .values_list("domain_id", "at")
     )
     visits = {v.domain_id: v for v in Visit.objects.filter(cycle=cycle).select_related("domain")} if cycle else {}
+    stops = list(train.stops.select_related("domain").order_by("position"))
+    return forecast_from_rows(train, cycle, seconds, last, visits, stops, now)
+
+
+def forecast_from_rows(
+    train: Train,
+    cycle: Cycle | None,
+    seconds: float,
+    last: dict[int, dt.datetime],
+    visits: dict[int, Visit],
+    stops: list[TrainStop],
+    now: dt.datetime,
+) -> TrainForecast:
+    """The lane arithmetic of the forecast on rows already read (pages read many trains' rows at once)."""
+    forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
     stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
     # Slots: `concurrency` lanes; a running visit holds its lane until its expected end.
     lanes = [now] * train.visit_concurrency
@@ -69,7 +83,7 @@ def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainFore
     for i, visit in enumerate(running[: len(lanes)]):
         lanes[i] = max(now, (visit.started_at or now) + dt.timedelta(seconds=seconds))
     step = dt.timedelta(seconds=seconds)
-    for stop in train.stops.select_related("domain").order_by("position"):
+    for stop in stops:
         visit = visits.get(stop.domain_id)
         state = visit.state if visit else "not in a cycle"
         starts = ends = None

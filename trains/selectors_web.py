@@ -18,7 +18,6 @@ from fleet.models import HostState
 from opsplanner import clock
 from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask, TaskState
 from trains.models import (
-    STOPPED_TRAIN_STATES,
     Cycle,
     Train,
     TrainState,
@@ -29,7 +28,7 @@ from trains.models import (
     Visit,
     VisitState,
 )
-from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, _miss_cause
+from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
 from trains.services.upgrades import NOT_THE_UPGRADES_FAULT
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 
@@ -148,61 +147,10 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     for train in trains:
         lengths = recent.get(train.pk)
         seconds = sum(lengths) / len(lengths) if lengths else float(train.visit_estimate_s)
-        forecasts[train.pk] = _forecast(
+        forecasts[train.pk] = forecast_from_rows(
             train, cycles.get(train.pk), seconds, last[train.pk], visits[train.pk], stops[train.pk], now
         )
     return forecasts, visits
-
-
-def _forecast(
-    train: Train,
-    cycle: Cycle | None,
-    seconds: float,
-    last: dict[int, dt.datetime],
-    visits: dict[int, Visit],
-    stops: list[TrainStop],
-    now: dt.datetime,
-) -> TrainForecast:
-    """The lane arithmetic of `train_forecast`, on rows already read."""
-    forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
-    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
-    lanes = [now] * train.visit_concurrency
-    running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
-    for i, visit in enumerate(running[: len(lanes)]):
-        lanes[i] = max(now, (visit.started_at or now) + dt.timedelta(seconds=seconds))
-    step = dt.timedelta(seconds=seconds)
-    for stop in stops:
-        visit = visits.get(stop.domain_id)
-        state = visit.state if visit else "not in a cycle"
-        starts = ends = None
-        if visit is not None and visit.state == VisitState.RUNNING:
-            starts, ends = visit.started_at, max(now, (visit.started_at or now) + step)
-        elif visit is not None and visit.state == VisitState.DONE:
-            starts, ends = visit.started_at, visit.ended_at
-        elif train.state not in (TrainState.FINISHED, TrainState.CANCELLED):
-            lane = min(range(len(lanes)), key=lambda i: lanes[i])
-            starts = lanes[lane]
-            ends = starts + step
-            lanes[lane] = ends
-        forecast.domains.append(
-            DomainForecast(
-                domain_id=stop.domain_id,
-                domain=stop.domain.name,
-                position=stop.position,
-                state=state,
-                last_visited_at=last.get(stop.domain_id),
-                starts_at=starts,
-                ends_at=ends,
-                skip_reason=visit.skip_reason if visit else "",
-            )
-        )
-    if cycle is None:
-        return forecast
-    forecast.cycle_end = max([now, *(d.ends_at for d in forecast.domains if d.ends_at)])
-    forecast.meets_slo = forecast.cycle_end <= cycle.deadline_at
-    if not forecast.meets_slo:
-        forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for)
-    return forecast
 
 
 def train_rows(trains: list[Train], *, now: dt.datetime | None = None) -> list[TrainRow]:
