@@ -300,11 +300,30 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024, minimum=
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
     raise EnvError(f"LOG_LEVEL={LOG_LEVEL!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+# One JSON object per line (opsplanner.logs, for log shippers) or plain text for a terminal.
+LOG_FORMAT = env_str("LOG_FORMAT", "text" if DEBUG else "json").lower()
+if LOG_FORMAT not in {"json", "text"}:
+    raise EnvError(f"LOG_FORMAT={LOG_FORMAT!r} is not one of json, text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "opsplanner.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain"}
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Django's own console handlers would print django.* records a second time, in another format.
+        "django": {"handlers": [], "propagate": True},
+        "django.server": {"handlers": [], "propagate": True},
+    },
 }
+# GET /metrics answers a scraper that sends "Authorization: Bearer <METRICS_TOKEN>" (unset: only
+# logged-in users who may see the fleet). At least 16 characters: it is a password.
+METRICS_TOKEN = env_optional_str("METRICS_TOKEN") or ""
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise EnvError("METRICS_TOKEN is shorter than 16 characters; use a long random value")

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from opsplanner.views import approvals, events, gantt, pages
+from opsplanner.views import approvals, events, gantt, metrics, pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -13,6 +13,7 @@ urlpatterns = [
     path("live/fragments/", pages.live_fragments, name="live-fragments"),
     path("healthz", pages.health_web, name="health-web"),
     path("healthz/workers", pages.health_workers, name="health-workers"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("fleet/", include("fleet.urls")),
