@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from asgiref.sync import async_to_sync
@@ -34,13 +35,27 @@ def groups_for(pool_ids: Iterable[int | None], subject_types: Iterable[str]) -> 
     return groups
 
 
+_muted = False
+
+
+@contextmanager
+def live_muted() -> Iterator[None]:
+    """Announce nothing inside the block: a simulation's changes are not the live fleet's."""
+    global _muted
+    previous, _muted = _muted, True
+    try:
+        yield
+    finally:
+        _muted = previous
+
+
 def announce_after_commit(groups: set[str]) -> None:
     """Send the groups once the current transaction commits, each group once per commit.
 
     Each call registers its own callback with its own groups, so groups queued in a transaction
     (or savepoint) that rolls back are dropped with it by Django; a reset callback registered
     first in each transaction starts the commit's record of what was already sent."""
-    if not groups:
+    if not groups or _muted:
         return
     connection = transaction.get_connection()
     if connection.in_atomic_block and not any(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -161,7 +162,7 @@ def upgrade_create(
         reason=reason.strip()[:500],
         emergency=emergency,
         max_failures=max_failures,
-        max_failure_rate=None if max_failure_rate is None else round(max_failure_rate, 4),
+        max_failure_rate=None if max_failure_rate is None else Decimal(str(round(max_failure_rate, 4))),
         failure_rate_min_hosts=failure_rate_min_hosts,
         multi_cycle=multi_cycle,
         hosts_per_visit=hosts_per_visit,

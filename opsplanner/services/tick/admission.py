@@ -155,6 +155,12 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     incompatible = incompatible_targets(candidates.values())
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
 
+    # A repair of a host that broke in service takes it as it is: failed, out of the failure buffer.
+    repairs_broken = {
+        t.id
+        for t in candidates.values()
+        if t.source == OperationSource.REPAIR and host_states.get(t.host_id) == HostState.FAILED
+    }
     claimed: dict[int, TaskRef] = {}  # host -> the task first in line for it this tick
     admitted: list[TaskRef] = []
     waiting: dict[int, tuple[str, str]] = {}
@@ -168,7 +174,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         if task.host_id in holders:
             return WaitingCode.HOST_HELD, f"host held by operation #{holders[task.host_id]}"
         state = host_states.get(task.host_id)
-        if state != HostState.IN_SERVICE:
+        if state != HostState.IN_SERVICE and task.id not in repairs_broken:
             return WaitingCode.HOST_STATE, f"host is {state}"
         if task.host_id in optouts and task.source != OperationSource.EMERGENCY:
             return WaitingCode.OPTOUT, optouts[task.host_id]
@@ -208,17 +214,19 @@ def admit(ctx: TickContext, *, budget: int) -> None:
 
         claimed.setdefault(task.host_id, task)
         why = obstacle(task)
-        if why is None and task.needs_drain and headroom.remaining(emergency=task.override_buffers) <= 0:
+        drains = task.needs_drain and task.id not in repairs_broken
+        if why is None and drains and headroom.remaining(emergency=task.override_buffers) <= 0:
             why = headroom.refusal(emergency=task.override_buffers)
         if why is not None:
             waiting[task.id] = why
             continue
-        if task.needs_drain:
+        if drains:
             headroom.take()
         admitted.append(task)
 
     _write_waiting(ctx, waiting, current)
-    _admit(ctx, admitted)
+    _admit(ctx, [t for t in admitted if t.id not in repairs_broken])
+    _admit_broken_repairs(ctx, [t for t in admitted if t.id in repairs_broken])
 
 
 def _group_gangs(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:
@@ -280,3 +288,27 @@ def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
         **admitted,
     )
     ctx.add_execute_items(in_place)
+
+
+def _admit_broken_repairs(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    """A host that broke while in service: no drain (it is already out), failed → repair, and its
+    repair opens a drain so verification and the return follow as after any drain."""
+    if not tasks:
+        return
+    ctx.grant_leases(tasks, reason="admitted: repairing a broken host")
+    ctx.move_tasks(
+        tasks,
+        expected=TaskState.PENDING,
+        via=TaskState.ADMITTED,
+        new=TaskState.RUNNING,
+        reason="repairing a host that broke in service",
+        drain_key=F("id"),
+        admitted_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+    )
+    for task in tasks:
+        task.drain_key = task.id
+    ctx.move_hosts([t.host_id for t in tasks], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started")
+    ctx.add_execute_items(tasks)
+    ctx.counts["repairs_started"] += len(tasks)

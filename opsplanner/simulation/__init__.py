@@ -1,0 +1,1 @@
+"""Simulation and what-if planning: the real planner in virtual time."""
