@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef, Q
 from django.db.models.fields.json import KT
 
 from fleet.models import Host, HostState, Pool
@@ -17,6 +17,7 @@ from opsplanner.models import (
     Event,
     HostTask,
     Lease,
+    OperationSource,
     TaskState,
     VerifyClass,
     WorkItem,
@@ -101,11 +102,16 @@ def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
             Violation("unverified_return", f"host {host_id} is in service while task {task_id} holds it in a drain")
         )
 
-    # 4. Nothing stuck: a host out of service has a holder (escalated hosts wait for a human).
+    # 4. Nothing stuck: a host out of service has a holder (escalated hosts wait for a human), or,
+    # having broken in service, a repair queued for the next tick.
     holder = Lease.objects.filter(host=OuterRef("pk"), active=True)
+    queued_repair = HostTask.objects.filter(
+        host=OuterRef("pk"), state=TaskState.PENDING, operation__source=OperationSource.REPAIR
+    )
     for host_id, hostname, state in (
         hosts.exclude(state__in=[HostState.IN_SERVICE, HostState.ESCALATED])
         .exclude(Exists(holder))
+        .exclude(Q(state=HostState.FAILED) & Exists(queued_repair))
         .values_list("id", "hostname", "state")
     ):
         violations.append(Violation("stuck_host", f"host {hostname} ({host_id}) is {state} and nobody holds it"))

@@ -32,6 +32,7 @@ class SimulationConfig:
     # work arriving
     components: int = 3
     upgrades_per_week: float = 2.0  # per pool
+    upgrades_at_start: int = 0  # per pool, a backlog waiting when time starts
     # the simulated hardware
     drain_minutes: float = 15.0
     execute_minutes: float = 30.0
@@ -76,6 +77,13 @@ class SimulationConfig:
         """One visit applying one upgrade, at best: drain, apply, three checks in parallel, undrain."""
         return self.drain_minutes + self.execute_minutes + self.verify_minutes + self.undrain_minutes
 
+    @property
+    def cycle_lower_bound_hours(self) -> float:
+        """The shortest cycle the buffers and visit times allow: every visit at its best, as many at once
+        as the planned buffer holds (the same arithmetic train_create checks the SLO against)."""
+        visits = -(-self.domains_per_pool // self.planned_buffer_domains)
+        return visits * max(1, round(self.visit_minutes * 60)) / 3600
+
     def errors(self) -> dict[str, str]:
         """{field: what is wrong}; empty when the configuration can run."""
         problems: dict[str, str] = {}
@@ -97,7 +105,7 @@ class SimulationConfig:
         at_least("days", 0.01, " day")
         at_least("tick_minutes", 0.1, " minute")
         at_least("cycle_slo_hours", 0.1, " hour")
-        for name in ("upgrades_per_week", "optout_windows_per_week", "host_failures_per_day"):
+        for name in ("upgrades_per_week", "optout_windows_per_week", "host_failures_per_day", "upgrades_at_start"):
             at_least(name, 0)
         for name in ("drain_minutes", "execute_minutes", "verify_minutes", "undrain_minutes"):
             at_least(name, 0, " minutes")
@@ -119,6 +127,11 @@ class SimulationConfig:
             problems["planned_buffer_domains"] = (
                 f"A planned buffer of {self.planned_buffer_hosts} hosts plus a failure buffer of "
                 f"{self.failure_buffer_hosts} leaves nothing in service in a pool of {self.hosts_per_pool} hosts."
+            )
+        elif "trains" in self.policies and self.cycle_lower_bound_hours > self.cycle_slo_hours:
+            problems["cycle_slo_hours"] = (
+                f"A cycle of {self.domains_per_pool} domains of {self.hosts_per_domain} hosts takes at least "
+                f"{self.cycle_lower_bound_hours:g} hours; the SLO of {self.cycle_slo_hours:g} hours cannot be met."
             )
         if self.job_hosts_min > self.job_hosts_max:
             problems["job_hosts_min"] = "The smallest job cannot be larger than the largest."

@@ -102,6 +102,9 @@ def tables_reset() -> None:
         for model in apps.get_app_config(app).get_models(include_auto_created=True)
     ]
     statements = connection.ops.sql_flush(no_style(), tables, reset_sequences=True, allow_cascade=True)
+    if connection.vendor == "postgresql" and connection.in_atomic_block:
+        with connection.cursor() as cursor:  # TRUNCATE refuses while deferred checks are pending
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
     connection.ops.execute_sql_flush(statements)
 
 
@@ -190,12 +193,14 @@ def _loop(
             arrival = arrivals.pop(0)
             log.policy.arrive(arrival)
             touched.add(log.world.pool(arrival.pool).id)  # type: ignore[union-attr]
-        broke = False
+        broke: set[int] = set()
         while failures and failures[0].at <= now:
-            broke |= _fail(log, failures.pop(0))
+            failure = failures.pop(0)
+            if _fail(log, failure):
+                broke.add(log.world.pool(failure.pool).id)
         if now - last_full >= IDLE_STEP or (boundaries and boundaries[0] <= now):
             touched, last_full = None, now
-        moved = _settle(log, touched, due=next_due is not None and next_due <= now)
+        moved = _settle(log, touched, due=next_due is not None and next_due <= now, broke=broke)
         if moved or broke or not log.samples:
             _sample(log, now)
         log.ticks += 1
@@ -233,7 +238,7 @@ def _loop(
 TERMINAL_TASK_COUNTS = ("task_done", "task_failed", "task_cancelled", "task_handed_over")
 
 
-def _settle(log: RunLog, touched: set[int] | None, *, due: bool) -> bool:
+def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]) -> bool:
     """Rounds of work, policy and pool ticks at one instant until nothing more happens now.
 
     Event-driven, so a month of a large fleet runs in minutes: the policy acts for the pools in
@@ -250,7 +255,8 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool) -> bool:
         acted = log.policy.step(touched) if everything or touched else False
         # A tick admits after it returns hosts, so a pool needs another only for new work or outcomes.
         acted_on = (touched or set()) if acted else set()
-        due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted_on
+        due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted_on | broke
+        broke = set()  # a pool where a host broke is ticked at once: its repair is admitted
         everything, touched, claim = False, set(), False
         for pool_id in sorted(due):
             counts = pool_tick(pool_id=pool_id, kick=False).counts

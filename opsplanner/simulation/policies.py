@@ -90,8 +90,8 @@ class TrainsPolicy(Policy):
             reason=f"simulated release of {arrival.component} {arrival.version}",
             # Offboard on a failure rate well above the simulated one, not on a handful of hosts.
             max_failures=self.config.hosts_per_pool,
-            max_failure_rate=0.05,
-            failure_rate_min_hosts=20,
+            max_failure_rate=0.1,
+            failure_rate_min_hosts=50,
             actor=ACTOR,
         )
 

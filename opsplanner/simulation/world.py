@@ -68,6 +68,8 @@ def workload_draw(config: SimulationConfig) -> Workload:
     next_version = dict.fromkeys(names, 1)
     for pool in range(config.pools):
         rng = random.Random(f"{config.seed}:arrivals:{pool}")
+        for n in range(config.upgrades_at_start):
+            arrivals.append(Arrival(at=config.start, pool=pool, component=names[n % len(names)], version=""))
         rate = config.upgrades_per_week / (7 * 86_400)
         at = rng.expovariate(rate) if rate else seconds
         while at < seconds:

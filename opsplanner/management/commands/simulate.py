@@ -1,0 +1,182 @@
+"""python manage.py simulate: the real planner in virtual time, policies side by side, a report.
+
+    manage.py simulate --hosts 10000 --pools 10 --days 30 --policies trains,rolling,lockstep
+    manage.py simulate --advise --hosts 1000 --domain-sizes 10,25,50,100 --interruption-cost 50
+
+Each run happens in scratch databases (never the live one); see opsplanner/simulation/runner.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from opsplanner.progress import Progress
+from opsplanner.simulation.advisor import AdvisorRequest, advice, advice_svg
+from opsplanner.simulation.config import POLICIES, SimulationConfig, config_fields
+from opsplanner.simulation.runner import default_lanes, jobs_run, scratch_databases, scratch_databases_drop, shard_jobs
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise CommandError(f"{text!r} is not a comma-separated list of whole numbers") from None
+
+
+class Command(BaseCommand):
+    help = "Simulate maintenance policies over a generated fleet in virtual time and report what each costs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = SimulationConfig()
+        for field in config_fields():
+            option = "--" + field.name.replace("_", "-")
+            default = getattr(defaults, field.name)
+            if field.name == "policies":
+                parser.add_argument(option, default=",".join(default), help=f"some of {', '.join(POLICIES)}")
+            elif field.name == "rolling_concurrency":
+                parser.add_argument(option, type=int, default=None, help="hosts at once (default: the planned buffer)")
+            else:
+                parser.add_argument(option, type=type(default), default=default, help=f"default {default}")
+        parser.add_argument("--lanes", type=int, default=default_lanes(), help="processes in parallel")
+        parser.add_argument("--out", type=Path, default=None, help="report directory (default var/simulations/…)")
+        parser.add_argument("--keep-databases", action="store_true", help="keep the scratch databases afterwards")
+        parser.add_argument("--advise", action="store_true", help="sweep domain sizes for one pool of --hosts")
+        parser.add_argument("--domain-sizes", default="10,25,50,100", help="advisor: sizes to try")
+        parser.add_argument("--interruption-cost", type=float, default=100.0, help="advisor: cost of one interruption")
+        parser.add_argument("--capacity-hour-cost", type=float, default=1.0, help="advisor: cost of a host-hour")
+        parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+        # Internal: one shard of one policy, in a scratch database (the runner starts these).
+        parser.add_argument("--shard", default=None, help="(internal)")
+        parser.add_argument("--shard-pools", default="", help="(internal)")
+        parser.add_argument("--config-json", default="", help="(internal)")
+        parser.add_argument("--result", type=Path, default=None, help="(internal)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["shard"]:
+            return self._shard(options)
+        config = self._config(options)
+        lanes = options["lanes"]
+        if not 1 <= lanes <= 16:
+            raise CommandError("--lanes must be from 1 to 16")
+        out = options["out"] or Path(settings.VAR_DIR) / "simulations" / time.strftime("%Y%m%d-%H%M%S")
+        if options["advise"]:
+            return self._advise(config, options, lanes, out)
+        return self._simulate(config, options, lanes, out)
+
+    def _config(self, options: dict[str, Any]) -> SimulationConfig:
+        values: dict[str, Any] = {}
+        for field in config_fields():
+            value = options[field.name]
+            if field.name == "policies":
+                value = tuple(p.strip() for p in value.split(",") if p.strip())
+            values[field.name] = value
+        config = SimulationConfig(**values)
+        if options["advise"]:  # --hosts is the one pool's size
+            config = config.replace(pools=1, policies=("trains",))
+        problems = config.errors()
+        if problems and not options["advise"]:
+            raise CommandError("; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in problems.items()))
+        return config
+
+    def _simulate(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        from opsplanner.simulation.report import report_text, report_write
+
+        started = time.monotonic()
+        lanes = min(lanes, config.pools * len(config.policies))
+        say = self._say
+        say(f"simulate: {config.hosts:,} hosts in {config.pools} pools, {config.days:g} days, policies "
+            f"{', '.join(config.policies)}, {lanes} lanes")  # fmt: skip
+        urls = scratch_databases(lanes)
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                runs = jobs_run(shard_jobs(config), urls, Path(work), say=say)
+        finally:
+            if not options["keep_databases"]:
+                scratch_databases_drop(urls)
+        paths = report_write(out, config, runs)
+        summary = json.loads(paths["summary.json"].read_text())
+        self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
+        say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
+
+    def _advise(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        request = AdvisorRequest(
+            config=config,
+            sizes=_ints(options["domain_sizes"]),
+            interruption_cost=options["interruption_cost"],
+            capacity_hour_cost=options["capacity_hour_cost"],
+        )
+        problems = request.errors()
+        if problems:
+            raise CommandError("; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items()))
+        started = time.monotonic()
+        lanes = min(lanes, len(request.sizes))
+        urls = scratch_databases(lanes, tag="_advisor")
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                results = jobs_run(request.jobs(), urls, Path(work), say=self._say)
+        finally:
+            if not options["keep_databases"]:
+                scratch_databases_drop(urls)
+        result = advice(request, results)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "advice.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        (out / "advice.svg").write_text(advice_svg(result))
+        if options["json"]:
+            self.stdout.write(json.dumps(result, indent=1, sort_keys=True))
+        else:
+            self.stdout.write(advice_text(result))
+        self._say(f"simulate: advice in {time.monotonic() - started:.0f} s; written to {out}")
+
+    def _shard(self, options: dict[str, Any]) -> None:
+        from opsplanner.simulation.engine import SimulationError, policy_run
+        from opsplanner.simulation.measure import run_measure
+        from opsplanner.simulation.world import workload_draw
+
+        raw = json.loads(options["config_json"])
+        raw["policies"] = tuple(raw["policies"])
+        config = SimulationConfig(**raw)
+        pools = list(_ints(options["shard_pools"]))
+        label = f"simulate[{options['shard']} pools {options['shard_pools']}]"
+        try:
+            log = policy_run(
+                config, workload_draw(config), options["shard"], pools=pools, progress=Progress(label, interval=5)
+            )
+        except SimulationError as error:
+            raise CommandError(str(error)) from error
+        options["result"].write_text(json.dumps(run_measure(config, log)))
+
+    def _say(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def advice_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"Domain-size advice for a pool of {result['pool_hosts']} hosts, per {result['cycle_slo_hours']:g} h cycle "
+        f"(interruption {result['interruption_cost']:g}, host-hour {result['capacity_hour_cost']:g})",
+        "",
+        f"{'size':>6} {'domains':>8} {'interrupted':>12} {'buffer h':>10} {'worst cycle h':>14} {'missed':>7} "
+        f"{'cost':>12}",
+    ]
+    for p in result["points"]:
+        if p["cost"] is None:
+            lines.append(f"{p['size']:>6} {p['domains']:>8}  not simulated: {p['why']}")
+            continue
+        worst = "—" if p["worst_cycle_hours"] is None else f"{p['worst_cycle_hours']:.1f}"
+        lines.append(
+            f"{p['size']:>6} {p['domains']:>8} {p['interrupted_jobs']:>12} {p['buffer_host_hours']:>10.0f} "
+            f"{worst:>14} {p['cycles_missed']:>7} {p['cost']:>12.1f}"
+        )
+    if result["recommended"] is None:
+        lines += ["", f"no recommendation: {result['reason']}", ""]
+    else:
+        lines += ["", f"recommended: {result['recommended']} hosts per domain ({result['reason']})", ""]
+    return "\n".join(lines)
