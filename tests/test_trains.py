@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
+from fleet import services as fleet_services
 from fleet.models import Host, HostState, InstalledVersion, Pool
 from fleet.selectors.capacity import pool_capacity
 from fleet.services import (
@@ -28,7 +29,7 @@ from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_item_report, work_items_claim
-from tests.builders import make_fleet, make_service
+from tests.builders import make_fleet, make_service, make_version
 from tests.driving import busy, drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user, nic_firmware
 from trains.models import Cycle, Train, TrainState, Upgrade, UpgradeState, Visit, VisitState
@@ -499,3 +500,22 @@ def test_a_train_tick_in_progress_does_not_lock_the_pool_tick_out(monkeypatch) -
     assert len(reports) == 1
     assert not reports[0].skipped
     assert HostTask.objects.get(host=hosts[0], operation__kind="reboot").state != TaskState.PENDING
+
+
+def test_an_upgrade_superseded_by_a_newer_release_completes_without_taking_hosts_back_down() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2, planned_buffer_hosts=2)
+    bios = hosts[0].installed_versions.get(component__name="bios").component
+    older = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="first release")
+    newer = make_version(bios, "2.18.0")
+    for host in hosts:  # the newer release reached every host first (another train, a repair)
+        fleet_services.installed_version_set(host=host, version=newer)
+    make_train(pool)
+
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=older.pk).state == UpgradeState.COMPLETED)
+
+    assert set(InstalledVersion.objects.filter(component=bios).values_list("version__version", flat=True)) == {
+        "2.18.0"
+    }
+    assert not HostTask.objects.filter(host__pool=pool).exists()  # nobody was drained to go back to 2.16.0
+    assert "or newer" in Upgrade.objects.get(pk=older.pk).state_reason

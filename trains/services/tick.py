@@ -112,7 +112,9 @@ def _upgrades_step(train: Train, now: dt.datetime, report: TrainTickReport) -> l
         phases = list(upgrade.phases.order_by("position"))
         phase = phases[upgrade.current_phase]
         failures = upgrade_phase_failures(upgrade, phase)
-        successes = upgrade_phase_successes(upgrade, phase.position)
+        # Successes only matter for a failure rate (when something failed) or a phase to graduate to.
+        needs_successes = (upgrade.max_failure_rate is not None and failures > 0) or phase.position + 1 < len(phases)
+        successes = upgrade_phase_successes(upgrade, phase.position) if needs_successes else 0
         breach = _policy_breach(upgrade, phase, failures, successes)
         if breach:
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
@@ -120,13 +122,16 @@ def _upgrades_step(train: Train, now: dt.datetime, report: TrainTickReport) -> l
             continue
         scope = upgrade_scope_hosts(upgrade)
         sets = phase_host_sets(phases, scope)
+        # At or beyond the target: a newer release of the component that reached a host first
+        # supersedes this upgrade there (the train never takes a host back down).
+        target = upgrade.component_version
         at_target = set(
-            InstalledVersion.objects.filter(host_id__any=scope, version=upgrade.component_version).values_list(
-                "host_id", flat=True
-            )
+            InstalledVersion.objects.filter(
+                host_id__any=scope, component_id=target.component_id, version__sort_key__gte=target.sort_key
+            ).values_list("host_id", flat=True)
         )
         if at_target >= set(scope):
-            _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version}")
+            _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version} or newer")
             report.events.append(f"completed upgrade {upgrade.pk}")
             continue
         allowed = sets[phase.position]

@@ -252,7 +252,8 @@ def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
         .filter(
             state__in=[TaskState.DONE, TaskState.HANDED_OVER],
             host__state=HostState.IN_SERVICE,
-            host__installed_versions__version=upgrade.component_version_id,
+            host__installed_versions__component_id=upgrade.component_version.component_id,
+            host__installed_versions__version__sort_key__gte=upgrade.component_version.sort_key,
         )
         .values("host_id")
         .distinct()
