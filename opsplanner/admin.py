@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from opsplanner.models import (
+    AdvisorRun,
     Approval,
     Event,
     HostTask,
@@ -108,3 +109,12 @@ class ApprovalAdmin(ReadOnlyAdmin):
     list_display = ("id", "kind", "state", "requester", "decider", "reason", "created_at", "expires_at")
     list_filter = ("kind", "state")
     search_fields = ("requester", "decider", "reason")
+
+
+@admin.register(AdvisorRun)
+class AdvisorRunAdmin(ReadOnlyAdmin):
+    """Runs are queued and finished by the advisor service (opsplanner/services/advisor_runs.py)."""
+
+    list_display = ("id", "state", "requester", "created_at", "started_at", "finished_at", "failure_reason")
+    list_filter = ("state",)
+    search_fields = ("requester", "failure_reason")

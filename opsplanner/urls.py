@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from opsplanner.views import approvals, events, gantt, metrics, pages
+from opsplanner.views import advisor, approvals, events, gantt, metrics, pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -10,6 +10,7 @@ urlpatterns = [
     path("events/", events.event_log, name="events"),
     path("approvals/", approvals.approvals_queue, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.approval_decide_view, name="approval-decide"),
+    path("simulations/advisor/", advisor.advisor_page, name="advisor"),
     path("live/fragments/", pages.live_fragments, name="live-fragments"),
     path("healthz", pages.health_web, name="health-web"),
     path("healthz/workers", pages.health_workers, name="health-workers"),

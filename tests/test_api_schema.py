@@ -46,8 +46,9 @@ from fleet.models import (
 )
 from fleet.services import optout_window_create, reservation_create, service_place
 from opsplanner import clock
-from opsplanner.models import Approval, Event, HostTask, Operation, WorkItem
+from opsplanner.models import AdvisorRun, Approval, Event, HostTask, Operation, WorkItem
 from opsplanner.roles import Role
+from opsplanner.services.advisor_runs import advisor_run_request
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_items_claim
@@ -88,6 +89,7 @@ RESOURCES: dict[str, type[Model]] = {
     "trains": Train,
     "visits": Visit,
     "upgrades": Upgrade,
+    "advisor-runs": AdvisorRun,
 }
 
 
@@ -237,6 +239,13 @@ class World:
         self.approval = Approval.objects.get(subject_type="trains.train", subject_id=emergency.pk)
         self.component = self.upgrade.component_version.component
         self.rule = CompatibilityRule.objects.order_by("pk").first()
+        self.advisor_run = advisor_run_request(
+            pool_hosts=400, sizes=[16, 40], interruption_cost=100, capacity_hour_cost=1, actor=other_operator
+        )
+        # A finished run: only one may be active at a time, and the POST below makes one.
+        AdvisorRun.objects.filter(pk=self.advisor_run.pk).update(
+            state="failed", failure_reason="schema test", finished_at=clock.now()
+        )
         self.event = Event.objects.order_by("pk").first()
 
 
@@ -396,6 +405,13 @@ VALID = [
     Valid("GET", "/api/upgrades/{id}/", lambda w: w.upgrade.pk),
     Valid("POST", "/api/upgrades/{id}/offboard/", lambda w: w.upgrade.pk, REASON),
     Valid("POST", "/api/upgrades/{id}/reonboard/", lambda w: w.offboarded_upgrade.pk, REASON),
+    Valid("GET", "/api/advisor-runs/"),
+    Valid(
+        "POST",
+        "/api/advisor-runs/",
+        body={"pool_hosts": 400, "sizes": [16, 40, 80], "interruption_cost": 100, "capacity_hour_cost": 1},
+    ),
+    Valid("GET", "/api/advisor-runs/{id}/", lambda w: w.advisor_run.pk),
 ]
 
 

@@ -514,8 +514,6 @@ def test_an_upgrade_superseded_by_a_newer_release_completes_without_taking_hosts
 
     drive_trains(pool, until=lambda: Upgrade.objects.get(pk=older.pk).state == UpgradeState.COMPLETED)
 
-    assert set(InstalledVersion.objects.filter(component=bios).values_list("version__version", flat=True)) == {
-        "2.18.0"
-    }
+    assert set(InstalledVersion.objects.filter(component=bios).values_list("version__version", flat=True)) == {"2.18.0"}
     assert not HostTask.objects.filter(host__pool=pool).exists()  # nobody was drained to go back to 2.16.0
     assert "or newer" in Upgrade.objects.get(pk=older.pk).state_reason

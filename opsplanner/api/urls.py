@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from opsplanner.api.views import auth, executors, fleet, trains, work
+from opsplanner.api.views import advisor, auth, executors, fleet, trains, work
 
 router = DefaultRouter()
 router.register("pools", fleet.PoolViewSet, basename="pool")
@@ -25,6 +25,7 @@ router.register("events", work.EventViewSet, basename="event")
 router.register("trains", trains.TrainViewSet, basename="train")
 router.register("visits", trains.VisitViewSet, basename="visit")
 router.register("upgrades", trains.UpgradeViewSet, basename="upgrade")
+router.register("advisor-runs", advisor.AdvisorRunViewSet, basename="advisor-run")
 
 app_name = "api"
 urlpatterns = [

@@ -1,3 +1,4 @@
+from opsplanner.models.advisor import AdvisorRun, AdvisorRunState
 from opsplanner.models.approvals import Approval, ApprovalKind, ApprovalState
 from opsplanner.models.events import Event
 from opsplanner.models.idempotency import IdempotencyRecord
@@ -37,6 +38,8 @@ __all__ = [
     "TERMINAL_TASK_STATES",
     "VERIFY_CLASSES",
     "Adapter",
+    "AdvisorRun",
+    "AdvisorRunState",
     "Approval",
     "ApprovalKind",
     "ApprovalState",
