@@ -183,3 +183,30 @@ def test_a_short_metrics_token_stops_the_app(tmp_path: Path) -> None:
 
     assert result.returncode != 0
     assert "METRICS_TOKEN is shorter than 16 characters" in result.stderr
+
+
+@pytest.mark.django_db
+def test_the_core_logs_submissions_ticks_and_reports_with_their_ids(caplog) -> None:
+    from opsplanner.services.operations import operation_submit
+    from opsplanner.services.tick import pool_tick
+    from opsplanner.services.work_items import work_item_report, work_items_claim
+    from tests.builders import make_fleet
+
+    pool, _hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    with caplog.at_level(logging.INFO):
+        operation = operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="kernel", drainer="external")
+        pool_tick(pool_id=pool.pk, kick=False)
+        item = work_items_claim(worker="drainer-1", adapter="external", limit=1)[0]
+        work_item_report(item_id=item.pk, worker="drainer-1", key="k-1", outcome="done")
+
+    submitted = next(r for r in caplog.records if r.getMessage() == "operation submitted")
+    assert submitted.operation_id == operation.pk
+    assert submitted.hosts == 2
+    ticked = next(r for r in caplog.records if r.getMessage() == f"pool {pool.pk} ticked")
+    assert ticked.pool_id == pool.pk
+    assert ticked.counts["task_draining"] == 2
+    reported = next(r for r in caplog.records if r.getMessage() == "work item reported done")
+    assert (reported.work_item_id, reported.host_id, reported.pool_id) == (item.pk, item.host_id, pool.pk)
+    line = _strict(JsonFormatter().format(reported))
+    assert line["work_item_id"] == item.pk
+    assert line["task_id"] == item.host_task_id

@@ -517,3 +517,31 @@ def test_an_upgrade_superseded_by_a_newer_release_completes_without_taking_hosts
     assert set(InstalledVersion.objects.filter(component=bios).values_list("version__version", flat=True)) == {"2.18.0"}
     assert not HostTask.objects.filter(host__pool=pool).exists()  # nobody was drained to go back to 2.16.0
     assert "or newer" in Upgrade.objects.get(pk=older.pk).state_reason
+
+
+def _queries_of_a_busy_train_tick(components: list[tuple[str, str]]) -> int:
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3)
+    nic = nic_firmware()
+    for host in hosts:
+        installed_version_set(host=host, version=nic["22.1"])
+    train = make_train(pool)
+    for component, version in components:
+        upgrade_create(pool=pool, component=component, version=version, reason="rollout")
+    train_tick(train_id=train.pk)  # the first visit starts and takes the train's only slot
+    assert Visit.objects.filter(train=train, state=VisitState.RUNNING).count() == 1
+    with CaptureQueriesContext(db) as captured:
+        report = train_tick(train_id=train.pk)
+    assert report.events == []
+    return len(captured)
+
+
+def test_a_busy_train_tick_costs_the_same_queries_for_one_or_three_active_upgrades() -> None:
+    one = _queries_of_a_busy_train_tick([("gpu-driver", "560.35.03")])
+    Upgrade.objects.all().delete()
+    Train.objects.all().delete()
+    three = _queries_of_a_busy_train_tick([("gpu-driver", "560.35.03"), ("bios", "2.16.0"), ("nic-firmware", "22.4")])
+    assert three == one

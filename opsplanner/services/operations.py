@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from django.core.exceptions import ValidationError
@@ -25,6 +26,8 @@ from opsplanner.models import (
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 
 SUBJECT_TASK = "opsplanner.hosttask"
+
+log = logging.getLogger(__name__)
 
 
 def _choice(field: str, value: str, choices: type) -> None:
@@ -144,6 +147,10 @@ def operation_submit(
             "source": source,
             "gang": gang,
         },
+    )
+    log.info(
+        "operation submitted",
+        extra={"operation_id": operation.pk, "kind": kind, "hosts": len(host_ids), "source": source},
     )
     return operation
 

@@ -8,6 +8,7 @@ first answer and changes nothing; a different report for a finished item is a co
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -25,6 +26,9 @@ MAX_LEASE_SECONDS = 24 * 3600
 
 class WorkItemConflict(ValidationError):
     """The item is not in a state that allows this (already finished, not yours, not running)."""
+
+
+log = logging.getLogger(__name__)
 
 
 def _validate_claim(limit: int, lease_seconds: int, kinds: list[str] | None) -> None:
@@ -191,4 +195,16 @@ def work_item_report(
         ]
     )
     item.refresh_from_db()
+    log.info(
+        "work item reported %s",
+        outcome,
+        extra={
+            "work_item_id": item_id,
+            "host_id": item.host_id,
+            "task_id": item.host_task_id,
+            "pool_id": item.pool_id,
+            "worker": worker,
+            "outcome": outcome,
+        },
+    )
     return item

@@ -10,6 +10,7 @@ so the samples are the exact capacity curve.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -114,11 +115,18 @@ def simulated_time(start: dt.datetime) -> Iterator[VirtualClock]:
     virtual = VirtualClock(start)
     kick = settings.KICK_TASKS
     settings.KICK_TASKS = False
+    # The services log each tick and submission for operators; a simulation makes thousands a day.
+    quiet = [logging.getLogger(name) for name in ("opsplanner.services", "trains.services")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
     try:
         with clock.use_clock(virtual), live_muted():
             yield virtual
     finally:
         settings.KICK_TASKS = kick
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
 
 
 def simulator_profile_set(config: SimulationConfig) -> SimulatorProfile:

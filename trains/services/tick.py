@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Max
 
-from fleet.models import Host, HostState, InstalledVersion, OptOutWindow, ServicePlacement
+from fleet.models import Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
@@ -38,11 +38,13 @@ from trains.models import (
 from trains.selectors import train_forecast
 from trains.services.trains import train_set_state
 from trains.services.upgrades import (
+    hosts_below_target,
     phase_host_sets,
     upgrade_offboard,
-    upgrade_phase_failures,
     upgrade_phase_successes,
     upgrade_scope_hosts,
+    upgrades_phase_failures,
+    upgrades_phases,
 )
 
 log = logging.getLogger(__name__)
@@ -68,11 +70,21 @@ def trains_tick() -> list[TrainTickReport]:
 
 @dataclass
 class _Plan:
-    """Per active upgrade: the hosts its current phase allows that still need it."""
+    """Per active upgrade: the hosts its current phase allows; which of them still need it is
+    asked of the database only where it matters (a domain being visited, a cycle to open)."""
 
     upgrade: Upgrade
     phase: UpgradePhase
-    pending: set[int]
+    allowed: set[int]
+    _has_pending: bool | None = None
+
+    def pending_among(self, host_ids: set[int]) -> set[int]:
+        return set(hosts_below_target(self.upgrade, self.allowed & host_ids).values_list("id", flat=True))
+
+    def has_pending(self) -> bool:
+        if self._has_pending is None:
+            self._has_pending = hosts_below_target(self.upgrade, self.allowed).exists()
+        return self._has_pending
 
 
 @transaction.atomic
@@ -88,13 +100,21 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         report.skipped = True
         return report
     now = clock.now()
-    plans = _upgrades_step(train, now, report)
+    active = _upgrades_policy_step(train, report)
     _finish_visits(train, now, report)
     _autostop_step(train, now, report)
-    if train.state == TrainState.RUNNING:
-        _start_visits(train, plans, now, report)
+    # Completion, graduation and the hosts still pending matter when a visit could start; while
+    # every visit slot is taken (most ticks of a busy train) they wait for the next free slot.
+    if train.state != TrainState.RUNNING or _visit_slot_free(train):
+        plans = _upgrades_progress_step(train, active, now, report)
+        if train.state == TrainState.RUNNING:
+            _start_visits(train, plans, now, report)
     _forecast_step(train, now, report)
     return report
+
+
+def _visit_slot_free(train: Train) -> bool:
+    return Visit.objects.filter(train=train, state=VisitState.RUNNING).count() < train.visit_concurrency
 
 
 # --- 1. upgrades ------------------------------------------------------------------------------------
@@ -106,43 +126,74 @@ def _train_upgrades(train: Train) -> list[Upgrade]:
     return list(upgrades.select_related("component_version__component").order_by("created_at", "id"))
 
 
-def _upgrades_step(train: Train, now: dt.datetime, report: TrainTickReport) -> list[_Plan]:
-    plans = []
-    for upgrade in _train_upgrades(train):
-        phases = list(upgrade.phases.order_by("position"))
-        phase = phases[upgrade.current_phase]
-        failures = upgrade_phase_failures(upgrade, phase)
-        # Successes only matter for a failure rate (when something failed) or a phase to graduate to.
-        needs_successes = (upgrade.max_failure_rate is not None and failures > 0) or phase.position + 1 < len(phases)
+@dataclass
+class _Active:
+    upgrade: Upgrade
+    phases: list[UpgradePhase]
+    successes: int
+
+    @property
+    def phase(self) -> UpgradePhase:
+        return self.phases[self.upgrade.current_phase]
+
+
+def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active]:
+    """Offboard the upgrades that fail beyond their policy; the others, with their phases. Phases
+    and failures are read once for all the train's upgrades (this runs on every train tick)."""
+    upgrades = _train_upgrades(train)
+    if not upgrades:
+        return []
+    phases = upgrades_phases(upgrades)
+    failures = upgrades_phase_failures(upgrades, {u.pk: phases[u.pk][u.current_phase] for u in upgrades})
+    active = []
+    for upgrade in upgrades:
+        phase = phases[upgrade.pk][upgrade.current_phase]
+        failed = failures.get(upgrade.pk, 0)
+        # Successes only matter for a phase to graduate to, or for a failure rate the failures so far
+        # could breach (the rate is highest with the fewest successes the policy counts from).
+        needs_successes = _rate_could_breach(upgrade, failed) or phase is not phases[upgrade.pk][-1]
         successes = upgrade_phase_successes(upgrade, phase.position) if needs_successes else 0
-        breach = _policy_breach(upgrade, phase, failures, successes)
+        breach = _policy_breach(upgrade, phase, failed, successes)
         if breach:
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
             report.events.append(f"offboarded upgrade {upgrade.pk}")
             continue
-        scope = upgrade_scope_hosts(upgrade)
-        sets = phase_host_sets(phases, scope)
-        # At or beyond the target: a newer release of the component that reached a host first
-        # supersedes this upgrade there (the train never takes a host back down).
-        target = upgrade.component_version
-        at_target = set(
-            InstalledVersion.objects.filter(
-                host_id__any=scope, component_id=target.component_id, version__sort_key__gte=target.sort_key
-            ).values_list("host_id", flat=True)
-        )
-        if at_target >= set(scope):
+        active.append(_Active(upgrade=upgrade, phases=phases[upgrade.pk], successes=successes))
+    return active
+
+
+def _upgrades_progress_step(
+    train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport
+) -> list[_Plan]:
+    """Complete the upgrades every host has, graduate phases; the plans of the others."""
+    scopes: dict[str, list[int]] = {}
+    plans = []
+    for entry in active:
+        upgrade, phases, phase = entry.upgrade, entry.phases, entry.phase
+        if upgrade.scope not in scopes:  # the upgrades of a pool mostly share one scope ("pool X")
+            scopes[upgrade.scope] = upgrade_scope_hosts(upgrade)
+        scope = scopes[upgrade.scope]
+        # Done when every host runs the target or newer: a newer release of the component that
+        # reached a host first supersedes this upgrade there (the train never takes a host back down).
+        if not hosts_below_target(upgrade, scope).exists():
             _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version} or newer")
             report.events.append(f"completed upgrade {upgrade.pk}")
             continue
-        allowed = sets[phase.position]
-        pending = allowed - at_target
-        if phase.position + 1 < len(phases) and _graduates(upgrade, phase, successes, pending, now):
-            _graduate(upgrade, phase, phases[phase.position + 1], successes, now)
+        sets = phase_host_sets(phases, scope)
+        plan = _Plan(upgrade=upgrade, phase=phase, allowed=sets[phase.position])
+        if phase is not phases[-1] and _graduates(upgrade, phase, entry.successes, plan.has_pending(), now):
+            following = phases[phase.position + 1]
+            _graduate(upgrade, phase, following, entry.successes, now)
             report.events.append(f"upgrade {upgrade.pk} graduated to phase {phase.position + 1}")
-            phase = phases[phase.position + 1]
-            pending = sets[phase.position] - at_target
-        plans.append(_Plan(upgrade=upgrade, phase=phase, pending=pending))
+            plan = _Plan(upgrade=upgrade, phase=following, allowed=sets[following.position])
+        plans.append(plan)
     return plans
+
+
+def _rate_could_breach(upgrade: Upgrade, failed: int) -> bool:
+    if upgrade.max_failure_rate is None or not failed:
+        return False
+    return failed / max(upgrade.failure_rate_min_hosts, failed) > float(upgrade.max_failure_rate)
 
 
 def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, successes: int) -> str:
@@ -161,7 +212,7 @@ def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, success
     return ""
 
 
-def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, pending: set[int], now: dt.datetime) -> bool:
+def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, pending: bool, now: dt.datetime) -> bool:
     """Enough successes (or nothing of the phase left to do), then the soak time."""
     open_tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade, state__in=OPEN_TASK_STATES).exists()
     reached = successes >= phase.min_successes or (not pending and not open_tasks)
@@ -296,7 +347,7 @@ def _open_cycle(train: Train, plans: list[_Plan], now: dt.datetime) -> Cycle | N
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is not None:
         return cycle
-    if not any(plan.pending for plan in plans):
+    if not any(plan.has_pending() for plan in plans):
         return None  # nothing to do: the train idles rather than spinning empty cycles
     number = (Cycle.objects.filter(train=train).aggregate(n=Max("number"))["n"] or 0) + 1
     cycle = Cycle.objects.create(
@@ -384,7 +435,7 @@ def _start_visit(train: Train, visit: Visit, plans: list[_Plan], now: dt.datetim
     )
     steps = []
     for plan in plans:
-        hosts = sorted(plan.pending & in_service)
+        hosts = sorted(plan.pending_among(in_service))
         if plan.upgrade.multi_cycle and plan.upgrade.hosts_per_visit:
             hosts = hosts[: plan.upgrade.hosts_per_visit]
         if hosts:

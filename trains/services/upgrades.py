@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from fleet.models import Host, HostState, InstalledVersion, MaintenanceDomain, Pool
 from fleet.selectors.compatibility import host_incompatibilities
@@ -110,10 +112,11 @@ def phase_host_sets(phases: list[UpgradePhase], scope_ids: list[int]) -> list[se
     """The hosts each phase allows (each includes the earlier phases' hosts)."""
     domains = [p.domain_id for p in phases if p.domain_id]
     in_domain: dict[int, set[int]] = {d: set() for d in domains}
-    for host_id, domain_id in Host.objects.filter(pk__any=scope_ids, domain_id__in=domains).values_list(
-        "id", "domain_id"
-    ):
-        in_domain[domain_id].add(host_id)
+    if domains:  # percentage phases need no query
+        for host_id, domain_id in Host.objects.filter(pk__any=scope_ids, domain_id__in=domains).values_list(
+            "id", "domain_id"
+        ):
+            in_domain[domain_id].add(host_id)
     allowed: set[int] = set()
     sets = []
     for phase in phases:
@@ -244,6 +247,44 @@ def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
     for prefix in NOT_THE_UPGRADES_FAULT:
         failed = failed.exclude(failure_reason__startswith=prefix)
     return failed.count()
+
+
+def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
+    """Each upgrade's phases in order (one query)."""
+    phases: dict[int, list[UpgradePhase]] = defaultdict(list)
+    for phase in UpgradePhase.objects.filter(upgrade_id__in=[u.pk for u in upgrades]).order_by(
+        "upgrade_id", "position"
+    ):
+        phases[phase.upgrade_id].append(phase)
+    return phases
+
+
+def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradePhase]) -> dict[int, int]:
+    """Failures in each upgrade's current phase, counted as upgrade_phase_failures counts them, in
+    one query (failed tasks are few; the phase and restart filters are applied here)."""
+    failed = HostTask.objects.filter(
+        operation__visit_link__upgrade_id__in=[u.pk for u in upgrades], state=TaskState.FAILED
+    )
+    for prefix in NOT_THE_UPGRADES_FAULT:
+        failed = failed.exclude(failure_reason__startswith=prefix)
+    counts: dict[int, int] = defaultdict(int)
+    rows = failed.values_list("operation__visit_link__upgrade_id", "operation__visit_link__phase", "finished_at")
+    for upgrade_id, position, finished_at in rows:
+        phase = current[upgrade_id]
+        restarted = phase.started_at
+        if position == phase.position and (restarted is None or (finished_at is not None and finished_at >= restarted)):
+            counts[upgrade_id] += 1
+    return counts
+
+
+def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Host]:
+    """The hosts among `host_ids` that run neither the upgrade's target nor a newer version of its
+    component (a newer release that reached a host first supersedes the upgrade there)."""
+    target = upgrade.component_version
+    at_or_beyond = InstalledVersion.objects.filter(
+        host_id=OuterRef("pk"), component_id=target.component_id, version__sort_key__gte=target.sort_key
+    )
+    return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(at_or_beyond))
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:

@@ -273,15 +273,18 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
         if task.id not in incompatible:
             successor.setdefault(task.host_id, task)
     handing = [by_host[host_id] for host_id in successor]
-    for task in handing:
-        nxt = successor[task.host_id]
-        ctx.move_tasks(
-            [task],
-            expected=TaskState.RUNNING,
-            new=TaskState.HANDED_OVER,
-            finished_at=ctx.now,
-            reason=f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}",
-        )
+    ctx.move_tasks(
+        handing,
+        expected=TaskState.RUNNING,
+        new=TaskState.HANDED_OVER,
+        finished_at=ctx.now,
+        reason="applied; host handed over",
+        reasons={
+            task.id: f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}"
+            for task in handing
+            for nxt in [successor[task.host_id]]
+        },
+    )
     ctx.release_leases([t.id for t in handing], reason="handed over without returning to service")
     takers = [successor[t.host_id] for t in handing]
     ctx.move_tasks(

@@ -144,11 +144,13 @@ class TickContext:
         new: str,
         via: str = "",
         reason: str = "",
+        reasons: dict[int, str] | None = None,
         **fields: Any,
     ) -> None:
         """One guarded UPDATE from expected to new, and an event per task. With via, the tasks pass
         through that state inside this transaction (nobody else can see it): still one UPDATE, and two
-        events per task (expected → via, then via → new, the reason on the second), as two moves would write."""
+        events per task (expected → via, then via → new, the reason on the second), as two moves would write.
+        `reasons` gives some tasks their own reason (by task id), still in the one UPDATE."""
         tasks = list(tasks)
         if not tasks:
             return
@@ -174,7 +176,7 @@ class TickContext:
                         task.id,
                         pool_id,
                         task.host_id,
-                        why,
+                        reasons.get(task.id, why) if reasons and why else why,
                         f"{head}{task.operation_id:d}}}",
                     )
                 )

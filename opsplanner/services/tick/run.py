@@ -70,10 +70,16 @@ def pool_tick(
                 transaction.on_commit(_kick_simulator)
     except (ConcurrentChange, IntegrityError) as change:
         # Someone changed rows this tick read; nothing was written. The next tick retries.
-        log.warning("tick of pool %s rolled back: %s", pool_id, change)
+        log.warning("tick of pool %s rolled back: %s", pool_id, change, extra={"pool_id": pool_id})
         report.retried = True
         _record_conflict(pool_id, str(change))
     report.seconds = time.perf_counter() - started
+    if report.counts:
+        log.info(
+            "pool %s ticked",
+            pool_id,
+            extra={"pool_id": pool_id, "seconds": round(report.seconds, 4), "counts": dict(report.counts)},
+        )
     return report
 
 
