@@ -7,6 +7,7 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
+from django.core.validators import ProhibitNullCharactersValidator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -19,6 +20,12 @@ ACTION_WORDS = {
     Action.MANAGE_OWN_SERVICE: "manage services' opt-out windows and reservations",
     Action.EXECUTE: "execute work items",
 }
+
+
+def no_null_characters(value: str) -> None:
+    """Text posted without a form (a decision's reason): refuse NUL characters with a
+    ValidationError, as a form's CharField does; PostgreSQL cannot store them."""
+    ProhibitNullCharactersValidator()(value)
 
 
 def refuse(request: HttpRequest, message: str, *, status: int = 403) -> HttpResponse:

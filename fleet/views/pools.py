@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -10,11 +9,13 @@ from django.views.decorators.http import require_GET
 
 from fleet.filters import HostFilter
 from fleet.models import Host, HostState, Pool
+from opsplanner.permissions import Action
+from opsplanner.web import action_required
 
 HOSTS_PER_PAGE = 100
 
 
-@login_required
+@action_required(Action.READ)  # not only logged in: executors get no fleet pages
 @require_GET
 def pool_hosts(request: HttpRequest, name: str) -> HttpResponse:
     pool = get_object_or_404(Pool, name=name)

@@ -16,6 +16,10 @@ DEFAULT_AFTER = dt.timedelta(days=5)
 MIN_SPAN = dt.timedelta(hours=1)
 MAX_SPAN = dt.timedelta(days=31)
 MAX_EXPANDED = 20
+# Times outside these are refused: the window's defaults and the zoom and pan links add and subtract
+# weeks, which must not run off the calendar (year 1 or 9999: OverflowError, a server error).
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,10 @@ class GanttForm(forms.Form):
         data = super().clean() or {}
         now = clock.now()
         start, end = self._utc(data.get("start")), self._utc(data.get("end"))
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and not EARLIEST <= value <= LATEST:
+                self.add_error(name, f"Give a time between {EARLIEST:%Y} and {LATEST:%Y}.")
+                return data
         if start is None and end is None:
             start, end = now - DEFAULT_BEFORE, now + DEFAULT_AFTER
         elif start is None:

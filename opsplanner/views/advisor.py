@@ -119,7 +119,7 @@ def _selected(request: HttpRequest) -> int | None:
     raw = request.GET.get("run", "")
     if not raw:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone admits "²", which int() refuses
         raise Http404("No such advisor run.")
     return int(raw)
 

@@ -24,7 +24,7 @@ from opsplanner.live_pages import live_page
 from opsplanner.models import Approval, ApprovalKind, ApprovalState
 from opsplanner.permissions import Action, user_can
 from opsplanner.services.approvals import approval_decide
-from opsplanner.web import action_required
+from opsplanner.web import action_required, no_null_characters
 
 PAGE = "opsplanner/approvals.html"
 PARTIAL = "opsplanner/htmx/approvals_queue.html"
@@ -117,10 +117,10 @@ def approval_decide_view(request: HttpRequest, pk: int) -> HttpResponse:
     if decision not in DECISIONS:
         level, text = "error", "Nothing was decided: choose approve or reject."
     else:
+        reason = request.POST.get("reason", "")
         try:
-            approval = approval_decide(
-                approval_id=pk, approve=DECISIONS[decision], reason=request.POST.get("reason", ""), actor=request.user
-            )
+            no_null_characters(reason)
+            approval = approval_decide(approval_id=pk, approve=DECISIONS[decision], reason=reason, actor=request.user)
         except ValidationError as error:
             level, text = "error", f"Nothing was decided: {' '.join(error.messages)}"
         else:

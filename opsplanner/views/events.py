@@ -30,7 +30,7 @@ def _event_page(values: dict[str, str]) -> dict[str, Any]:
     events = filters.qs.order_by("-id")
     before = values.get("before", "")
     if before:
-        if not before.isdigit():
+        if not (before.isascii() and before.isdigit()):  # isdigit alone admits "²", which int() refuses
             filters.errors["before"] = ["Before takes an event id (a whole number)."]
             return context
         events = events.filter(id__lt=int(before))

@@ -29,7 +29,7 @@ from opsplanner.htmx import render_page
 from opsplanner.live import APPROVALS_GROUP
 from opsplanner.live_pages import live_page
 from opsplanner.permissions import Action, user_can
-from opsplanner.web import action_required
+from opsplanner.web import action_required, no_null_characters
 from trains.models import Train, Upgrade, UpgradeState
 from trains.selectors_web import (
     TrainRow,
@@ -114,6 +114,7 @@ def _train_transition(request: HttpRequest, pk: int, change: Callable[..., Train
     train = get_object_or_404(Train, pk=pk)
     reason = request.POST.get("reason", "")
     try:
+        no_null_characters(reason)
         train = change(train_id=train.pk, reason=reason, actor=request.user)
     except ValidationError as error:
         level, text = "error", f"Nothing changed: {' '.join(error.messages)}"
@@ -196,6 +197,7 @@ def upgrade_reonboard_view(request: HttpRequest, pk: int) -> HttpResponse:
     upgrade = get_object_or_404(Upgrade, pk=pk)
     reason = request.POST.get("reason", "")
     try:
+        no_null_characters(reason)
         approval = upgrade_reonboard_request(upgrade_id=upgrade.pk, reason=reason, actor=request.user)
     except ValidationError as error:
         level, text = "error", f"Nothing was requested: {' '.join(error.messages)}"
