@@ -545,3 +545,28 @@ def test_a_busy_train_tick_costs_the_same_queries_for_one_or_three_active_upgrad
     Train.objects.all().delete()
     three = _queries_of_a_busy_train_tick([("gpu-driver", "560.35.03"), ("bios", "2.16.0"), ("nic-firmware", "22.4")])
     assert three == one
+
+
+def test_a_pool_tick_committing_during_the_capacity_check_does_not_autostop_the_train(monkeypatch) -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=3)  # planned buffer: one domain (3 hosts)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
+    train_tick(train_id=train.pk)
+    pool_tick(pool_id=pool.pk, kick=False)
+    assert Host.objects.filter(pool=pool, state=HostState.DRAINING).count() == 3
+    real_capacity = train_tick_module.pool_capacity
+
+    def capacity_then_a_pool_tick_commits(checked: Pool):
+        capacity = real_capacity(checked)
+        # What a pool tick committing right now leaves behind (READ COMMITTED: the next statement sees
+        # it): the visit's hosts back in service and its tasks done.
+        HostTask.objects.filter(pool_id=pool.pk).exclude(state=TaskState.PENDING).update(state=TaskState.DONE)
+        Host.objects.filter(pool=pool).update(state=HostState.IN_SERVICE)
+        return capacity
+
+    monkeypatch.setattr(train_tick_module, "pool_capacity", capacity_then_a_pool_tick_commits)
+    train_tick(train_id=train.pk)
+
+    assert Train.objects.get(pk=train.pk).state == TrainState.RUNNING
+    assert not Event.objects.filter(kind="train.autostopped", subject_id=train.pk).exists()

@@ -267,7 +267,9 @@ def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
     succeeded = tasks.filter(
         state__in=[TaskState.DONE, TaskState.HANDED_OVER],
         host__state=HostState.IN_SERVICE,
-        host__installed_versions__version=OuterRef("upgrade__component_version_id"),
+        # At or beyond the target, as the train counts it (a newer release supersedes the upgrade).
+        host__installed_versions__component_id=OuterRef("upgrade__component_version__component_id"),
+        host__installed_versions__version__sort_key__gte=OuterRef("upgrade__component_version__sort_key"),
     )
     return list(
         UpgradePhase.objects.filter(upgrade_id__in=upgrade_ids)

@@ -15,9 +15,9 @@ import logging
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Exists, Max, OuterRef
 
-from fleet.models import Host, HostState, OptOutWindow, ServicePlacement
+from fleet.models import PLANNED_OUT_STATES, Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
@@ -300,14 +300,19 @@ def _exhausted(train: Train) -> str:
         floor = min(floor, train.pool.hard_floor_hosts)  # an approved emergency goes down to the hard floor
     if capacity.in_service < floor:
         return f"pool {name} is below its floor: {capacity.in_service} in service, floor {floor}"
-    ours = HostTask.objects.filter(
-        operation__visit_link__visit__train=train, state__in=OPEN_TASK_STATES - {TaskState.PENDING}
-    ).count()
-    if buffers.planned and capacity.planned_out - ours >= buffers.planned:
-        return (
-            f"planned buffer of pool {name} exhausted by other work: {capacity.planned_out - ours} hosts out, "
-            f"buffer {buffers.planned}"
+    if buffers.planned:
+        # One statement: counted apart, a pool tick committing in between (hosts back, tasks done)
+        # made the train's own finished hosts look like other work and stopped it for nothing.
+        ours = HostTask.objects.filter(
+            host_id=OuterRef("pk"),
+            operation__visit_link__visit__train=train,
+            state__in=OPEN_TASK_STATES - {TaskState.PENDING},
         )
+        others = Host.objects.filter(pool_id=train.pool_id, state__in=PLANNED_OUT_STATES).filter(~Exists(ours)).count()
+        if others >= buffers.planned:
+            return (
+                f"planned buffer of pool {name} exhausted by other work: {others} hosts out, buffer {buffers.planned}"
+            )
     return ""
 
 
