@@ -24,7 +24,7 @@ from opsplanner.models import (
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_item_report, work_items_claim
-from tests.builders import make_fleet, make_service
+from tests.builders import make_fleet, make_service, make_version
 from tests.driving import drive, instant_simulator
 
 pytestmark = pytest.mark.django_db
@@ -407,3 +407,29 @@ def test_the_sweep_closes_an_operation_whose_last_tasks_finished_in_two_pools_at
     assert operations_close_finished() == 1
     assert Operation.objects.get(pk=operation.pk).state == OperationState.COMPLETED
     assert Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()
+
+
+def test_a_host_whose_check_fails_after_two_upgrades_of_one_component_returns_from_repair_at_the_newer() -> None:
+    """One drain applies bios 2.16.0, hands over to 2.17.0, and a failed check sends the host to
+    repair: the repaired host runs 2.17.0, which this drain applied, so it returns rather than being
+    sent back to repair for "2.17.0 where the target is 2.16.0" until it is escalated."""
+    from fleet.models import Component
+
+    instant_simulator(verify_failure_rate=1)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    make_version(Component.objects.get(name="bios"), "2.17.0")
+    upgrade(pool, component="bios", version="2.16.0", priority=200)
+    upgrade(pool, component="bios", version="2.17.0", priority=100)
+
+    def repairing() -> bool:
+        return Host.objects.get(pk=hosts[0].pk).state == HostState.REPAIR
+
+    drive(pool, until=repairing)
+    assert installed(hosts[0], "bios") == "2.17.0"
+    assert HostTask.objects.filter(host=hosts[0], state=TaskState.HANDED_OVER).count() == 1
+
+    instant_simulator()  # the repair and its checks succeed
+    drive(pool)
+    assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
+    assert installed(hosts[0], "bios") == "2.17.0"
+    assert not Event.objects.filter(kind="host.escalated").exists()

@@ -399,21 +399,31 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
         return {}
     by_key = {task.drain_key: task for task in tasks}
     chain = HostTask.objects.filter(
-        drain_key__in=by_key, state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING], operation__kind="upgrade"
+        drain_key__in=by_key,
+        state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING, TaskState.FAILED],
+        operation__kind="upgrade",
     ).values_list(
         "drain_key",
         "host_id",
         "operation__component_version_id",
         "operation__component_version__component_id",
         "finished_at",
+        "state",
     )
     # Two upgrades of one component in a drain: the one applied last is the target (the task still
     # verifying has no finished_at and is the last of the chain).
     latest: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    for drain_key, host_id, target_id, component_id, _finished in sorted(
+    # An upgrade of the drain that failed after applying its version (a failed check sent the host
+    # to repair) leaves that version installed: the repaired host may return with it, not be sent
+    # back to repair for running something newer than the task it superseded.
+    failed_targets: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for drain_key, host_id, target_id, component_id, _finished, state in sorted(
         chain, key=lambda row: (row[4] is None, row[4] or _FAR_PAST)
     ):
-        latest[(drain_key, component_id)] = (drain_key, host_id, target_id, component_id)
+        if state == TaskState.FAILED:
+            failed_targets[(drain_key, component_id)].add(target_id)
+        else:
+            latest[(drain_key, component_id)] = (drain_key, host_id, target_id, component_id)
     targets = list(latest.values())
     installed = {
         (host_id, component_id): version_id
@@ -429,7 +439,7 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     problems: dict[int, list[str]] = defaultdict(list)
     for drain_key, host_id, target_id, component_id in targets:
         actual = installed.get((host_id, component_id))
-        if actual != target_id:
+        if actual != target_id and actual not in failed_targets[(drain_key, component_id)]:
             problems[by_key[drain_key].id].append(
                 f"version {names.get(actual, 'none')} installed where the target is {names.get(target_id)}"
             )
