@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.common import Figure
 
-BENCHMARKS = ["seed", "tick", "host_ops", "api", "gantt", "simulate"]
+BENCHMARKS = ["seed", "tick", "host_ops", "api", "gantt", "simulate", "reliability"]
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
 
