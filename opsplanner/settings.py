@@ -126,7 +126,9 @@ else:
     }
     # Under ASGI (daphne) every request runs on a fresh thread: a persistent connection is never
     # reused and piles up until PostgreSQL refuses new clients. Web processes use psycopg's pool
-    # (per process, DATABASE_POOL_MAX_SIZE connections); workers keep their one persistent connection.
+    # (per process, DATABASE_POOL_MAX_SIZE connections). Celery workers connect anew for each task:
+    # Celery's Django fixup closes the connection before and after every task (CELERY_DB_REUSE_MAX unset),
+    # so CONN_MAX_AGE serves management commands and the embedded server, not the workers.
     _pool_max = env_int("DATABASE_POOL_MAX_SIZE", 8 if env_bool("OPSPLANNER_ASGI", False) else 0, minimum=0)
     if _pool_max:
         DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": _pool_max, "timeout": 10}
