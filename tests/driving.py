@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
+
+from django.db import connection
 
 from fleet.models import Pool
 from opsplanner.models import OPEN_TASK_STATES, HostTask, SimulatorProfile, WorkItem, WorkState
@@ -79,3 +82,23 @@ def drive_trains(
         if until():
             return round_number
     raise AssertionError(f"not done after {max_rounds} rounds")
+
+
+def in_threads(*targets: Callable[[], None], timeout: float = 120) -> list[BaseException]:
+    """Run each target in its own thread with its own database connection; return what they raised."""
+    errors: list[BaseException] = []
+
+    def run(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as error:  # noqa: BLE001 - reported to the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(target,)) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return errors

@@ -306,23 +306,3 @@ def record_fault(fault: str, *, invariant_checks: int, **extra: object) -> None:
 
 
 _figures_lock = threading.Lock()
-
-
-def run_in_threads(*targets: Callable[[], None], timeout: float = 120) -> list[BaseException]:
-    """Each target in its own thread with its own database connection; returns what they raised."""
-    errors: list[BaseException] = []
-
-    def run(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as error:  # noqa: BLE001 - reported to the test
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(target,)) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=timeout)
-    return errors

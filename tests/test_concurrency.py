@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from fleet.models import Pool
 from opsplanner.models import HostTask, Lease, TaskState
@@ -17,29 +16,9 @@ from opsplanner.services.operations import operation_cancel, operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
-from tests.driving import ACTIVE, drive, instant_simulator
+from tests.driving import ACTIVE, drive, in_threads, instant_simulator
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def in_threads(*targets: Callable[[], None]) -> list[BaseException]:
-    """Run each target in its own thread with its own connection; return what they raised."""
-    errors: list[BaseException] = []
-
-    def run(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as error:  # noqa: BLE001 - reported to the test
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return errors
 
 
 def test_a_second_tick_of_a_locked_pool_skips_it() -> None:

@@ -36,7 +36,7 @@ from opsplanner.services.work_items import (
     work_items_claim,
 )
 from tests.builders import make_fleet
-from tests.driving import busy, instant_simulator
+from tests.driving import busy, in_threads, instant_simulator
 from tests.faults_helpers import (
     RedisServer,
     Watch,
@@ -48,7 +48,6 @@ from tests.faults_helpers import (
     kill_worker,
     record_fault,
     redelivered,
-    run_in_threads,
     sessions,
     stop_all,
     terminate_backends,
@@ -352,7 +351,7 @@ class TestWithSharedWorkers:
                 stop.set()
 
         try:
-            errors = run_in_threads(
+            errors = in_threads(
                 this_process_ticks_too,
                 this_process_ticks_too,
                 each_step_called_twice_with_the_same_ids,
