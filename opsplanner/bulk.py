@@ -13,6 +13,8 @@ from typing import Any
 from django.db import connection, models, transaction
 
 SQLITE_BATCH = 500
+# Up to this many rows, one INSERT … VALUES: the COPY path's temporary table costs more than it saves.
+VALUES_BATCH = 200
 
 
 def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
@@ -21,6 +23,8 @@ def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iter
     if not rows:
         return 0
     if connection.vendor == "postgresql":
+        if len(rows) <= VALUES_BATCH:
+            return _values_insert_missing(model, columns, rows)
         return _copy_insert_missing(model._meta.db_table, columns, rows)
     before = model.objects.count()
     model.objects.bulk_create(
@@ -29,6 +33,28 @@ def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iter
         batch_size=SQLITE_BATCH,
     )
     return model.objects.count() - before
+
+
+def _values_insert_missing(model: type[models.Model], columns: Sequence[str], rows: list[Sequence[Any]]) -> int:
+    """One INSERT … VALUES … ON CONFLICT DO NOTHING, each value cast to its column's type (JSON
+    columns take JSON text, as with COPY)."""
+    types = {field.column: _cast_type(field.db_type(connection) or "") for field in model._meta.concrete_fields}
+    row_sql = "(" + ", ".join(f"%s::{types[column]}" for column in columns) + ")"
+    quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {model._meta.db_table} ({quoted}) VALUES {', '.join([row_sql] * len(rows))} "
+            "ON CONFLICT DO NOTHING",
+            [value for row in rows for value in row],
+        )
+        return cursor.rowcount
+
+
+def _cast_type(db_type: str) -> str:
+    """The type to cast a value to: without length or precision (an explicit cast to varchar(64)
+    would cut a longer value where inserting it fails, as COPY does)."""
+    base = db_type.split("(")[0].strip()
+    return {"varchar": "text", "bigserial": "bigint", "serial": "integer", "smallserial": "smallint"}.get(base, base)
 
 
 def _copy_insert_missing(table: str, columns: Sequence[str], rows: list[Sequence[Any]]) -> int:

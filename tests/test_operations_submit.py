@@ -124,6 +124,10 @@ def test_an_upgrade_that_would_break_compatibility_is_refused_naming_the_rule(fl
         ({"kind": "reboot", "scope": "pool train", "reason": " "}, "Say why this operation is needed."),
         ({"kind": "reboot", "scope": "pool train", "executor": "magic"}, "'magic' is not one of"),
         ({"kind": "reboot", "scope": "pool train", "gang": True}, "can never fit in pool train's planned buffer"),
+        (
+            {"kind": "reboot", "scope": "pool train", "override_buffers": True},
+            "Only an approved emergency may override the buffers.",
+        ),
     ],
 )
 def test_bad_operations_are_refused_with_the_reason(fleet, fields, message) -> None:

@@ -50,15 +50,25 @@ def visit_seconds(train: Train) -> float:
     return sum((end - start).total_seconds() for start, end in recent) / len(recent)
 
 
-def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:
+def train_forecast(
+    train: Train, *, now: dt.datetime | None = None, cycle: Cycle | None = None, last_visits: bool = True
+) -> TrainForecast:
+    """The forecast of the open cycle (pass it as `cycle` if already read). Without `last_visits`
+    the domains' last visit times are left out: the train tick needs only the cycle's end, and
+    they are an aggregate over every visit the train ever made."""
     now = now or clock.now()
-    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
+    if cycle is None:
+        cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     seconds = visit_seconds(train)
-    last = dict(
-        Visit.objects.filter(train=train, state=VisitState.DONE)
-        .values("domain_id")
-        .annotate(at=Max("ended_at"))
-        .values_list("domain_id", "at")
+    last = (
+        dict(
+            Visit.objects.filter(train=train, state=VisitState.DONE)
+            .values("domain_id")
+            .annotate(at=Max("ended_at"))
+            .values_list("domain_id", "at")
+        )
+        if last_visits
+        else {}
     )
     visits = {v.domain_id: v for v in Visit.objects.filter(cycle=cycle).select_related("domain")} if cycle else {}
     stops = list(train.stops.select_related("domain").order_by("position"))

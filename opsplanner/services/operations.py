@@ -70,6 +70,8 @@ def operation_submit(
         raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
     if not reason or not reason.strip():
         raise ValidationError({"reason": "Say why this operation is needed."})
+    if override_buffers and source != OperationSource.EMERGENCY:
+        raise ValidationError({"override_buffers": "Only an approved emergency may override the buffers."})
     target = None
     if kind == OperationKind.UPGRADE:
         if not component or not version:
@@ -114,7 +116,8 @@ def operation_submit(
         override_buffers=override_buffers,
         created_at=now,
     )
-    operation.full_clean()
+    # The table's check constraints are checked above, in words (each would otherwise cost a query).
+    operation.full_clean(validate_constraints=False)
     operation.save()
     HostTask.objects.bulk_create(
         [

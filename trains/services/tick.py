@@ -522,8 +522,9 @@ def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> N
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is None:
         return
-    forecast = train_forecast(train, now=now)
-    Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
+    forecast = train_forecast(train, now=now, cycle=cycle, last_visits=False)
+    if forecast.cycle_end != cycle.forecast_end_at:
+        Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
     if forecast.meets_slo or cycle.miss_alerted_at is not None:
         return
     Cycle.objects.filter(pk=cycle.pk).update(miss_alerted_at=now, miss_cause=forecast.miss_cause[:500])

@@ -126,13 +126,15 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
     least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back keep the reason
     they last got, and get one when they come within the horizon."""
-    headroom = pool_headroom(ctx)
-    horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
     # Pending tasks belong to open operations (cancelling or closing one leaves none pending), so
     # the queue is read from the partial index alone, without a join.
     pending = HostTask.objects.filter(pool_id=ctx.pool.pk, state=TaskState.PENDING).order_by(
         "-priority", "created_at", "id"
     )
+    if not pending.exists():  # most ticks of a busy pool: its work is all under way
+        return
+    headroom = pool_headroom(ctx)
+    horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
     candidates = task_refs(pending[:horizon])
     if len(candidates) == horizon:  # work that takes no capacity is never stuck behind work that does
         in_place = list(
