@@ -5,6 +5,7 @@ two-person rule, and list endpoints whose query count does not grow with the pag
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 from typing import Any
 
@@ -25,6 +26,7 @@ from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.api_helpers import token_client
 from tests.builders import make_fleet, make_service
+from tests.driving import in_threads
 from tests.trains_builders import make_train, make_user
 from trains.models import Train, Upgrade
 
@@ -337,27 +339,17 @@ def test_several_executors_claiming_at_once_never_claim_an_item_twice() -> None:
     clients = [token_client(make_user(Role.EXECUTOR)) for _ in range(6)]
     barrier = threading.Barrier(len(clients))
     claims: dict[str, list[int]] = {client.user.get_username(): [] for client in clients}
-    errors: list[BaseException] = []
 
     def claim_until_empty(client: APIClient) -> None:
-        try:
-            barrier.wait(timeout=10)
-            while True:
-                response = client.post("/api/work-items/claim/", {"limit": 2, "pool": pool.pk}, format="json")
-                assert response.status_code == 200, response.content
-                if not response.json():
-                    return
-                claims[client.user.get_username()].extend(item["id"] for item in response.json())
-        except BaseException as error:  # noqa: BLE001 - reported by the main thread
-            errors.append(error)
-        finally:
-            connection.close()
+        barrier.wait(timeout=10)
+        while True:
+            response = client.post("/api/work-items/claim/", {"limit": 2, "pool": pool.pk}, format="json")
+            assert response.status_code == 200, response.content
+            if not response.json():
+                return
+            claims[client.user.get_username()].extend(item["id"] for item in response.json())
 
-    threads = [threading.Thread(target=claim_until_empty, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    errors = in_threads(*(functools.partial(claim_until_empty, client) for client in clients), timeout=60)
     assert not errors, errors
     every_claim = [item_id for ids in claims.values() for item_id in ids]
     assert len(every_claim) == len(set(every_claim)), "an item was claimed twice"
