@@ -95,6 +95,7 @@ def child() -> None:
     simulator_profile_instant(batch_size=100_000)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")  # what autovacuum does on a live database after a bulk load
+        cursor.execute("CHECKPOINT")  # and the bulk load long written out, not flushed during the ticks
     _warm_like_a_worker()
     figures = {"cold": _timed_tick()}
     figures["idle"] = _timed_tick()

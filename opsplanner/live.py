@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -78,11 +79,47 @@ def _send_unsent(groups: frozenset[str]) -> None:
     _sent.groups = already | unsent
     if not unsent:
         return
+    with _batch_lock:
+        if _batch is not None:
+            _batch.update(unsent)
+            return
+    _send(unsent)
+
+
+def _send(groups: set[str]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        for group in sorted(unsent):
-            async_to_sync(layer.group_send)(group, {"type": MESSAGE_TYPE, "group": group})
+        async_to_sync(_group_send_all)(layer, sorted(groups))
     except Exception as error:  # noqa: BLE001 - live updates are best effort; pages also poll
-        log.warning("live update not sent (%s): %s", ", ".join(sorted(unsent)), error)
+        log.warning("live update not sent (%s): %s", ", ".join(sorted(groups)), error)
+
+
+async def _group_send_all(layer: Any, groups: list[str]) -> None:
+    # One trip through async_to_sync (an event loop and a channel-layer connection) for all of them.
+    for group in groups:
+        await layer.group_send(group, {"type": MESSAGE_TYPE, "group": group})
+
+
+_batch: set[str] | None = None
+_batch_lock = threading.Lock()
+
+
+@contextmanager
+def live_batched() -> Iterator[None]:
+    """Collect what commits inside the block announce, from any thread, and send it once at its
+    end: the fleet tick commits a transaction per pool, and each send costs a few milliseconds."""
+    global _batch
+    with _batch_lock:
+        outer, _batch = _batch, set()
+    try:
+        yield
+    finally:
+        with _batch_lock:
+            collected, _batch = _batch, outer
+            if outer is not None:
+                outer.update(collected)
+                collected = set()
+        if collected:
+            _send(collected)

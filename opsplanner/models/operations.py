@@ -137,8 +137,10 @@ class WaitingCode(models.TextChoices):
 
 
 class HostTask(models.Model):
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="tasks")
-    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="tasks")
+    # No single-column indexes: (operation, host) and (host, state) below lead with these columns,
+    # and every index is one more write per state change.
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="tasks", db_index=False)
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="tasks", db_index=False)
     pool_id = models.BigIntegerField(help_text="the host's pool, copied so each pool's tick reads only its rows")
     priority = models.PositiveSmallIntegerField(help_text="the operation's, copied for the admission order")
     state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.PENDING)

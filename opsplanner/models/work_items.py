@@ -42,7 +42,8 @@ class WorkItem(models.Model):
     kind = models.CharField(max_length=16, choices=WorkKind.choices)
     verify_class = models.CharField(max_length=16, choices=VerifyClass.choices, blank=True, default="")
     host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="work_items")
-    host_task = models.ForeignKey(HostTask, on_delete=models.CASCADE, related_name="work_items")
+    # Indexed by work_item_once_per_task, which leads with it.
+    host_task = models.ForeignKey(HostTask, on_delete=models.CASCADE, related_name="work_items", db_index=False)
     pool_id = models.BigIntegerField()
     adapter = models.CharField(max_length=16, choices=Adapter.choices)
     state = models.CharField(max_length=16, choices=WorkState.choices, default=WorkState.READY)
