@@ -109,7 +109,8 @@ _batch_lock = threading.Lock()
 @contextmanager
 def live_batched() -> Iterator[None]:
     """Collect what commits inside the block announce, from any thread, and send it once at its
-    end: the fleet tick commits a transaction per pool, and each send costs a few milliseconds."""
+    end: the fleet tick commits a transaction per pool, and each send costs a few milliseconds.
+    Process-wide: another thread's announcements made meanwhile wait for the end too (later, never lost)."""
     global _batch
     with _batch_lock:
         outer, _batch = _batch, set()
