@@ -83,10 +83,17 @@ def test_a_train_run_by_workers_visits_each_domain_once_with_one_drain_and_comes
     for component, version in [("gpu-driver", "560.35.03"), ("bios", "2.16.0"), ("nic-firmware", "22.4")]:
         upgrade_create(pool=pool, component=component, version=version, reason="rollout")
 
+    def first_cycle_and_upgrades_done() -> bool:
+        # The train tick that closes the cycle may complete the upgrades one tick later.
+        return (
+            Cycle.objects.filter(train=train, ended_at__isnull=False).exists()
+            and not Upgrade.objects.filter(pool=pool).exclude(state=UpgradeState.COMPLETED).exists()
+        )
+
     wait_for(
-        watch(pool, domain_size=3, done=lambda: Cycle.objects.filter(train=train, ended_at__isnull=False).exists()),
+        watch(pool, domain_size=3, done=first_cycle_and_upgrades_done),
         timeout=120,
-        what="the first cycle",
+        what="the first cycle and the upgrades",
         interval=0.3,
     )
     visits = list(Visit.objects.filter(train=train, cycle__number=1).order_by("started_at"))
