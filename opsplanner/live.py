@@ -79,10 +79,10 @@ def _send_unsent(groups: frozenset[str]) -> None:
     _sent.groups = already | unsent
     if not unsent:
         return
-    with _batch_lock:
-        if _batch is not None:
-            _batch.update(unsent)
-            return
+    batch: LiveBatch | None = getattr(_current, "batch", None)
+    if batch is not None:
+        batch.add(unsent)
+        return
     _send(unsent)
 
 
@@ -102,25 +102,43 @@ async def _group_send_all(layer: Any, groups: list[str]) -> None:
         await layer.group_send(group, {"type": MESSAGE_TYPE, "group": group})
 
 
-_batch: set[str] | None = None
-_batch_lock = threading.Lock()
+class LiveBatch:
+    """Groups announced inside a live_batched() block, from its thread and the threads that join it."""
+
+    def __init__(self) -> None:
+        self.groups: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, groups: Iterable[str]) -> None:
+        with self._lock:
+            self.groups.update(groups)
+
+    def taken(self) -> set[str]:
+        with self._lock:
+            groups, self.groups = self.groups, set()
+        return groups
+
+
+_current = threading.local()  # the batch this thread's commits announce into, if any
 
 
 @contextmanager
-def live_batched() -> Iterator[None]:
-    """Collect what commits inside the block announce, from any thread, and send it once at its
-    end: the fleet tick commits a transaction per pool, and each send costs a few milliseconds.
-    Process-wide: another thread's announcements made meanwhile wait for the end too (later, never lost)."""
-    global _batch
-    with _batch_lock:
-        outer, _batch = _batch, set()
+def live_batched(batch: LiveBatch | None = None) -> Iterator[LiveBatch]:
+    """Hold what commits inside the block announce and send it once, when the block ends: the fleet
+    tick commits a transaction per pool, and each send costs a few milliseconds. Per thread: other
+    threads' commits go out as usual, unless a thread joins this batch with live_batched(batch)
+    (the fleet tick's lanes do). A batch opened inside another hands its groups to the outer one."""
+    previous: LiveBatch | None = getattr(_current, "batch", None)
+    opened = batch is None
+    current = LiveBatch() if batch is None else batch
+    _current.batch = current
     try:
-        yield
+        yield current
     finally:
-        with _batch_lock:
-            collected, _batch = _batch, outer
-            if outer is not None:
-                outer.update(collected)
-                collected = set()
-        if collected:
-            _send(collected)
+        _current.batch = previous
+        if opened:
+            groups = current.taken()
+            if previous is not None:
+                previous.add(groups)
+            elif groups:
+                _send(groups)

@@ -4,14 +4,19 @@ then every group is sent once; without a batch they go out at each commit as bef
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import connection, transaction
 
+from opsplanner import live
 from opsplanner.live import announce_after_commit, live_batched, pool_group
+from opsplanner.services.operations import operation_submit
+from opsplanner.services.tick import fleet_tick
+from tests.builders import make_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,5 +126,53 @@ def test_a_nested_batch_hands_its_groups_to_the_outer_one() -> None:
         await sync_to_async(tick)()
         assert held == [[]], "the inner batch sent what the outer one holds"
         assert sorted(await listener.received()) == [inner, outer]
+
+    run(scenario)
+
+
+def test_a_fleet_tick_announces_every_pool_it_changed_in_one_send_at_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, _ = make_fleet(domains=1, hosts_per_domain=2)
+    second, _ = make_fleet(domains=1, hosts_per_domain=2)
+    for pool in (first, second):
+        operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="live batching")
+    sends: list[set[str]] = []
+    real_send = live._send
+
+    def counted_send(groups: set[str]) -> None:
+        sends.append(set(groups))
+        real_send(groups)
+
+    monkeypatch.setattr(live, "_send", counted_send)
+    groups = {pool_group(first.pk), pool_group(second.pk)}
+
+    async def scenario(listener: Listener) -> None:
+        await listener.join(*groups)
+        reports = await sync_to_async(fleet_tick)(lanes=1)
+        assert {report.pool_id for report in reports} >= {first.pk, second.pk}
+        assert set(await listener.received()) == groups
+
+    run(scenario)
+    assert len(sends) == 1, f"one send per fleet tick, not one per pool's commit: {sends}"
+    assert groups <= sends[0]
+
+
+def test_batches_in_two_threads_at_once_each_send_their_own_groups_once() -> None:
+    # Two fleet ticks in one process (a test, or a worker and a shell) must not share a batch.
+    groups = [pool_group(90007), pool_group(90008)]
+    both_inside = threading.Barrier(2)
+
+    async def scenario(listener: Listener) -> None:
+        await listener.join(*groups)
+
+        def tick(group: str) -> None:
+            try:
+                with live_batched():
+                    commit_announcing(group)
+                    both_inside.wait(timeout=5)
+            finally:
+                connection.close()  # this thread's own
+
+        await asyncio.gather(*(sync_to_async(tick, thread_sensitive=False)(group) for group in groups))
+        assert sorted(await listener.received()) == sorted(groups)
 
     run(scenario)

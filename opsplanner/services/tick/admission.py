@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery
 
 from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
@@ -70,20 +70,20 @@ def pool_headroom(ctx: TickContext) -> Headroom:
     capacity = pool_capacity(ctx.pool)
     buffers = capacity.buffers
     name = ctx.pool.name
-    reservations = list(
+    # Only the binding reservation matters: the one that keeps the most hosts in service.
+    binding = (
         CapacityReservation.objects.filter(
             pool=ctx.pool, cancelled_at__isnull=True, starts_at__lte=ctx.now, ends_at__gt=ctx.now
         )
-        .select_related("service")
         .order_by("-min_hosts_in_service", "id")
+        .values_list("id", "service__name", "min_hosts_in_service", "ends_at")[:1]
     )
     reservation_room, reservation_reason = capacity.total, ""
-    if reservations:
-        binding = reservations[0]
-        reservation_room = capacity.in_service - binding.min_hosts_in_service
+    for reservation_id, service, keeps, ends in binding:
+        reservation_room = capacity.in_service - keeps
         reservation_reason = (
-            f"reservation #{binding.pk} of service {binding.service.name} keeps {binding.min_hosts_in_service} "
-            f"hosts of pool {name} in service until {binding.ends_at:%Y-%m-%d %H:%M} UTC"
+            f"reservation #{reservation_id} of service {service} keeps {keeps} "
+            f"hosts of pool {name} in service until {ends:%Y-%m-%d %H:%M} UTC"
         )
     hard_floor = buffers.floor if ctx.pool.hard_floor_hosts is None else ctx.pool.hard_floor_hosts
     return Headroom(
@@ -145,14 +145,21 @@ def admit(ctx: TickContext, *, budget: int) -> None:
                 candidates.setdefault(task.id, task)
     if not candidates:
         return
-    order = sorted(candidates.values(), key=lambda t: (-t.priority, t.created_at, t.id))
+    order = sorted(candidates.values(), key=lambda t: (-t.priority, t.queued_at, t.id))
     gang_ops = {t.operation_id for t in order if t.gang}
     if gang_ops:  # a gang is judged whole, even the part beyond the budget
         for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
     host_ids = {t.host_id for t in candidates.values()}
-    host_states = dict(Host.objects.filter(pk__any=host_ids).order_by().values_list("id", "state"))
-    holders = dict(Lease.objects.filter(active=True, host_id__any=host_ids).values_list("host_id", "operation_id"))
+    # Each host's state and the operation holding it, if any: one round trip.
+    holder = Lease.objects.filter(host_id=OuterRef("pk"), active=True).values("operation_id")[:1]
+    host_states: dict[int, str] = {}
+    holders: dict[int, int] = {}
+    hosts = Host.objects.filter(pk__any=host_ids).order_by().annotate(holder=Subquery(holder))
+    for host_id, state, operation_id in hosts.values_list("id", "state", "holder"):
+        host_states[host_id] = state
+        if operation_id is not None:
+            holders[host_id] = operation_id
     optouts = _optouts(ctx, host_ids)
     incompatible = incompatible_targets(candidates.values())
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
@@ -246,7 +253,7 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
         if current.get(task_id) != reason[:300]:
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
-        HostTask.objects.filter(pk__any=task_ids, state=TaskState.PENDING).update(
+        HostTask.objects.filter(pk__any=set(task_ids), state=TaskState.PENDING).update(
             waiting_code=code, waiting_reason=reason
         )
     ctx.counts["waiting"] += len(waiting)

@@ -9,7 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Value
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -45,11 +45,16 @@ UNDRAIN_DEADLINE_S = 3600
 # --- 1. expire --------------------------------------------------------------------------------------
 def expire(ctx: TickContext) -> None:
     """Take back items whose executor stopped heartbeating; fail items past their deadline."""
-    stale = list(
-        WorkItem.objects.filter(pool_id=ctx.pool.pk, state=WorkState.RUNNING, lease_expires_at__lt=ctx.now).values_list(
-            "id", "host_id", "attempts", "max_attempts", "claimed_by"
-        )
-    )
+    # Both kinds of overdue item in one round trip, each through its own partial index.
+    columns = ("id", "host_id", "attempts", "max_attempts", "claimed_by", "kind", "state", "created_at", "deadline_at")
+    in_pool = WorkItem.objects.filter(pool_id=ctx.pool.pk).order_by()
+    stale_rows = in_pool.filter(state=WorkState.RUNNING, lease_expires_at__lt=ctx.now).annotate(stale=Value(True))
+    late_rows = in_pool.filter(
+        state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING], deadline_at__lt=ctx.now
+    ).annotate(stale=Value(False))
+    overdue = list(stale_rows.values_list(*columns, "stale").union(late_rows.values_list(*columns, "stale"), all=True))
+    stale = [row[:5] for row in overdue if row[-1]]
+    late = [row for row in overdue if not row[-1]]
     retry = [row for row in stale if row[2] < row[3]]
     give_up = [row for row in stale if row[2] >= row[3]]
     retaken = []
@@ -75,16 +80,13 @@ def expire(ctx: TickContext) -> None:
             expected=WorkState.RUNNING,
         )
 
-    late = list(
-        WorkItem.objects.filter(
-            pool_id=ctx.pool.pk,
-            state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING],
-            deadline_at__lt=ctx.now,
-        ).values_list("id", "host_id", "kind", "state", "created_at", "deadline_at")
-    )
-    for item_id, host_id, kind, state, created, deadline in late:
+    now_ready = {row[0] for row in retaken}
+    failed = {row[0] for row in give_up}
+    late = [row for row in late if row[0] not in failed]
+    for item_id, host_id, _, _, _, kind, state, created, deadline, _ in late:
         limit = int((deadline - created).total_seconds())
-        _fail_item(ctx, item_id, host_id, f"{kind} did not finish within its deadline of {limit} s", expected=state)
+        expected = WorkState.READY if item_id in now_ready else state
+        _fail_item(ctx, item_id, host_id, f"{kind} did not finish within its deadline of {limit} s", expected=expected)
     ctx.counts["work_items_retaken"] += len(retaken)
     ctx.counts["work_items_expired"] += len(give_up) + len(late)
 
@@ -115,7 +117,7 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     )
     if not items:
         return
-    consumed = WorkItem.objects.filter(pk__any=[row[0] for row in items], consumed_at__isnull=True).update(
+    consumed = WorkItem.objects.filter(pk__any={row[0] for row in items}, consumed_at__isnull=True).update(
         consumed_at=ctx.now
     )
     if consumed != len(items):
@@ -339,7 +341,7 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         return
     outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
     for task_id, verify_class, state, result, reason, consumed in WorkItem.objects.filter(
-        host_task_id__any=[t.id for t in tasks], kind=WorkKind.VERIFY
+        host_task_id__any={t.id for t in tasks}, kind=WorkKind.VERIFY
     ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason", "consumed_at"):
         # Only outcomes consumed by this tick or an earlier one count: an item that finished after
         # this tick read its batch is the next tick's, so the gate runs exactly once per task.
@@ -428,7 +430,7 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     installed = {
         (host_id, component_id): version_id
         for host_id, component_id, version_id in InstalledVersion.objects.filter(
-            host_id__any=[t.host_id for t in tasks]
+            host_id__any={t.host_id for t in tasks}
         ).values_list("host_id", "component_id", "version_id")
     }
     names = dict(
@@ -446,7 +448,7 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     incompatible = host_incompatibilities([t.host_id for t in tasks])
     withdrawn: dict[int, list[str]] = defaultdict(list)
     for host_id, component, version, why in InstalledVersion.objects.filter(
-        host_id__any=[t.host_id for t in tasks], version__withdrawn_at__isnull=False
+        host_id__any={t.host_id for t in tasks}, version__withdrawn_at__isnull=False
     ).values_list("host_id", "component__name", "version__version", "version__withdrawn_reason"):
         withdrawn[host_id].append(f"runs withdrawn {component} {version} ({why})")
     for task in tasks:
@@ -498,6 +500,8 @@ def close_finished_operations(ctx: TickContext) -> None:
         Exists(still_open)
     )
     ids = list(closed.values_list("id", flat=True))
+    if not ids:
+        return
     Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
         state=OperationState.COMPLETED, closed_at=ctx.now
     )
