@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q
 
 from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, BufferSize, Host, HostState, Pool
+from opsplanner.prepared import PreparedQuery
 
 
 @dataclass
@@ -40,12 +41,22 @@ class PoolCapacity:
         return [(label, self.by_state.get(value, 0)) for value, label in HostState.choices]
 
 
+# Compiled once: the scheduler tick asks this of every pool it ticks (see opsplanner.prepared).
+_COUNTS_BY_STATE = PreparedQuery(
+    lambda *, pool_id: (
+        Host.objects.filter(pool_id=pool_id)
+        .order_by()
+        .values("state")
+        .annotate(count=Count("id"))
+        .values_list("state", "count")
+    ),
+    pool_id=int,
+)
+
+
 def pool_capacity(pool: Pool) -> PoolCapacity:
     """One pool's host counts by state, in one query."""
-    by_state = dict(
-        Host.objects.filter(pool=pool).values("state").annotate(count=Count("id")).values_list("state", "count")
-    )
-    return PoolCapacity(pool=pool, by_state=by_state)
+    return PoolCapacity(pool=pool, by_state=dict(_COUNTS_BY_STATE.rows(pool_id=pool.pk)))
 
 
 def pool_capacities(*, pool_id: int | None = None) -> list[PoolCapacity]:

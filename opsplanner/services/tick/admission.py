@@ -8,11 +8,13 @@ pending records why, and the reason only changes (is written) when it changes.
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, QuerySet, Subquery
 
 from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
@@ -26,8 +28,9 @@ from opsplanner.models import (
     WaitingCode,
     WorkKind,
 )
+from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.tick.checks import incompatible_targets
-from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
+from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
 
 
 @dataclass
@@ -66,20 +69,63 @@ class Headroom:
         return WaitingCode.RESERVATION, self.reservation_reason
 
 
+# The reads each pool's tick makes, compiled once (see opsplanner.prepared).
+_BINDING_RESERVATION = PreparedQuery(  # the one that keeps the most hosts in service
+    lambda *, pool_id, now: (
+        CapacityReservation.objects.filter(
+            pool_id=pool_id, cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now
+        )
+        .order_by("-min_hosts_in_service", "id")
+        .values_list("id", "service__name", "min_hosts_in_service", "ends_at")[:1]
+    ),
+    pool_id=int,
+    now=dt.datetime,
+)
+_ACTIVE_WINDOWS = PreparedQuery(
+    lambda *, now: (
+        OptOutWindow.objects.filter(cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now)
+        .order_by("ends_at")
+        .values_list("id", "service_id", "service__name", "ends_at")
+    ),
+    now=dt.datetime,
+)
+_ANY_PENDING = PreparedQuery(
+    lambda *, pool_id: (
+        HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).order_by().values_list("id")[:1]
+    ),
+    pool_id=int,
+)
+_IN_PLACE_OPERATIONS = PreparedQuery(
+    lambda: Operation.objects.filter(state=OperationState.OPEN, needs_drain=False).order_by().values_list("id")
+)
+_HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holding it, if any
+    lambda *, ids: (
+        Host.objects.filter(pk__any=ids)
+        .order_by()
+        .annotate(holder=Subquery(Lease.objects.filter(host_id=OuterRef("pk"), active=True).values("operation_id")[:1]))
+        .values_list("id", "state", "holder")
+    ),
+    ids=IDS,
+)
+
+
+def _pending(pool_id: int) -> QuerySet[HostTask]:
+    # Pending tasks belong to open operations (cancelling or closing one leaves none pending), so
+    # the queue is read from the partial index alone, without a join.
+    return HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).order_by("-priority", "created_at", "id")
+
+
+@functools.lru_cache(maxsize=64)
+def _queue_head(limit: int) -> PreparedQuery:
+    return PreparedQuery(lambda *, pool_id: task_rows(_pending(pool_id))[:limit], pool_id=int)
+
+
 def pool_headroom(ctx: TickContext) -> Headroom:
     capacity = pool_capacity(ctx.pool)
     buffers = capacity.buffers
     name = ctx.pool.name
-    # Only the binding reservation matters: the one that keeps the most hosts in service.
-    binding = (
-        CapacityReservation.objects.filter(
-            pool=ctx.pool, cancelled_at__isnull=True, starts_at__lte=ctx.now, ends_at__gt=ctx.now
-        )
-        .order_by("-min_hosts_in_service", "id")
-        .values_list("id", "service__name", "min_hosts_in_service", "ends_at")[:1]
-    )
     reservation_room, reservation_reason = capacity.total, ""
-    for reservation_id, service, keeps, ends in binding:
+    for reservation_id, service, keeps, ends in _BINDING_RESERVATION.rows(pool_id=ctx.pool.pk, now=ctx.now):
         reservation_room = capacity.in_service - keeps
         reservation_reason = (
             f"reservation #{reservation_id} of service {service} keeps {keeps} "
@@ -100,12 +146,8 @@ def pool_headroom(ctx: TickContext) -> Headroom:
 
 def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
     """{host_id: reason} for hosts running a service with an opt-out window active now."""
-    active = OptOutWindow.objects.filter(cancelled_at__isnull=True, starts_at__lte=ctx.now, ends_at__gt=ctx.now)
     windows = {
-        service_id: (window_id, name, ends)
-        for window_id, service_id, name, ends in active.order_by("ends_at").values_list(
-            "id", "service_id", "service__name", "ends_at"
-        )
+        service_id: (window_id, name, ends) for window_id, service_id, name, ends in _ACTIVE_WINDOWS.rows(now=ctx.now)
     }
     if not windows:
         return {}
@@ -126,20 +168,14 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
     least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back keep the reason
     they last got, and get one when they come within the horizon."""
-    # Pending tasks belong to open operations (cancelling or closing one leaves none pending), so
-    # the queue is read from the partial index alone, without a join.
-    pending = HostTask.objects.filter(pool_id=ctx.pool.pk, state=TaskState.PENDING).order_by(
-        "-priority", "created_at", "id"
-    )
-    if not pending.exists():  # most ticks of a busy pool: its work is all under way
+    if not _ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
         return
+    pending = _pending(ctx.pool.pk)
     headroom = pool_headroom(ctx)
     horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
-    candidates = task_refs(pending[:horizon])
+    candidates = task_refs_from_rows(_queue_head(horizon).rows(pool_id=ctx.pool.pk))
     if len(candidates) == horizon:  # work that takes no capacity is never stuck behind work that does
-        in_place = list(
-            Operation.objects.filter(state=OperationState.OPEN, needs_drain=False).values_list("id", flat=True)
-        )
+        in_place = [operation_id for (operation_id,) in _IN_PLACE_OPERATIONS.rows()]
         if in_place:
             for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
                 candidates.setdefault(task.id, task)
@@ -151,12 +187,9 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
     host_ids = {t.host_id for t in candidates.values()}
-    # Each host's state and the operation holding it, if any: one round trip.
-    holder = Lease.objects.filter(host_id=OuterRef("pk"), active=True).values("operation_id")[:1]
     host_states: dict[int, str] = {}
     holders: dict[int, int] = {}
-    hosts = Host.objects.filter(pk__any=host_ids).order_by().annotate(holder=Subquery(holder))
-    for host_id, state, operation_id in hosts.values_list("id", "state", "holder"):
+    for host_id, state, operation_id in _HOSTS_AND_HOLDERS.rows(ids=host_ids):
         host_states[host_id] = state
         if operation_id is not None:
             holders[host_id] = operation_id

@@ -6,10 +6,11 @@ Everything is set-based: a handful of queries per step, whatever the number of h
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Value
+from django.db.models import Exists, F, OuterRef, QuerySet, Value
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -26,6 +27,7 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
+from opsplanner.prepared import PreparedQuery
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
     SUBJECT_HOST,
@@ -43,16 +45,39 @@ UNDRAIN_DEADLINE_S = 3600
 
 
 # --- 1. expire --------------------------------------------------------------------------------------
+def _overdue_items(*, pool_id: int, now: dt.datetime) -> QuerySet[WorkItem]:
+    """Items whose executor stopped heartbeating (stale) and items past their deadline, in one
+    round trip, each through its own partial index."""
+    columns = ("id", "host_id", "attempts", "max_attempts", "claimed_by", "kind", "state", "created_at", "deadline_at")
+    in_pool = WorkItem.objects.filter(pool_id=pool_id).order_by()
+    stale = in_pool.filter(state=WorkState.RUNNING, lease_expires_at__lt=now).annotate(stale=Value(True))
+    late = in_pool.filter(
+        state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING], deadline_at__lt=now
+    ).annotate(stale=Value(False))
+    return stale.values_list(*columns, "stale").union(late.values_list(*columns, "stale"), all=True)
+
+
+_OVERDUE_ITEMS = PreparedQuery(_overdue_items, pool_id=int, now=dt.datetime)
+
+
+@functools.lru_cache(maxsize=16)
+def _finished_items(limit: int) -> PreparedQuery:
+    """Finished work not yet acted on, oldest first, up to limit (a LIMIT is part of the SQL)."""
+    return PreparedQuery(
+        lambda *, pool_id: (
+            WorkItem.objects.filter(
+                pool_id=pool_id, state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
+            )
+            .order_by("id")
+            .values_list("id", "kind", "state", "host_task_id", "result", "outcome_reason")[:limit]
+        ),
+        pool_id=int,
+    )
+
+
 def expire(ctx: TickContext) -> None:
     """Take back items whose executor stopped heartbeating; fail items past their deadline."""
-    # Both kinds of overdue item in one round trip, each through its own partial index.
-    columns = ("id", "host_id", "attempts", "max_attempts", "claimed_by", "kind", "state", "created_at", "deadline_at")
-    in_pool = WorkItem.objects.filter(pool_id=ctx.pool.pk).order_by()
-    stale_rows = in_pool.filter(state=WorkState.RUNNING, lease_expires_at__lt=ctx.now).annotate(stale=Value(True))
-    late_rows = in_pool.filter(
-        state__in=[WorkState.WAITING, WorkState.READY, WorkState.RUNNING], deadline_at__lt=ctx.now
-    ).annotate(stale=Value(False))
-    overdue = list(stale_rows.values_list(*columns, "stale").union(late_rows.values_list(*columns, "stale"), all=True))
+    overdue = _OVERDUE_ITEMS.rows(pool_id=ctx.pool.pk, now=ctx.now)
     stale = [row[:5] for row in overdue if row[-1]]
     late = [row for row in overdue if not row[-1]]
     retry = [row for row in stale if row[2] < row[3]]
@@ -108,13 +133,7 @@ def _fail_item(ctx: TickContext, item_id: int, host_id: int, reason: str, *, exp
 
 # --- 2-4. advance, hand over, return -----------------------------------------------------------------
 def advance(ctx: TickContext, *, budget: int) -> None:
-    items = list(
-        WorkItem.objects.filter(
-            pool_id=ctx.pool.pk, state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
-        )
-        .order_by("id")
-        .values_list("id", "kind", "state", "host_task_id", "result", "outcome_reason")[:budget]
-    )
+    items = _finished_items(budget).rows(pool_id=ctx.pool.pk)
     if not items:
         return
     consumed = WorkItem.objects.filter(pk__any={row[0] for row in items}, consumed_at__isnull=True).update(

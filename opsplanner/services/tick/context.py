@@ -15,6 +15,7 @@ from fleet.models import ComponentVersion, Host, InstalledVersion, Pool
 from opsplanner.bulk import copy_rows
 from opsplanner.events import events_copy_rows
 from opsplanner.models import TERMINAL_TASK_STATES, HostTask, Lease, Operation, WorkItem, WorkKind, WorkState
+from opsplanner.prepared import IDS, PreparedQuery
 
 WORK_ITEM_COLUMNS = (
     "kind",
@@ -101,16 +102,26 @@ OPERATION_FIELDS = (
 )
 
 
+def task_rows(queryset: models.QuerySet[HostTask]) -> models.QuerySet[HostTask]:
+    """The queryset as the rows task_refs_from_rows() takes."""
+    return queryset.annotate(queued_at=_SortableTime("created_at")).values_list(*TASK_FIELDS)
+
+
 def task_refs(queryset: models.QuerySet[HostTask]) -> dict[int, TaskRef]:
+    return task_refs_from_rows(list(task_rows(queryset)))
+
+
+_OPERATIONS = PreparedQuery(
+    lambda *, ids: Operation.objects.filter(pk__any=ids).values_list("id", *OPERATION_FIELDS), ids=IDS
+)
+
+
+def task_refs_from_rows(rows: list[tuple[Any, ...]]) -> dict[int, TaskRef]:
     """The tasks' own columns, then their operations' once each (thousands of tasks share a handful
     of operations: a join would send every operation column again with every task)."""
-    rows = list(queryset.annotate(queued_at=_SortableTime("created_at")).values_list(*TASK_FIELDS))
     if not rows:
         return {}
-    operations = {
-        row[0]: row[1:]
-        for row in Operation.objects.filter(pk__any={row[2] for row in rows}).values_list("id", *OPERATION_FIELDS)
-    }
+    operations = {row[0]: row[1:] for row in _OPERATIONS.rows(ids={row[2] for row in rows})}
     return {row[0]: TaskRef(*row[:5], *operations[row[2]], *row[5:]) for row in rows}
 
 

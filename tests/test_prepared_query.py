@@ -1,0 +1,88 @@
+"""PreparedQuery: a queryset compiled once, then run with new parameters, giving what the ORM gives."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.db.models import QuerySet
+from django.test.utils import CaptureQueriesContext
+
+from fleet.models import Host, HostState
+from opsplanner import clock
+from opsplanner.models import WorkItem
+from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.services.operations import operation_submit
+from opsplanner.services.tick import pool_tick
+from tests.builders import make_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+class CountingBuild:
+    """A build function that counts how often the queryset is built."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *, pool_id: int, since: dt.datetime, ids: frozenset[int]) -> QuerySet[Host]:
+        self.calls += 1
+        return (
+            Host.objects.filter(pool_id=pool_id, state_changed_at__gte=since, pk__any=ids)
+            .order_by("id")
+            .values_list("id", "hostname", "state", "state_changed_at")
+        )
+
+
+def test_it_gives_what_the_orm_gives_for_new_values_and_builds_the_queryset_once() -> None:
+    first_pool, first_hosts = make_fleet(domains=1, hosts_per_domain=3)
+    second_pool, second_hosts = make_fleet(domains=1, hosts_per_domain=2)
+    build = CountingBuild()
+    query = PreparedQuery(build, pool_id=int, since=dt.datetime, ids=IDS)
+    long_ago = clock.now() - dt.timedelta(days=1)
+    for pool, ids in [
+        (first_pool, {h.pk for h in first_hosts}),
+        (first_pool, {first_hosts[1].pk}),
+        (second_pool, {h.pk for h in second_hosts + first_hosts}),
+    ]:
+        expected = list(build(pool_id=pool.pk, since=long_ago, ids=frozenset(ids)))
+        assert query.rows(pool_id=pool.pk, since=long_ago, ids=ids) == expected
+        assert expected  # the comparison means something
+    assert query.rows(pool_id=first_pool.pk, since=clock.now() + dt.timedelta(days=1), ids={first_hosts[0].pk}) == []
+    assert build.calls == 3 + 1, "built once by the prepared query, the other three times by this test"
+
+
+def test_an_empty_collection_of_ids_matches_nothing_without_asking_the_database() -> None:
+    make_fleet(domains=1, hosts_per_domain=2)
+    query = PreparedQuery(lambda *, ids: Host.objects.filter(pk__any=ids).values_list("id"), ids=IDS)
+    with CaptureQueriesContext(connection) as queries:
+        assert query.rows(ids=set()) == []
+    assert len(queries) == 0
+
+
+def test_json_columns_come_back_as_the_orm_returns_them() -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="prepared query")
+    pool_tick(pool_id=pool.pk)
+    query = PreparedQuery(
+        lambda *, pool_id: WorkItem.objects.filter(pool_id=pool_id).order_by("id").values_list("id", "params"),
+        pool_id=int,
+    )
+    rows = query.rows(pool_id=pool.pk)
+    assert rows == list(WorkItem.objects.filter(pool_id=pool.pk).order_by("id").values_list("id", "params"))
+    assert rows
+    assert all(isinstance(params, dict) for _, params in rows)
+
+
+def test_a_parameter_that_does_not_reach_the_sql_as_one_value_is_refused_with_the_reason() -> None:
+    query = PreparedQuery(lambda *, ids: Host.objects.filter(pk__in=ids).values_list("id"), ids=IDS)
+    with pytest.raises(ValueError, match=r"parameters \['ids'\] do not reach the SQL as values"):
+        query.rows(ids={1, 2})
+
+
+def test_it_refuses_parameters_it_was_not_prepared_with() -> None:
+    query = PreparedQuery(lambda *, state: Host.objects.filter(state=state).values_list("id"), state=str)
+    assert query.rows(state=HostState.IN_SERVICE) == []
+    with pytest.raises(TypeError, match=r"expected parameters \['state'\], got \['pool'\]"):
+        query.rows(pool=1)
