@@ -5,7 +5,7 @@ the query; the scheduler tick runs about fifteen per pool, every few seconds, fo
 that was about half of its Python time. A PreparedQuery compiles its queryset once, with markers
 in place of its parameters, records where each marker went, and afterwards only puts the values
 in and runs the SQL, converting the rows as the ORM would. The queryset is still written with the
-ORM, in one place; only its compiling is kept.
+ORM, in one place; only its compiling is kept. PreparedUpdate does the same for an UPDATE.
 
 Only on PostgreSQL: elsewhere (the embedded SQLite) the queryset is simply built and run each time.
 Parameters are ints, datetimes, strings, or collections of ints (for `field__any`).
@@ -22,6 +22,7 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import QuerySet
+from django.db.models.sql import UpdateQuery
 
 _MARK = -7_391_000_000_000  # far outside any id, count or version the project stores
 ParamKind = type[int] | type[dt.datetime] | type[str] | type[Collection[int]]
@@ -49,23 +50,12 @@ class PreparedQuery:
     def rows(self, **params: Any) -> list[tuple[Any, ...]]:
         if set(params) != set(self._kinds):
             raise TypeError(f"expected parameters {sorted(self._kinds)}, got {sorted(params)}")
-        alias = "default"
-        connection = connections[alias]
-        if connection.vendor != "postgresql":
+        if connections["default"].vendor != "postgresql":
             return list(self._build(**params))
-        if any(self._kinds[name] is IDS and not params[name] for name in params):
-            return []  # `= ANY('{}')` matches nothing, as the ORM would decide without asking
-        compiled = self._compiled.get(alias)
+        # An empty collection of ids matches nothing (`= ANY('{}')`), as the ORM decides without asking.
+        connection, compiled, values = self._ready(params)
         if compiled is None:
-            with self._lock:
-                compiled = self._compiled.get(alias) or self._compile(alias)
-                self._compiled[alias] = compiled
-        if compiled.empty:
             return []
-        values = [
-            constant if slot is None else _fill(slot[1], params[slot[0]])
-            for slot, constant in zip(compiled.slots, compiled.constants, strict=True)
-        ]
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, values)
             rows = cursor.fetchall()
@@ -77,8 +67,7 @@ class PreparedQuery:
         markers: dict[str, Any] = {}
         for position, (name, kind) in enumerate(self._kinds.items()):
             markers[name] = _marker(kind, position)
-        queryset = self._build(**markers)
-        compiler = queryset.query.get_compiler(using=alias)
+        compiler = self._compiler(alias, markers)
         try:
             sql, sql_params = compiler.as_sql()
         except EmptyResultSet:
@@ -94,9 +83,65 @@ class PreparedQuery:
         missing = set(markers) - {slot[0] for slot in slots if slot}
         if missing:
             raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as values; prepare another way")
-        select = [column[0] for column in compiler.select[: compiler.col_count]]
-        converters = compiler.get_converters(select)
+        converters = {}
+        if getattr(compiler, "select", None) is not None:
+            select = [column[0] for column in compiler.select[: compiler.col_count]]
+            converters = compiler.get_converters(select)
         return _Compiled(sql, slots, tuple(sql_params), converters, empty=False)
+
+    def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
+        return self._build(**markers).query.get_compiler(using=alias)
+
+    def _ready(self, params: dict[str, Any]) -> tuple[Any, _Compiled | None, list[Any]]:
+        """The connection, the compiled statement (None: nothing can match) and its values."""
+        alias = "default"
+        connection = connections[alias]
+        if any(self._kinds[name] is IDS and not params[name] for name in params):
+            return connection, None, []
+        compiled = self._compiled.get(alias)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(alias) or self._compile(alias)
+                self._compiled[alias] = compiled
+        if compiled.empty:
+            return connection, None, []
+        values = [
+            constant if slot is None else _fill(slot[1], params[slot[0]])
+            for slot, constant in zip(compiled.slots, compiled.constants, strict=True)
+        ]
+        return connection, compiled, values
+
+
+class PreparedUpdate(PreparedQuery):
+    """`build(**params)` returns the queryset to update and `values(**params)` what to set (values
+    or expressions such as F("id")); `count(**params)` runs the UPDATE and returns how many rows
+    it changed, as QuerySet.update() does."""
+
+    def __init__(
+        self, build: Callable[..., QuerySet[Any]], values: Callable[..., dict[str, Any]], **kinds: ParamKind
+    ) -> None:
+        super().__init__(build, **kinds)
+        self._values = values
+
+    def count(self, **params: Any) -> int:
+        if set(params) != set(self._kinds):
+            raise TypeError(f"expected parameters {sorted(self._kinds)}, got {sorted(params)}")
+        if connections["default"].vendor != "postgresql":
+            return self._build(**params).update(**self._values(**params))
+        connection, compiled, values = self._ready(params)
+        if compiled is None:
+            return 0
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, values)
+            return cursor.rowcount
+
+    def rows(self, **params: Any) -> list[tuple[Any, ...]]:
+        raise TypeError("a PreparedUpdate counts the rows it changes: call count()")
+
+    def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
+        query = self._build(**markers).query.chain(UpdateQuery)
+        query.add_update_values(self._values(**markers))
+        return query.get_compiler(using=alias)
 
 
 def _marker(kind: ParamKind, position: int) -> Any:

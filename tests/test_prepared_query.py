@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from fleet.models import Host, HostState
 from opsplanner import clock
 from opsplanner.models import WorkItem
-from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
@@ -86,3 +86,26 @@ def test_it_refuses_parameters_it_was_not_prepared_with() -> None:
     assert query.rows(state=HostState.IN_SERVICE) == []
     with pytest.raises(TypeError, match=r"expected parameters \['state'\], got \['pool'\]"):
         query.rows(pool=1)
+
+
+def test_a_prepared_update_changes_what_the_orm_update_would_and_says_how_many_rows() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=4)
+    move = PreparedUpdate(
+        lambda *, ids, expected, new, now: Host.objects.filter(pk__any=ids, state=expected),
+        lambda *, ids, expected, new, now: {"state": new, "state_changed_at": now},
+        ids=IDS,
+        expected=str,
+        new=str,
+        now=dt.datetime,
+    )
+    at = clock.now()
+    first_two = {hosts[0].pk, hosts[1].pk}
+    assert move.count(ids=first_two, expected=HostState.IN_SERVICE, new=HostState.MAINTENANCE, now=at) == 2
+    # Guarded: a second move from the old state changes nothing.
+    assert move.count(ids=first_two, expected=HostState.IN_SERVICE, new=HostState.MAINTENANCE, now=at) == 0
+    assert move.count(ids=set(), expected=HostState.IN_SERVICE, new=HostState.MAINTENANCE, now=at) == 0
+    states = dict(Host.objects.filter(pool=pool).values_list("id", "state"))
+    assert {host_id for host_id, state in states.items() if state == HostState.MAINTENANCE} == first_two
+    assert Host.objects.get(pk=hosts[0].pk).state_changed_at == at
+    with pytest.raises(TypeError, match="call count"):
+        move.rows(ids=first_two, expected=HostState.IN_SERVICE, new=HostState.MAINTENANCE, now=at)

@@ -28,7 +28,7 @@ from opsplanner.models import (
     WaitingCode,
     WorkKind,
 )
-from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
 
@@ -106,6 +106,15 @@ _HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holdi
         .values_list("id", "state", "holder")
     ),
     ids=IDS,
+)
+
+
+_WAITING_REASON = PreparedUpdate(
+    lambda *, ids, code, reason: HostTask.objects.filter(pk__any=ids, state=TaskState.PENDING),
+    lambda *, ids, code, reason: {"waiting_code": code, "waiting_reason": reason},
+    ids=IDS,
+    code=str,
+    reason=str,
 )
 
 
@@ -286,9 +295,7 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
         if current.get(task_id) != reason[:300]:
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
-        HostTask.objects.filter(pk__any=set(task_ids), state=TaskState.PENDING).update(
-            waiting_code=code, waiting_reason=reason
-        )
+        _WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
     ctx.counts["waiting"] += len(waiting)
     ctx.counts["waiting_reasons_changed"] += sum(len(ids) for ids in groups.values())
 

@@ -27,7 +27,7 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
-from opsplanner.prepared import PreparedQuery
+from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
     SUBJECT_HOST,
@@ -73,6 +73,14 @@ def _finished_items(limit: int) -> PreparedQuery:
         ),
         pool_id=int,
     )
+
+
+_CONSUME = PreparedUpdate(
+    lambda *, ids, now: WorkItem.objects.filter(pk__any=ids, consumed_at__isnull=True),
+    lambda *, ids, now: {"consumed_at": now},
+    ids=IDS,
+    now=dt.datetime,
+)
 
 
 def expire(ctx: TickContext) -> None:
@@ -136,9 +144,7 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     items = _finished_items(budget).rows(pool_id=ctx.pool.pk)
     if not items:
         return
-    consumed = WorkItem.objects.filter(pk__any={row[0] for row in items}, consumed_at__isnull=True).update(
-        consumed_at=ctx.now
-    )
+    consumed = _CONSUME.count(ids={row[0] for row in items}, now=ctx.now)
     if consumed != len(items):
         raise ConcurrentChange("work items consumed by someone else")
     tasks = task_refs(HostTask.objects.filter(pk__any={row[3] for row in items}))
