@@ -1,4 +1,4 @@
-"""The embedded default (SQLite) enforces the same inventory constraints as PostgreSQL.
+"""The embedded default (SQLite) enforces the same inventory and task-key constraints as PostgreSQL.
 
 SQLite cannot add a multi-column foreign key to an existing table, so the migration installs
 triggers there; this test drives a real SQLite database through the real migrations.
@@ -38,12 +38,25 @@ attempt("wrong-component", lambda: InstalledVersion.objects.create(
     host=host, component=bios, version=make_version(kernel, "6.1")))
 attempt("same-pool-ok", lambda: Host.objects.create(
     hostname="fine", pool_id=host.pool_id, domain_id=host.domain_id, sku="x"))
+from opsplanner.models import HostTask, Lease, Operation, WorkItem
+operation = Operation.objects.create(kind="reboot", reason="keys", scope="hosts", requester="test", priority=100)
+task = HostTask.objects.create(operation=operation, host=host, pool_id=host.pool_id, priority=100)
+stranger = make_host(make_domain(make_pool()))
+attempt("lease-on-another-host", lambda: Lease.objects.create(
+    host=stranger, host_task=task, operation=operation, pool_id=host.pool_id))
+attempt("item-on-another-host", lambda: WorkItem.objects.create(
+    kind="drain", host=stranger, host_task=task, pool_id=host.pool_id, adapter="simulated"))
+attempt("move-task-to-another-host", lambda: (
+    WorkItem.objects.create(kind="drain", host=host, host_task=task, pool_id=host.pool_id, adapter="simulated"),
+    HostTask.objects.filter(pk=task.pk).update(host=stranger)))
+attempt("lease-on-its-host-ok", lambda: Lease.objects.create(
+    host=host, host_task=task, operation=operation, pool_id=host.pool_id))
 print(" ".join(outcomes))
 print(Host.objects.count())
 """
 
 
-def test_sqlite_refuses_hosts_in_foreign_domains_and_versions_of_other_components(tmp_path: Path) -> None:
+def test_sqlite_refuses_foreign_domains_other_components_versions_and_work_on_another_host(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
     env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "opsplanner.settings"})
     migrate = subprocess.run(
@@ -66,5 +79,9 @@ def test_sqlite_refuses_hosts_in_foreign_domains_and_versions_of_other_component
         "move-domain:refused",
         "wrong-component:refused",
         "same-pool-ok:accepted",
+        "lease-on-another-host:refused",
+        "item-on-another-host:refused",
+        "move-task-to-another-host:refused",
+        "lease-on-its-host-ok:accepted",
     ]
-    assert host_count == "2"
+    assert host_count == "3"

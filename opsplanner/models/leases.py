@@ -11,8 +11,12 @@ from opsplanner.models.operations import HostTask, Operation
 
 
 class Lease(models.Model):
-    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="leases")
-    host_task = models.ForeignKey(HostTask, on_delete=models.PROTECT, related_name="leases")
+    # (host_task, host) references the task's (id, host) as one composite key (migration 0007,
+    # triggers on SQLite): one check per new lease instead of two, and the database itself makes
+    # the lease's host its task's host. A migration that rebuilds this table on SQLite must suspend
+    # and restore it (opsplanner.dbconstraints).
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="leases", db_constraint=False)
+    host_task = models.ForeignKey(HostTask, on_delete=models.PROTECT, related_name="leases", db_constraint=False)
     operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="leases")
     pool_id = models.BigIntegerField()
     active = models.BooleanField(default=True)

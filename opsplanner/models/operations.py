@@ -159,6 +159,8 @@ class HostTask(models.Model):
         ordering = ["-priority", "created_at", "id"]
         constraints = [
             models.UniqueConstraint(fields=["operation", "host"], name="host_task_once_per_operation"),
+            # What leases and work items reference: their (task, host) must be a task and its host.
+            models.UniqueConstraint(fields=["id", "host"], name="host_task_id_host_key"),
             models.CheckConstraint(condition=Q(state__in=TaskState.values), name="host_task_state_valid"),
         ]
         indexes = [

@@ -41,9 +41,13 @@ FINISHED_WORK_STATES = frozenset({WorkState.DONE, WorkState.FAILED})
 class WorkItem(models.Model):
     kind = models.CharField(max_length=16, choices=WorkKind.choices)
     verify_class = models.CharField(max_length=16, choices=VerifyClass.choices, blank=True, default="")
-    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="work_items")
+    # (host_task, host) references the task's (id, host) as one composite key (migration 0007,
+    # triggers on SQLite): one check per new item instead of two, and the item's host is its task's.
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="work_items", db_constraint=False)
     # Indexed by work_item_once_per_task, which leads with it.
-    host_task = models.ForeignKey(HostTask, on_delete=models.CASCADE, related_name="work_items", db_index=False)
+    host_task = models.ForeignKey(
+        HostTask, on_delete=models.CASCADE, related_name="work_items", db_index=False, db_constraint=False
+    )
     pool_id = models.BigIntegerField()
     adapter = models.CharField(max_length=16, choices=Adapter.choices)
     state = models.CharField(max_length=16, choices=WorkState.choices, default=WorkState.READY)
