@@ -170,6 +170,10 @@ else:
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "opsplanner")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A late-acknowledged task still running when the broker connection drops is delivered again, so
+# it is cancelled rather than left to run alongside its redelivery (Celery 6's default; said
+# explicitly, which also silences Celery 5's warning). Either way is safe: tasks re-read state.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
