@@ -8,9 +8,12 @@ with the same effect.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import migrations
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 class CompositeForeignKey(migrations.operations.base.Operation):
@@ -135,3 +138,77 @@ class SqliteRestoreCompositeForeignKey(CompositeForeignKey):
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
         if schema_editor.connection.vendor == "sqlite":
             CompositeForeignKey.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class AppendOnlyTable(migrations.operations.base.Operation):
+    """Rows of `table` can be inserted, never updated or deleted: a trigger refuses both with
+    `message`, on PostgreSQL and SQLite, whoever asks (the app, the admin, a psql session).
+    TRUNCATE, a deliberate whole-table reset (test databases, simulation scratch lanes), still works.
+    SQLite loses the triggers when a migration rebuilds the table: suspend and restore around it."""
+
+    reduces_to_sql = True
+    reversible = True
+
+    def __init__(self, *, name: str, table: str, message: str) -> None:
+        self.name = name
+        self.table = table
+        self.message = message
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return (self.__class__.__qualname__, [], {"name": self.name, "table": self.table, "message": self.message})
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"Append-only table {self.table} ({self.name})"
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        vendor = schema_editor.connection.vendor
+        message = self.message.replace("'", "''")
+        if vendor == "postgresql":
+            schema_editor.execute(
+                f"CREATE FUNCTION {self.name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"RAISE EXCEPTION '{message}' USING ERRCODE = 'integrity_constraint_violation'; END $$"
+            )
+            schema_editor.execute(
+                f"CREATE TRIGGER {self.name} BEFORE UPDATE OR DELETE ON {self.table} "
+                f"FOR EACH ROW EXECUTE FUNCTION {self.name}()"
+            )
+        elif vendor == "sqlite":
+            for action in ("update", "delete"):
+                schema_editor.execute(
+                    f"CREATE TRIGGER {self.name}_{action} BEFORE {action.upper()} ON {self.table} "
+                    f"FOR EACH ROW BEGIN SELECT RAISE(ABORT, '{message}'); END"
+                )
+        else:
+            raise NotImplementedError(f"AppendOnlyTable does not support {vendor}")
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        vendor = schema_editor.connection.vendor
+        if vendor == "postgresql":
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {self.name} ON {self.table}")
+            schema_editor.execute(f"DROP FUNCTION IF EXISTS {self.name}()")
+        elif vendor == "sqlite":
+            for action in ("update", "delete"):
+                schema_editor.execute(f"DROP TRIGGER IF EXISTS {self.name}_{action}")
+
+
+@contextmanager
+def sqlite_triggers_lifted(connection: BaseDatabaseWrapper, *, table: str) -> Iterator[None]:
+    """On SQLite, drop the triggers of `table` for the block and put the same ones back after it
+    (for a deliberate reset of a scratch database); elsewhere, nothing."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [table])
+        triggers = cursor.fetchall()
+        for name, _ in triggers:
+            cursor.execute(f'DROP TRIGGER "{name}"')
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for _, sql in triggers:
+                cursor.execute(sql)

@@ -25,8 +25,9 @@ from django.db.models import Count, Min
 
 from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, OptOutWindow
 from opsplanner import clock
+from opsplanner.dbconstraints import sqlite_triggers_lifted
 from opsplanner.live import live_muted
-from opsplanner.models import OPEN_TASK_STATES, HostTask, SimulatorProfile, WorkItem, WorkState
+from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, SimulatorProfile, WorkItem, WorkState
 from opsplanner.progress import Progress
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.failures import host_failure_report
@@ -106,7 +107,10 @@ def tables_reset() -> None:
     if connection.vendor == "postgresql" and connection.in_atomic_block:
         with connection.cursor() as cursor:  # TRUNCATE refuses while deferred checks are pending
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-    connection.ops.execute_sql_flush(statements)
+    # SQLite empties tables with DELETE, which the events' append-only triggers refuse (PostgreSQL
+    # uses TRUNCATE, which they allow): lifted for the reset of this scratch database only.
+    with sqlite_triggers_lifted(connection, table=Event._meta.db_table):
+        connection.ops.execute_sql_flush(statements)
 
 
 @contextmanager
