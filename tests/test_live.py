@@ -11,13 +11,15 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.test import Client
 
 from fleet.models import HostState
 from fleet.services import host_transition
+from opsplanner import consumers
 from opsplanner.asgi import application
-from opsplanner.consumers import REFUSED
+from opsplanner.consumers import RECONNECT, REFUSED
 from opsplanner.roles import Role
 from tests.builders import make_fleet
 from tests.trains_builders import make_user
@@ -27,9 +29,15 @@ ORIGIN = (b"origin", b"http://127.0.0.1")
 
 
 def session_cookie(user: object) -> tuple[bytes, bytes]:
+    return logged_in_browser(user)[1]
+
+
+def logged_in_browser(user: object) -> tuple[Client, tuple[bytes, bytes]]:
+    """A logged-in test client and its session cookie as a websocket header."""
     client = Client()
     client.force_login(user)
-    return (b"cookie", f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode())
+    value = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return client, (b"cookie", f"{settings.SESSION_COOKIE_NAME}={value}".encode())
 
 
 def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
@@ -229,3 +237,72 @@ def test_a_rolled_back_change_is_not_announced_by_the_next_commit_either() -> No
             assert await viewer.receive_nothing(timeout=1)  # nothing for east, whose change never happened
 
     run(scenario)
+
+
+@pytest.mark.parametrize("how", ["logged out", "deactivated", "password changed", "lost every role"])
+def test_an_open_socket_is_closed_for_good_when_its_session_ends_or_its_user_may_no_longer_read(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumers, "REVALIDATE_SECONDS", 0.0)
+    _, hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="revoked")
+    user = make_user(Role.OPERATOR)
+    browser, cookie = logged_in_browser(user)
+
+    def end_it() -> None:
+        if how == "logged out":
+            assert browser.post("/logout/").status_code == 302
+        elif how == "deactivated":
+            User.objects.filter(pk=user.pk).update(is_active=False)
+        elif how == "password changed":
+            user.set_password("another-pass-456")
+            user.save()
+        else:
+            user.groups.clear()
+
+    async def scenario() -> None:
+        async with connected(cookie) as operator_socket:
+            await sync_to_async(fail)(hosts[0])
+            assert 'id="pool-revoked"' in await operator_socket.receive_from(timeout=5)  # allowed so far
+            await sync_to_async(end_it)()
+            await sync_to_async(fail)(hosts[1])
+            closing = await operator_socket.receive_output(timeout=5)
+            assert closing == {"type": "websocket.close", "code": REFUSED}  # no fragment first
+            assert await operator_socket.receive_nothing(timeout=0.5)
+
+    run(scenario)
+
+
+def test_an_open_socket_whose_rights_changed_is_told_to_reconnect_and_then_gets_only_the_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opsplanner.services.approvals import approval_request
+
+    monkeypatch.setattr(consumers, "REVALIDATE_SECONDS", 0.0)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, pool_name="demoted")
+    user = make_user(Role.OPERATOR)
+    cookie = session_cookie(user)
+
+    def demote() -> None:
+        user.groups.set([Group.objects.get_or_create(name=Role.VIEWER)[0]])
+
+    def request_approval() -> None:
+        approval_request(
+            kind="large_operation", subject_type="fleet.pool", subject_id=pool.pk, reason="big", actor=user
+        )
+
+    async def scenario() -> None:
+        async with connected(cookie) as old_socket:
+            await sync_to_async(demote)()
+            await sync_to_async(fail)(hosts[0])
+            assert await old_socket.receive_output(timeout=5) == {"type": "websocket.close", "code": RECONNECT}
+        async with connected(cookie) as new_socket:  # what the page does on 1012
+            await sync_to_async(request_approval)()
+            assert await new_socket.receive_nothing(timeout=1)  # a viewer's socket has no approvals queue
+            await sync_to_async(fail)(hosts[1])
+            assert 'id="pool-demoted"' in await new_socket.receive_from(timeout=5)
+
+    run(scenario)
+
+
+def fail(host: object) -> None:
+    host_transition(host_id=host.pk, expected=HostState.IN_SERVICE, new=HostState.FAILED, reason="psu")
