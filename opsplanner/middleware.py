@@ -1,5 +1,6 @@
-"""Refuse oversized requests before anything reads them (DRF parses JSON from the stream, which
-Django's DATA_UPLOAD_MAX_MEMORY_SIZE check on request.body does not cover)."""
+"""Request and response guards: refuse oversized requests before anything reads them (DRF parses
+JSON from the stream, which Django's DATA_UPLOAD_MAX_MEMORY_SIZE check on request.body does not
+cover); put the Content-Security-Policy on every response."""
 
 from __future__ import annotations
 
@@ -25,3 +26,17 @@ class RequestSizeLimitMiddleware:
                 status=413,
             )
         return self.get_response(request)
+
+
+class ContentSecurityPolicyMiddleware:
+    """settings.CONTENT_SECURITY_POLICY on every response that does not set its own."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self.policy: str = settings.CONTENT_SECURITY_POLICY
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if self.policy and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = self.policy
+        return response

@@ -129,8 +129,11 @@ def record(name: str, values: list[float]) -> Path:
     return path
 
 
-def log_in(browser: object, server: LiveServer, username: str, password: str) -> object:
-    page = browser.new_page()  # type: ignore[attr-defined]
+def log_in(browser: object, server: LiveServer, username: str, password: str, *, enforce_csp: bool = False) -> object:
+    """A page logged in as `username`. Pages skip the Content-Security-Policy unless asked to
+    enforce it: Playwright compiles `wait_for_function` predicates with eval, which the policy
+    forbids; tests/test_browser_csp.py runs the pages under the policy."""
+    page = browser.new_page(bypass_csp=not enforce_csp)  # type: ignore[attr-defined]
     page.goto(f"{server.url}/login/")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", password)
