@@ -157,6 +157,38 @@ def test_a_run_lost_for_hours_is_failed_and_frees_its_slot(enqueued) -> None:
         assert run.failure_reason.startswith("abandoned")
 
 
+@pytest.mark.django_db(transaction=True)  # the databases are dropped after the commit, outside any transaction
+def test_a_killed_runs_scratch_databases_are_dropped_when_it_is_failed_as_abandoned(enqueued) -> None:
+    operator = make_user(Role.OPERATOR)
+    long_ago = clock.now() - dt.timedelta(hours=13)
+    with clock.use_clock(lambda: long_ago):
+        killed = advisor_run_request(**GOOD, actor=operator)
+    AdvisorRun.objects.filter(pk=killed.pk).update(state=AdvisorRunState.RUNNING, started_at=long_ago)
+    base = connection.settings_dict["NAME"]
+    leftovers = [f"{base}_advisor{killed.pk}_{lane}_sim" for lane in (0, 1)]
+    another_runs = f"{base}_advisor{killed.pk}0_0_sim"  # run #N0's lane: not the killed run's
+
+    def scratch() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s ORDER BY 1", [f"{base}_advisor%"])
+            return [name for (name,) in cursor.fetchall()]
+
+    with connection.cursor() as cursor:
+        for name in [*leftovers, another_runs]:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        assert scratch() == sorted([*leftovers, another_runs])
+        advisor_run_request(**GOOD, actor=operator)
+        killed.refresh_from_db()
+        assert killed.state == AdvisorRunState.FAILED
+        assert scratch() == [another_runs]
+    finally:
+        with connection.cursor() as cursor:
+            for name in [*leftovers, another_runs]:
+                cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
 # The worker's execution -----------------------------------------------------------------------------
 
 

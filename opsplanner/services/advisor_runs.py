@@ -10,6 +10,7 @@ scratch databases while it runs.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import math
 import tempfile
@@ -27,7 +28,13 @@ from opsplanner.models import AdvisorRun, AdvisorRunState
 from opsplanner.models.advisor import ACTIVE_ADVISOR_STATES
 from opsplanner.simulation.advisor import AdvisorRequest, advice
 from opsplanner.simulation.config import SimulationConfig
-from opsplanner.simulation.runner import default_lanes, jobs_run, scratch_databases, scratch_databases_drop
+from opsplanner.simulation.runner import (
+    default_lanes,
+    jobs_run,
+    scratch_databases,
+    scratch_databases_drop,
+    scratch_databases_drop_tagged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +165,8 @@ def _lock_requests() -> None:
 
 
 def _abandoned_fail(now: dt.datetime) -> None:
-    """Fail runs that have been queued or running for too long: their worker is gone."""
+    """Fail runs that have been queued or running for too long: their worker is gone. A killed
+    worker also left its scratch databases behind: they are dropped once the failure commits."""
     cutoff = now - ABANDONED_AFTER
     lost = Q(state=AdvisorRunState.QUEUED, created_at__lt=cutoff) | Q(
         state=AdvisorRunState.RUNNING, started_at__lt=cutoff
@@ -170,6 +178,14 @@ def _abandoned_fail(now: dt.datetime) -> None:
         ):
             run.refresh_from_db()
             event_record(kind="advisor_run.failed", subject=run, actor=WORKER_ACTOR, reason=reason)
+            if run.started_at is not None:
+                transaction.on_commit(functools.partial(_leftovers_drop, run.pk), robust=True)
+
+
+def _leftovers_drop(run_id: int) -> None:
+    dropped = scratch_databases_drop_tagged(f"_advisor{run_id}")
+    if dropped:
+        log.warning("advisor run %s was abandoned; dropped its scratch databases %s", run_id, ", ".join(dropped))
 
 
 def _enqueue(run_id: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -137,6 +138,26 @@ def scratch_databases_drop(urls: list[str]) -> None:
         name = url.rsplit("/", 1)[-1]
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def scratch_databases_drop_tagged(tag: str) -> list[str]:
+    """Drop every scratch database made with `tag` (what a killed run left behind); their names.
+    Runs outside a transaction (PostgreSQL drops databases only there)."""
+    db = settings.DATABASES["default"]
+    sqlite = db["ENGINE"].endswith("sqlite3")
+    base = Path(str(db["NAME"])).stem if sqlite else str(db["NAME"])
+    lane = re.compile(rf"{re.escape(base + tag)}_\d+_sim")
+    if sqlite:
+        paths = [p for p in (Path(settings.VAR_DIR) / "sim").glob("*_sim.sqlite3") if lane.fullmatch(p.stem)]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return sorted(path.stem for path in paths)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database")
+        names = sorted(name for (name,) in cursor.fetchall() if lane.fullmatch(name))
+        for name in names:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return names
 
 
 def _child_env(database_url: str) -> dict[str, str]:
