@@ -1,8 +1,9 @@
 """OpsPlanner settings: one module, every knob read from the environment through opsplanner.env.
 
 Two shapes:
-- embedded default (no DATABASE_URL, no REDIS_URL): SQLite in WAL mode and a Celery broker on the
-  filesystem, so one machine with nothing but Python runs the web server, a worker and the beat;
+- embedded default (no DATABASE_URL, no REDIS_URL): SQLite in WAL mode and a Celery broker on its
+  own SQLite file (opsplanner/embedded_broker.py), so one machine with nothing but Python runs the
+  web server, a worker and the beat;
 - production (DATABASE_URL=postgresql://…, REDIS_URL=redis://…): any number of workers anywhere.
 """
 
@@ -139,7 +140,7 @@ DATABASE_IS_SQLITE = _database.is_sqlite
 
 # --- Redis, Celery, Channels --------------------------------------------------------------------
 REDIS_URL = env_redis_url("REDIS_URL")
-EMBEDDED_BROKER_DIR = VAR_DIR / "broker"
+EMBEDDED_BROKER_FILE = VAR_DIR / "broker.sqlite3"
 
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
@@ -155,17 +156,18 @@ if REDIS_URL:
     # Shared by every web process: API rate limits count per token across all of them.
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
-    # kombu's filesystem transport: messages are files, so a worker and the beat in other
-    # processes see them without any server. Not crash-safe and not shared across machines.
-    CELERY_BROKER_URL = "filesystem://"
+    # Our SQLite transport (opsplanner/embedded_broker.py): messages are rows in their own SQLite
+    # file, so a worker and the beat in other processes see them without any server, and a reader
+    # never sees a half-written message. Local to one machine.
+    CELERY_BROKER_URL = "opsqlite://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(EMBEDDED_BROKER_DIR / "queue"),
-        "data_folder_out": str(EMBEDDED_BROKER_DIR / "queue"),
-        "processed_folder": str(EMBEDDED_BROKER_DIR / "processed"),
-        "store_processed": False,
-        # The transport polls the folder; the default (1 s per message) is too slow for the tick.
+        "path": str(EMBEDDED_BROKER_FILE),
+        # Idle polls only read; 0.1 s keeps a kicked step close to immediate.
         "polling_interval": 0.1,
+        "visibility_timeout": 600,
     }
+    # The transport has no fanout: no remote control (celery inspect/control) in the embedded mode.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "opsplanner")

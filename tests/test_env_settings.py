@@ -127,23 +127,24 @@ def test_a_typo_in_debug_stops_the_app_with_the_variable_named(tmp_path: Path) -
     assert "DEBUG='ture' is not a boolean" in result.stderr
 
 
-def test_without_database_and_redis_urls_the_embedded_default_is_sqlite_wal_and_a_filesystem_broker(
+def test_without_database_and_redis_urls_the_embedded_default_is_sqlite_wal_and_a_sqlite_broker(
     tmp_path: Path,
 ) -> None:
     result = _settings_in_subprocess(
         {"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path)},
         "settings.DATABASES['default']['ENGINE'], settings.DATABASES['default']['NAME'], "
         "settings.CELERY_BROKER_URL, settings.CHANNEL_LAYERS['default']['BACKEND'], "
-        "settings.TIME_ZONE, settings.USE_TZ",
+        "settings.TIME_ZONE, settings.USE_TZ, settings.CELERY_BROKER_TRANSPORT_OPTIONS['path']",
     )
     assert result.returncode == 0, result.stderr
-    engine, name, broker, layer, tz, use_tz = ast.literal_eval(result.stdout)
+    engine, name, broker, layer, tz, use_tz, broker_file = ast.literal_eval(result.stdout)
     assert engine == "django.db.backends.sqlite3"
     assert name == str(tmp_path / "opsplanner.sqlite3")
-    assert broker == "filesystem://"
+    assert broker == "opsqlite://"
+    assert broker_file == str(tmp_path / "broker.sqlite3")
     assert layer == "channels.layers.InMemoryChannelLayer"
     assert (tz, use_tz) == ("UTC", True)
-    assert (tmp_path / "broker" / "queue").is_dir()
+    assert (tmp_path / "log").is_dir()
 
 
 def test_with_urls_set_the_production_shape_uses_postgresql_and_redis(tmp_path: Path) -> None:

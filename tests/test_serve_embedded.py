@@ -1,7 +1,8 @@
-"""`make run`'s command, end to end, in the embedded default: SQLite, the filesystem broker, no servers.
+"""`make run`'s command, end to end, in the embedded default: SQLite, the SQLite broker, no servers.
 
-It migrates, seeds, prints the logins, serves the fleet page, runs a worker and the beat (the
-heartbeat the beat schedules keeps arriving), and Ctrl-C stops all of it.
+It migrates, seeds, prints the logins last, serves the fleet page, runs a worker and the beat (the
+heartbeat the beat schedules keeps arriving), keeps Celery's lines in var/log/, restarts a worker
+killed with kill -9, and Ctrl-C stops all of it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ def _get(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
     except OSError:
         return 0, ""
+
+
+def _child_pid(parent: int, role: str) -> int | None:
+    """The pid of serve's child running `celery ... <role>` (Linux /proc)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    for pid in children:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"celery" in command and role.encode() in command:
+            return int(pid)
+    return None
 
 
 def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: Path) -> None:
@@ -69,7 +83,10 @@ def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: 
         )
 
         output = log.read_text()
-        assert f"running in embedded (SQLite, filesystem broker) mode at http://127.0.0.1:{port}/" in output
+        assert f"running in embedded (SQLite, SQLite broker) mode at http://127.0.0.1:{port}/" in output
+        assert output.rstrip().splitlines()[-1].startswith("  login: executor")  # URL and logins come last
+        assert "celery.app.trace" not in output  # per-task lines go to var/log/worker.log
+        assert "celery.app.trace" in (tmp_path / "var" / "log" / "worker.log").read_text()
         password = re.search(r"login: operator\s+password: (\S+)", output).group(1)
         assert password == (tmp_path / "var" / "demo-credentials.txt").read_text().strip()
 
@@ -135,6 +152,20 @@ def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: 
         )
         assert refused.returncode == 1
         assert "refused: There is no pool named 'nowhere'." in refused.stderr
+
+        # A worker killed with kill -9 is restarted, said in one line, and work goes on.
+        worker = _child_pid(serve.pid, "worker")
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: "worker exited with code -9" in log.read_text(), timeout=20, what="the restart message")
+        wait_for(lambda: _child_pid(serve.pid, "worker") not in (None, worker), timeout=30, what="a new worker")
+        again = subprocess.run(
+            [*manage, "submit_operation", "--kind", "reboot", "--scope", "domain ai-train-east/rack-0001",
+             "--reason", "after the restart", "--wait", "--timeout", "90"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stdout + again.stderr + log.read_text()[-3000:]
+        assert "operation #2 completed" in again.stdout
+        assert serve.poll() is None
     finally:
         serve.send_signal(signal.SIGINT)
         try:

@@ -1,15 +1,14 @@
 """python manage.py serve: the embedded default in one command (what `make run` calls).
 
 Migrates, seeds a demo fleet when the database has no hosts, creates the demo logins, then runs the
-ASGI web server (daphne), a Celery worker and the Celery beat in the foreground. Ctrl-C stops all
-three; if one of them dies, the others are stopped too and the command exits non-zero.
+ASGI web server (daphne), a Celery worker and the Celery beat, supervised (opsplanner/supervisor.py):
+a child that dies is restarted after a back-off with a one-line message; only repeated crashes stop
+the product (exit non-zero). Each child logs to var/log/<name>.log; Ctrl-C stops all three.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -18,12 +17,13 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from opsplanner.demo_users import demo_users_ensure
+from opsplanner.supervisor import ChildSpec, Supervisor, TooManyCrashes
 
-STOP_GRACE_SECONDS = 10
+POLL_SECONDS = 0.5
 
 
 class Command(BaseCommand):
-    help = "Run the web server, a worker and the periodic scheduler together (the embedded default)."
+    help = "Run the web server, a worker and the periodic scheduler together, supervised (the embedded default)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -38,24 +38,9 @@ class Command(BaseCommand):
         call_command("seed_demo", hosts=demo_hosts, if_empty=True, stdout=self.stdout, stderr=self.stderr)
         logins = demo_users_ensure() if settings.DEBUG else []
 
-        python = sys.executable
-        commands = {
-            "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "opsplanner.asgi:application"],
-            "worker": [
-                python, "-m", "celery", "-A", "opsplanner", "worker", "--loglevel", "INFO",
-                "--concurrency", str(concurrency), "-n", "worker@%h",
-            ],
-            "beat": [python, "-m", "celery", "-A", "opsplanner", "beat", "--loglevel", "INFO",
-                     "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME],
-        }  # fmt: skip
-        children = {name: subprocess.Popen(command, env=os.environ.copy()) for name, command in commands.items()}
-
-        mode = "embedded (SQLite, filesystem broker)" if settings.REDIS_URL is None else "PostgreSQL/Redis"
-        self.stdout.write(f"\nOpsPlanner is running in {mode} mode at http://{host}:{port}/")
-        for login in logins:
-            self.stdout.write(f"  login: {login.username:<10} password: {login.password}   ({login.role})")
-        self.stdout.write("Press Ctrl-C to stop the web server, the worker and the scheduler.\n")
-        self.stdout.flush()
+        supervisor = Supervisor(_children(host=host, port=port, concurrency=concurrency), say=self._say)
+        supervisor.start_all()
+        self._banner(host=host, port=port, logins=logins)
 
         stopping = False
 
@@ -65,28 +50,44 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGTERM, request_stop)
-        failed = ""
-        while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    failed = f"{name} exited with code {child.returncode}"
-                    stopping = True
-                    break
-            time.sleep(0.5)
-        _stop_all(children)
-        if failed:
-            raise CommandError(f"stopped because the {failed}")
+        try:
+            while not stopping:
+                supervisor.check()
+                time.sleep(POLL_SECONDS)
+        except TooManyCrashes as crashes:
+            supervisor.stop_all()
+            raise CommandError(f"stopped because the {crashes}") from None
+        supervisor.stop_all()
         self.stdout.write("OpsPlanner stopped.")
 
+    def _say(self, line: str) -> None:
+        self.stderr.write(line)
+        self.stderr.flush()
 
-def _stop_all(children: dict[str, subprocess.Popen]) -> None:
-    for child in children.values():
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for child in children.values():
-        try:
-            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    def _banner(self, *, host: str, port: int, logins: list) -> None:
+        mode = "embedded (SQLite, SQLite broker)" if settings.REDIS_URL is None else "PostgreSQL/Redis"
+        log_dir = settings.VAR_DIR / "log"
+        self.stdout.write(f"\nLogs of the web server, the worker and the scheduler: {log_dir}/")
+        self.stdout.write("Press Ctrl-C to stop the web server, the worker and the scheduler.")
+        self.stdout.write(f"OpsPlanner is running in {mode} mode at http://{host}:{port}/")
+        for login in logins:
+            self.stdout.write(f"  login: {login.username:<10} password: {login.password}   ({login.role})")
+        self.stdout.flush()
+
+
+def _children(*, host: str, port: int, concurrency: int) -> list[ChildSpec]:
+    python = sys.executable
+    log_dir = settings.VAR_DIR / "log"
+    embedded = settings.REDIS_URL is None
+    # The embedded broker has no fanout: no gossip, mingle or remote control between workers.
+    solo_flags = ["--without-gossip", "--without-mingle"] if embedded else []
+    return [
+        ChildSpec("web", [python, "-m", "daphne", "-b", host, "-p", str(port), "opsplanner.asgi:application"],
+                  log_dir / "web.log"),
+        ChildSpec("worker", [python, "-m", "celery", "-A", "opsplanner", "worker", "--loglevel", "INFO",
+                             "--concurrency", str(concurrency), "-n", "worker@%h", *solo_flags],
+                  log_dir / "worker.log"),
+        ChildSpec("beat", [python, "-m", "celery", "-A", "opsplanner", "beat", "--loglevel", "INFO",
+                           "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME],
+                  log_dir / "beat.log"),
+    ]  # fmt: skip
