@@ -159,7 +159,7 @@ else:
     # Our SQLite transport (opsplanner/embedded_broker.py): messages are rows in their own SQLite
     # file, so a worker and the beat in other processes see them without any server, and a reader
     # never sees a half-written message. Local to one machine.
-    CELERY_BROKER_URL = "opsqlite://"
+    CELERY_BROKER_URL = "opsqlite://localhost/"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "path": str(EMBEDDED_BROKER_FILE),
         # Idle polls only read; 0.1 s keeps a kicked step close to immediate.

@@ -140,7 +140,7 @@ def test_without_database_and_redis_urls_the_embedded_default_is_sqlite_wal_and_
     engine, name, broker, layer, tz, use_tz, broker_file = ast.literal_eval(result.stdout)
     assert engine == "django.db.backends.sqlite3"
     assert name == str(tmp_path / "opsplanner.sqlite3")
-    assert broker == "opsqlite://"
+    assert broker == "opsqlite://localhost/"
     assert broker_file == str(tmp_path / "broker.sqlite3")
     assert layer == "channels.layers.InMemoryChannelLayer"
     assert (tz, use_tz) == ("UTC", True)
