@@ -278,7 +278,8 @@ def test_the_upgrades_page_shows_each_phase_with_its_successes_and_failures_and_
     assert page.index(f'id="upgrade-{bad.pk}"') < page.index(f'id="upgrade-{good.pk}"')
 
 
-def test_the_set_based_phase_counts_agree_with_the_upgrade_services() -> None:
+def test_the_set_based_phase_successes_agree_with_the_upgrade_service() -> None:
+    # Failures have one definition (trains.services.upgrades.phase_failures, tests/test_failure_codes.py).
     instant_simulator(execute_by_kind={"upgrade:gpu-driver:560.35.03": {"failure_rate": 0.5}})
     pool, _ = make_fleet(domains=2, hosts_per_domain=4, failure_buffer_hosts=8)
     make_train(pool)
@@ -287,18 +288,13 @@ def test_the_set_based_phase_counts_agree_with_the_upgrade_services() -> None:
         upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", max_failures=100),
     ]
     drive_trains(pool, until=lambda: HostTask.objects.filter(state=TaskState.FAILED).count() >= 2)
-    # A failure that was not the upgrade's fault does not count against it.
-    task = HostTask.objects.filter(state=TaskState.FAILED).first()
-    HostTask.objects.filter(pk=task.pk).update(failure_reason="drain failed: refused")
 
     counted = phases_with_counts([u.pk for u in upgrades])
 
     assert counted
     for phase in counted:
-        upgrade = phase.upgrade
-        assert phase.successes == upgrade_phase_successes(upgrade, phase.position)
-        assert phase.failures == upgrade_phase_failures(upgrade, phase)
-    assert sum(p.failures for p in counted) >= 1
+        assert phase.successes == upgrade_phase_successes(phase.upgrade, phase.position)
+    assert sum(p.failures for p in counted) >= 2
 
 
 def test_reonboarding_asks_for_an_approval_and_the_page_then_says_it_is_waiting(client) -> None:

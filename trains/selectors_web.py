@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Coalesce, RowNumber
-from django.db.models.lookups import IsNull
 
 from fleet.models import HostState
 from opsplanner import clock
@@ -29,8 +28,8 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
-from trains.services.upgrades import NOT_THE_UPGRADES_FAULT
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
+from trains.services.upgrades import phase_failures
 
 # Finished trains and upgrades stay on the pages this long, then only the API and the admin show them.
 FINISHED_SHOWN_FOR = dt.timedelta(days=7)
@@ -253,17 +252,11 @@ def _count(
 
 
 def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
-    """Each phase with `successes` and `failures` counted in SQL, as upgrade_phase_successes and
-    upgrade_phase_failures count them (one query for every phase of every upgrade)."""
+    """Each phase with `successes` and `failures` counted in SQL, as upgrade_phase_successes counts
+    them and as phase_failures defines them (one query for every phase of every upgrade)."""
     tasks = HostTask.objects.filter(
         operation__visit_link__upgrade_id=OuterRef("upgrade_id"), operation__visit_link__phase=OuterRef("position")
     )
-    # A re-onboarded phase counts failures from its restart.
-    failed = tasks.filter(state=TaskState.FAILED).filter(
-        Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at"))
-    )
-    for prefix in NOT_THE_UPGRADES_FAULT:
-        failed = failed.exclude(failure_reason__startswith=prefix)
     succeeded = tasks.filter(
         state__in=[TaskState.DONE, TaskState.HANDED_OVER],
         host__state=HostState.IN_SERVICE,
@@ -275,7 +268,7 @@ def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
         UpgradePhase.objects.filter(upgrade_id__in=upgrade_ids)
         .select_related("domain")
         .annotate(
-            failures=Coalesce(_count(failed), 0),
+            failures=phase_failures(),
             successes=Coalesce(_count(succeeded, "%(function)s(DISTINCT %(expressions)s)", "host_id"), 0),
         )
         .order_by("upgrade_id", "position")

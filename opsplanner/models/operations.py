@@ -114,6 +114,21 @@ class TaskState(models.TextChoices):
     HANDED_OVER = "handed_over", "Handed over"
 
 
+class FailureCode(models.TextChoices):
+    """Why a task ended without its work done: what policy reads (failure_reason is for people)."""
+
+    DRAIN_FAILED = "drain_failed", "Drain failed"
+    EXECUTE_FAILED = "execute_failed", "Execution failed"
+    UNKNOWN_VERSION = "unknown_version", "Executor reported a version not in the catalogue"
+    CHECK_FAILED = "check_failed", "Verification failed"
+    NOT_RETURNABLE = "not_returnable", "Pre-return gate refused"
+    RETURN_FAILED = "return_failed", "Return to service failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# The codes a failed task may have (cancelled is a cancelled task's), in a stable order for migrations.
+FAILED_CODES = [code for code in FailureCode.values if code != FailureCode.CANCELLED]
+
 TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER})
 ACTIVE_TASK_STATES = frozenset({TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING})
 # Tasks an operation still waits for: it is closed when none is left.
@@ -150,6 +165,7 @@ class HostTask(models.Model):
     waiting_code = models.CharField(max_length=16, choices=WaitingCode.choices, blank=True, default="")
     waiting_reason = models.CharField(max_length=300, blank=True, default="")
     failure_reason = models.CharField(max_length=500, blank=True, default="")
+    failure_code = models.CharField(max_length=16, choices=FailureCode.choices, blank=True, default="")
     created_at = models.DateTimeField(default=clock.now)
     admitted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -162,6 +178,16 @@ class HostTask(models.Model):
             # What leases and work items reference: their (task, host) must be a task and its host.
             models.UniqueConstraint(fields=["id", "host"], name="host_task_id_host_key"),
             models.CheckConstraint(condition=Q(state__in=TaskState.values), name="host_task_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state=TaskState.FAILED, failure_code__in=FAILED_CODES)
+                | Q(state=TaskState.CANCELLED, failure_code=FailureCode.CANCELLED)
+                | (~Q(state__in=[TaskState.FAILED, TaskState.CANCELLED]) & Q(failure_code="")),
+                name="host_task_failure_code_fits_state",
+                violation_error_message=(
+                    "A failed task has the code of its failure, a cancelled task the code cancelled, "
+                    "and no other task has a failure code."
+                ),
+            ),
         ]
         indexes = [
             models.Index(

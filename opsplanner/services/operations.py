@@ -23,7 +23,9 @@ from opsplanner.models import (
     OperationState,
     TaskState,
 )
+from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
+from opsplanner.services.tick.admission import queue_reason
 
 SUBJECT_TASK = "opsplanner.hosttask"
 
@@ -88,7 +90,10 @@ def operation_submit(
         host_ids = resolve_scope(parse_scope(scope))
     elif not host_ids:
         raise ValidationError({"scope": "The scope has no hosts."})
-    pools = dict(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id"))
+    hosts = list(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id", "pool__name"))
+    pools = {host_id: pool_id for host_id, pool_id, _ in hosts}
+    # A new task waits its turn, and says so until admission examines it (invariant 5).
+    queued = {pool_id: queue_reason(pool_name) for pool_id, pool_name in {row[1:] for row in hosts}}
     if gang:
         _check_gang(host_ids, pools, needs_drain)
     if target is not None:
@@ -126,6 +131,8 @@ def operation_submit(
                 host_id=host_id,
                 pool_id=pools[host_id],
                 priority=priority,
+                waiting_code=queued[pools[host_id]][0],
+                waiting_reason=queued[pools[host_id]][1],
                 created_at=now,
                 state_changed_at=now,
             )
@@ -207,7 +214,12 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
         HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list("id", "host_id", "pool_id")
     )
     cancelled = HostTask.objects.filter(pk__any=[row[0] for row in pending], state=TaskState.PENDING).update(
-        state=TaskState.CANCELLED, finished_at=now, state_changed_at=now, waiting_code="", waiting_reason=""
+        state=TaskState.CANCELLED,
+        failure_code=FailureCode.CANCELLED,
+        finished_at=now,
+        state_changed_at=now,
+        waiting_code="",
+        waiting_reason="",
     )
     if cancelled != len(pending):
         raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")

@@ -11,7 +11,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.db.models.lookups import IsNull
 
 from fleet.models import Host, HostState, InstalledVersion, MaintenanceDomain, Pool
 from fleet.selectors.compatibility import host_incompatibilities
@@ -27,15 +29,18 @@ from opsplanner.models import (
     OperationState,
     TaskState,
 )
+from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.operations import operation_cancel, operation_submit
 from trains.models import Upgrade, UpgradePhase, UpgradeState
+from trains.models.upgrades import PhaseSelection
 
 SUBJECT = "trains.upgrade"
 ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
-# Failures that say nothing about the upgrade itself (the drainer refused, the return failed).
-NOT_THE_UPGRADES_FAULT = ("drain failed", "return to service failed")
+# Failures that say nothing about the upgrade itself (the drainer refused, the return failed): decided
+# by the task's failure code, never by its reason's wording.
+NOT_THE_UPGRADES_FAULT = frozenset({FailureCode.DRAIN_FAILED, FailureCode.RETURN_FAILED})
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class PhaseSpec:
     percent: int | None = None
     min_successes: int = 1
     soak_s: int = 0
+    selection: str = PhaseSelection.FIXED
 
 
 def _phase_specs(raw: list[dict[str, Any]] | None) -> list[PhaseSpec]:
@@ -56,7 +62,7 @@ def _phase_specs(raw: list[dict[str, Any]] | None) -> list[PhaseSpec]:
     for i, item in enumerate(raw, start=1):
         if not isinstance(item, dict):
             raise ValidationError({"phases": f"Phase {i} must be an object."})
-        unknown = set(item) - {"name", "domain", "percent", "min_successes", "soak_s"}
+        unknown = set(item) - {"name", "domain", "percent", "min_successes", "soak_s", "selection"}
         if unknown:
             raise ValidationError({"phases": f"Phase {i} has unknown fields: {', '.join(sorted(unknown))}."})
         domain, percent = item.get("domain") or "", item.get("percent")
@@ -68,6 +74,15 @@ def _phase_specs(raw: list[dict[str, Any]] | None) -> list[PhaseSpec]:
             value = item.get(field, 1 if field == "min_successes" else 0)
             if not isinstance(value, int) or value < 0:
                 raise ValidationError({"phases": f"Phase {i}: {field} is a whole number, 0 or more."})
+        selection = item.get("selection", PhaseSelection.FIXED)
+        if selection not in PhaseSelection.values:
+            raise ValidationError(
+                {"phases": f"Phase {i}: selection is 'fixed' (only its own scope) or 'any' (any hosts of the pool)."}
+            )
+        if i < len(raw) and item.get("min_successes", 1) < 1:
+            raise ValidationError(
+                {"phases": f"Phase {i} comes before the last: it needs at least one success before the rollout widens."}
+            )
         specs.append(
             PhaseSpec(
                 name=str(item.get("name") or f"phase {i}")[:63],
@@ -75,6 +90,7 @@ def _phase_specs(raw: list[dict[str, Any]] | None) -> list[PhaseSpec]:
                 percent=percent,
                 min_successes=item.get("min_successes", 1),
                 soak_s=item.get("soak_s", 0),
+                selection=selection,
             )
         )
     _check_phase_order(specs)
@@ -203,6 +219,7 @@ def upgrade_create(
                 percent=spec.percent,
                 min_successes=spec.min_successes,
                 soak_s=spec.soak_s,
+                selection=spec.selection,
                 started_at=upgrade.created_at if position == 0 else None,
             )
         )
@@ -212,9 +229,13 @@ def upgrade_create(
         new = len(allowed - before)
         if phase.domain_id and new == 0:
             raise ValidationError({"phases": f"Phase {phase.name}: domain {phase.domain.name} has no host in scope."})
-        if phase.min_successes > new:
+        # An 'any' phase may take the hosts it lacks from the rest of the scope.
+        offered = len(scope_ids) - len(before) if phase.selection == PhaseSelection.ANY else new
+        if phase.min_successes > offered:
+            verb = "can take" if phase.selection == PhaseSelection.ANY else "adds"
+            wanted = phase.min_successes
             raise ValidationError(
-                {"phases": f"Phase {phase.name} adds {new} hosts; it cannot wait for {phase.min_successes} successes."}
+                {"phases": f"Phase {phase.name} {verb} {offered} hosts; it cannot wait for {wanted} successes."}
             )
         before = allowed
     UpgradePhase.objects.bulk_create(rows)
@@ -240,13 +261,27 @@ def upgrade_tasks(upgrade: Upgrade, *, phase: int | None = None) -> QuerySet[Hos
     return tasks if phase is None else tasks.filter(operation__visit_link__phase=phase)
 
 
+def phase_failures() -> Coalesce:
+    """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
+    (the one definition: the train tick, offboarding and the pages all count with it). A failed task
+    of the phase's operations counts if it failed since the phase (re)started (a re-onboarded phase
+    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT)."""
+    failed = (
+        HostTask.objects.filter(
+            operation__visit_link__upgrade_id=OuterRef("upgrade_id"),
+            operation__visit_link__phase=OuterRef("position"),
+            state=TaskState.FAILED,
+        )
+        .filter(Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at")))
+        .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
+    )
+    count = failed.order_by().annotate(n=Func(F("id"), function="COUNT")).values("n")
+    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
 def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
-    failed = upgrade_tasks(upgrade, phase=phase.position).filter(state=TaskState.FAILED)
-    if phase.started_at is not None:  # a re-onboarded phase counts from its restart
-        failed = failed.filter(finished_at__gte=phase.started_at)
-    for prefix in NOT_THE_UPGRADES_FAULT:
-        failed = failed.exclude(failure_reason__startswith=prefix)
-    return failed.count()
+    """The failures counted against one upgrade in `phase` (by phase_failures, as the tick counts)."""
+    return upgrades_phase_failures([upgrade], {upgrade.pk: phase}).get(upgrade.pk, 0)
 
 
 def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
@@ -260,21 +295,9 @@ def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
 
 
 def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradePhase]) -> dict[int, int]:
-    """Failures in each upgrade's current phase, counted as upgrade_phase_failures counts them, in
-    one query (failed tasks are few; the phase and restart filters are applied here)."""
-    failed = HostTask.objects.filter(
-        operation__visit_link__upgrade_id__in=[u.pk for u in upgrades], state=TaskState.FAILED
-    )
-    for prefix in NOT_THE_UPGRADES_FAULT:
-        failed = failed.exclude(failure_reason__startswith=prefix)
-    counts: dict[int, int] = defaultdict(int)
-    rows = failed.values_list("operation__visit_link__upgrade_id", "operation__visit_link__phase", "finished_at")
-    for upgrade_id, position, finished_at in rows:
-        phase = current[upgrade_id]
-        restarted = phase.started_at
-        if position == phase.position and (restarted is None or (finished_at is not None and finished_at >= restarted)):
-            counts[upgrade_id] += 1
-    return counts
+    """Failures in each upgrade's current phase, as phase_failures counts them (one query)."""
+    phases = UpgradePhase.objects.filter(pk__in=[current[u.pk].pk for u in upgrades])
+    return dict(phases.annotate(failures=phase_failures()).values_list("upgrade_id", "failures"))
 
 
 def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Host]:

@@ -121,6 +121,7 @@ class HostTaskSerializer(serializers.ModelSerializer):
             "waiting_code",
             "waiting_reason",
             "failure_reason",
+            "failure_code",
             "created_at",
             "admitted_at",
             "finished_at",

@@ -27,6 +27,7 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
+from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
@@ -182,7 +183,12 @@ def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any],
     for task, _, reason in failed:
         why = f"drain failed: {reason or 'no reason given'}"
         ctx.move_tasks(
-            [task], expected=TaskState.DRAINING, new=TaskState.FAILED, failure_reason=why[:500], finished_at=ctx.now
+            [task],
+            expected=TaskState.DRAINING,
+            new=TaskState.FAILED,
+            failure_code=FailureCode.DRAIN_FAILED,
+            failure_reason=why[:500],
+            finished_at=ctx.now,
         )
         ctx.move_hosts(
             [task.host_id],
@@ -206,7 +212,8 @@ def _executions_done(
     for task, result, _ in done:
         bad = [f"{c} {v}" for c, v in (result.get("versions") or {}).items() if (c, v) in unknown]
         if bad:
-            _fail_running(ctx, task, f"executor reported versions not in the catalogue: {', '.join(bad)}", repair)
+            why = f"executor reported versions not in the catalogue: {', '.join(bad)}"
+            _fail_running(ctx, task, FailureCode.UNKNOWN_VERSION, why, repair)
         else:
             applied.append(task)
     no_drain = [t for t in applied if t.drain_key is None and not _is_repair(t)]
@@ -259,9 +266,16 @@ def _out_state(task: TaskRef) -> str:
     return HostState.MAINTENANCE if task.drain_key is not None else HostState.IN_SERVICE
 
 
-def _fail_running(ctx: TickContext, task: TaskRef, reason: str, repair: list[tuple[TaskRef, str]]) -> None:
+def _fail_running(
+    ctx: TickContext, task: TaskRef, code: FailureCode, reason: str, repair: list[tuple[TaskRef, str]]
+) -> None:
     ctx.move_tasks(
-        [task], expected=TaskState.RUNNING, new=TaskState.FAILED, failure_reason=reason[:500], finished_at=ctx.now
+        [task],
+        expected=TaskState.RUNNING,
+        new=TaskState.FAILED,
+        failure_code=code,
+        failure_reason=reason[:500],
+        finished_at=ctx.now,
     )
     ctx.move_hosts([task.host_id], expected=_out_state(task), new=HostState.FAILED, reason=reason)
     repair.append((task, reason))
@@ -271,7 +285,8 @@ def _executions_failed(
     ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]], repair: list[tuple[TaskRef, str]]
 ) -> None:
     for task, _, reason in failed:
-        _fail_running(ctx, task, f"{task.kind} failed: {reason or 'no reason given'}", repair)
+        why = f"{task.kind} failed: {reason or 'no reason given'}"
+        _fail_running(ctx, task, FailureCode.EXECUTE_FAILED, why, repair)
 
 
 def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
@@ -387,14 +402,16 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         for _, _, result, _ in rows:
             observed.extend((task.host_id, c, v) for c, v in (result.get("versions") or {}).items())
         if failures:
-            _fail_verifying(ctx, task, "verification failed: " + "; ".join(failures), repair)
+            why = "verification failed: " + "; ".join(failures)
+            _fail_verifying(ctx, task, FailureCode.CHECK_FAILED, why, repair)
         else:
             passed.append(task)
     _record_versions(ctx, observed)
     problems = _pre_return_problems(passed)
     for task in passed:
         if task.id in problems:
-            _fail_verifying(ctx, task, "not returned: " + "; ".join(problems[task.id]), repair)
+            why = "not returned: " + "; ".join(problems[task.id])
+            _fail_verifying(ctx, task, FailureCode.NOT_RETURNABLE, why, repair)
     returning = [t for t in passed if t.id not in problems]
     ctx.move_hosts(
         [t.host_id for t in returning if not _is_repair(t)],
@@ -411,9 +428,16 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=adapter, deadline_s=UNDRAIN_DEADLINE_S)
 
 
-def _fail_verifying(ctx: TickContext, task: TaskRef, reason: str, repair: list[tuple[TaskRef, str]]) -> None:
+def _fail_verifying(
+    ctx: TickContext, task: TaskRef, code: FailureCode, reason: str, repair: list[tuple[TaskRef, str]]
+) -> None:
     ctx.move_tasks(
-        [task], expected=TaskState.VERIFYING, new=TaskState.FAILED, failure_reason=reason[:500], finished_at=ctx.now
+        [task],
+        expected=TaskState.VERIFYING,
+        new=TaskState.FAILED,
+        failure_code=code,
+        failure_reason=reason[:500],
+        finished_at=ctx.now,
     )
     expected = HostState.REPAIR if _is_repair(task) else HostState.VERIFYING
     ctx.move_hosts([task.host_id], expected=expected, new=HostState.FAILED, reason=reason)
@@ -509,6 +533,7 @@ def _returns_failed(
                 [task],
                 expected=TaskState.VERIFYING,
                 new=TaskState.FAILED,
+                failure_code=FailureCode.RETURN_FAILED,
                 failure_reason=why[:500],
                 finished_at=ctx.now,
             )

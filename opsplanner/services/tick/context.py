@@ -138,16 +138,25 @@ _HOST_MOVE = PreparedUpdate(
 _Shape = tuple[tuple[str, Any], ...]
 
 
+def _kind(value: Any) -> Any:
+    """A parameter's kind; a choice (a str subclass such as FailureCode) is a str parameter."""
+    if isinstance(value, models.F):
+        return value
+    return str if isinstance(value, str) else type(value)
+
+
 def _shape(fields: dict[str, Any]) -> _Shape:
     """What a task move writes besides its state: each column with its value's kind, or the
     expression itself (an F() is part of the SQL, not a parameter)."""
-    return tuple(
-        sorted((name, value if isinstance(value, models.F) else type(value)) for name, value in fields.items())
-    )
+    return tuple(sorted((name, _kind(value)) for name, value in fields.items()))
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in fields.items() if not isinstance(value, models.F)}
+    return {
+        name: str.__str__(value) if isinstance(value, str) else value
+        for name, value in fields.items()
+        if not isinstance(value, models.F)
+    }
 
 
 @functools.lru_cache(maxsize=64)
