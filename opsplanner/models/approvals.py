@@ -13,6 +13,7 @@ class ApprovalKind(models.TextChoices):
     EMERGENCY_TRAIN = "emergency_train", "Emergency train"
     REONBOARD_UPGRADE = "reonboard_upgrade", "Re-onboard an offboarded upgrade"
     LARGE_OPERATION = "large_operation", "Large ad-hoc operation"
+    SKIP_PHASE = "skip_phase", "Skip a held rollout phase"
 
 
 class ApprovalState(models.TextChoices):

@@ -37,6 +37,8 @@ EFFECTS = {
     "out of service beyond the planned buffer, down to the pool's hard floor",
     ApprovalKind.REONBOARD_UPGRADE: "puts the offboarded upgrade back in its phase and un-withdraws its version",
     ApprovalKind.LARGE_OPERATION: "lets the operation start",
+    ApprovalKind.SKIP_PHASE: "graduates the upgrade's held phase without its evidence: the rollout widens to the "
+    "next phase at once",
 }
 # Summary keys the services write, in reading order: (key, label, how to say the value).
 SUMMARY_LINES = (

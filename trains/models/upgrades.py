@@ -65,10 +65,21 @@ class Upgrade(models.Model):
         return f"upgrade #{self.pk}: {self.component_version} on {self.scope}"
 
 
+class PhaseSelection(models.TextChoices):
+    FIXED = "fixed", "Only its own scope"
+    ANY = "any", "Any hosts of the pool that still need it"
+
+
+class PhaseHoldCode(models.TextChoices):
+    TOO_FEW_HOSTS = "too_few_hosts", "Too few hosts to show the evidence"
+
+
 class UpgradePhase(models.Model):
     """A rollout phase: the hosts of one domain (a canary), or the first N% of the scope. Phases
-    widen: each covers what the earlier ones did. It graduates when min_successes of its new hosts
-    succeeded and soak_s has passed since."""
+    widen: each covers what the earlier ones did. A phase before the last graduates only when
+    min_successes hosts succeeded in it and soak_s has passed since: no evidence, no wider rollout.
+    When its scope has too few hosts that still need the upgrade, an `any` phase picks hosts of the
+    pool (picked_hosts); a `fixed` one holds (held_code, held_reason) until an approved skip."""
 
     upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="phases")
     position = models.PositiveSmallIntegerField()
@@ -82,6 +93,18 @@ class UpgradePhase(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     successes_reached_at = models.DateTimeField(null=True, blank=True)
     graduated_at = models.DateTimeField(null=True, blank=True)
+    selection = models.CharField(
+        max_length=8,
+        choices=PhaseSelection.choices,
+        default=PhaseSelection.FIXED,
+        help_text="where the phase finds its hosts when its own scope has too few that still need the upgrade",
+    )
+    picked_hosts = models.JSONField(
+        default=list, blank=True, help_text="ids of the hosts of the pool an 'any' phase took beyond its own scope"
+    )
+    held_code = models.CharField(max_length=32, choices=PhaseHoldCode.choices, blank=True)
+    held_reason = models.CharField(max_length=500, blank=True)
+    held_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["upgrade_id", "position"]
@@ -94,6 +117,16 @@ class UpgradePhase(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(percent__isnull=True) | Q(percent__gte=1, percent__lte=100), name="upgrade_phase_percent"
+            ),
+            models.CheckConstraint(
+                condition=Q(selection__in=PhaseSelection.values),
+                name="upgrade_phase_selection_known",
+                violation_error_message="A phase selects its hosts 'fixed' (its own scope) or 'any' (from the pool).",
+            ),
+            models.CheckConstraint(
+                condition=Q(held_code="", held_at__isnull=True) | (~Q(held_code="") & Q(held_at__isnull=False)),
+                name="upgrade_phase_hold_has_time",
+                violation_error_message="A held phase records when its hold started (and only a held one).",
             ),
         ]
 

@@ -1,6 +1,7 @@
 """The train tick: per train, under its row lock, in one transaction; harmless to run twice.
 
-1. upgrades: offboard what fails beyond its policy, graduate phases, complete finished upgrades;
+1. upgrades: offboard what fails beyond its policy, graduate phases on evidence only (a phase short of
+   hosts picks some from the pool or holds: trains/services/phases.py), complete finished upgrades;
 2. visits: a visit whose tasks are all finished is done;
 3. autostop when the pool's buffers are exhausted (and resume automatically if configured);
 4. start visits while the train runs and has room (skipping domains under an opt-out window);
@@ -36,6 +37,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
+from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
 from trains.services.upgrades import (
     hosts_below_target,
@@ -180,12 +182,27 @@ def _upgrades_progress_step(
             report.events.append(f"completed upgrade {upgrade.pk}")
             continue
         sets = phase_host_sets(phases, scope)
-        plan = _Plan(upgrade=upgrade, phase=phase, allowed=sets[phase.position])
-        if phase is not phases[-1] and _graduates(upgrade, phase, entry.successes, plan.has_pending(), now):
+        if phase is phases[-1]:  # nothing wider to open: the upgrade completes when its scope is done
+            plans.append(_Plan(upgrade=upgrade, phase=phase, allowed=sets[phase.position]))
+            continue
+        allowed = phase_evidence_step(
+            train=train, upgrade=upgrade, phases=phases, sets=sets, scope=scope, successes=entry.successes, now=now
+        )
+        plan = _Plan(upgrade=upgrade, phase=phase, allowed=allowed)
+        if _graduates(upgrade, phase, entry.successes, now):
             following = phases[phase.position + 1]
-            _graduate(upgrade, phase, following, entry.successes, now)
-            report.events.append(f"upgrade {upgrade.pk} graduated to phase {phase.position + 1}")
-            plan = _Plan(upgrade=upgrade, phase=following, allowed=sets[following.position])
+            if phase_graduate(
+                upgrade=upgrade,
+                phase=phase,
+                nxt=following,
+                now=now,
+                reason=f"phase {phase.name} graduated with {entry.successes} successes after its soak; "
+                f"now {following.name}",
+            ):
+                report.events.append(f"upgrade {upgrade.pk} graduated to phase {following.position}")
+                plan = _Plan(
+                    upgrade=upgrade, phase=following, allowed=phase_allowed_hosts(phases, following.position, sets)
+                )
         plans.append(plan)
     return plans
 
@@ -212,11 +229,10 @@ def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, success
     return ""
 
 
-def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, pending: bool, now: dt.datetime) -> bool:
-    """Enough successes (or nothing of the phase left to do), then the soak time."""
-    open_tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade, state__in=OPEN_TASK_STATES).exists()
-    reached = successes >= phase.min_successes or (not pending and not open_tasks)
-    if not reached:
+def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.datetime) -> bool:
+    """Enough successes, then the soak time. A phase with nothing left to do has shown nothing:
+    it never graduates on that (it holds, or picks hosts, in phase_evidence_step)."""
+    if successes < phase_evidence_needed(phase):
         return False
     if phase.successes_reached_at is None:
         phase.successes_reached_at = now
@@ -229,22 +245,6 @@ def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, pending: b
             pool_id=upgrade.pool_id,
         )
     return now >= phase.successes_reached_at + dt.timedelta(seconds=phase.soak_s)
-
-
-def _graduate(upgrade: Upgrade, phase: UpgradePhase, nxt: UpgradePhase, successes: int, now: dt.datetime) -> None:
-    UpgradePhase.objects.filter(pk=phase.pk).update(graduated_at=now)
-    UpgradePhase.objects.filter(pk=nxt.pk).update(started_at=now)
-    nxt.started_at = now
-    Upgrade.objects.filter(pk=upgrade.pk, current_phase=phase.position).update(current_phase=nxt.position)
-    upgrade.current_phase = nxt.position
-    event_record(
-        kind="upgrade.phase_graduated",
-        subject=upgrade,
-        actor=ACTOR,
-        reason=f"phase {phase.name} graduated with {successes} successes after its soak; now {nxt.name}",
-        pool_id=upgrade.pool_id,
-        data={"from": phase.position, "to": nxt.position},
-    )
 
 
 def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:

@@ -6,7 +6,8 @@ from rest_framework import serializers
 
 from opsplanner.models import Adapter
 from opsplanner.scopes import MAX_SCOPE_LENGTH
-from trains.models import Train, Upgrade, UpgradePhase, Visit
+from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit
+from trains.models.upgrades import PhaseSelection
 
 
 class TrainSerializer(serializers.ModelSerializer):
@@ -116,6 +117,11 @@ class UpgradePhaseSerializer(serializers.ModelSerializer):
             "started_at",
             "successes_reached_at",
             "graduated_at",
+            "selection",
+            "picked_hosts",
+            "held_code",
+            "held_reason",
+            "held_at",
         ]
 
 
@@ -123,6 +129,8 @@ class UpgradeSerializer(serializers.ModelSerializer):
     component = serializers.CharField(source="component_version.component.name", read_only=True)
     version = serializers.CharField(source="component_version.version", read_only=True)
     phases = UpgradePhaseSerializer(many=True, read_only=True)
+    held_code = serializers.SerializerMethodField(help_text="why the phase in force cannot graduate; empty if it can")
+    held_reason = serializers.SerializerMethodField(help_text="what holds the phase in force and what would unblock it")
 
     class Meta:
         model = Upgrade
@@ -145,8 +153,22 @@ class UpgradeSerializer(serializers.ModelSerializer):
             "requester",
             "created_at",
             "finished_at",
+            "held_code",
+            "held_reason",
             "phases",
         ]
+
+    def _phase_in_force(self, upgrade: Upgrade) -> UpgradePhase | None:
+        phases = upgrade.phases.all()  # prefetched by the viewset
+        return next((p for p in phases if p.position == upgrade.current_phase), None)
+
+    def get_held_code(self, upgrade: Upgrade) -> str:
+        phase = self._phase_in_force(upgrade)
+        return phase.held_code if phase is not None and upgrade.state == UpgradeState.ACTIVE else ""
+
+    def get_held_reason(self, upgrade: Upgrade) -> str:
+        phase = self._phase_in_force(upgrade)
+        return phase.held_reason if phase is not None and upgrade.state == UpgradeState.ACTIVE else ""
 
 
 class PhaseInput(serializers.Serializer):
@@ -155,6 +177,7 @@ class PhaseInput(serializers.Serializer):
     percent = serializers.IntegerField(min_value=1, max_value=100, required=False)
     min_successes = serializers.IntegerField(min_value=0, max_value=1_000_000, default=1)
     soak_s = serializers.IntegerField(min_value=0, max_value=30 * 24 * 3600, default=0)
+    selection = serializers.ChoiceField(choices=PhaseSelection.choices, default=PhaseSelection.FIXED)
 
 
 class UpgradeInput(serializers.Serializer):

@@ -1,4 +1,4 @@
-"""Trains (pause, resume, forecast), visits and upgrades (create, offboard, re-onboard request)."""
+"""Trains (pause, resume, forecast), visits and upgrades (create, offboard, re-onboard and skip-phase requests)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from opsplanner.permissions import Action
 from trains.filters import TrainFilter, UpgradeFilter, VisitFilter
 from trains.models import Train, TrainStop, Upgrade, UpgradePhase, Visit
 from trains.selectors import train_forecast
+from trains.services.phases import upgrade_phase_skip_request
 from trains.services.trains import train_create, train_pause, train_resume
 from trains.services.upgrades import upgrade_create, upgrade_offboard, upgrade_reonboard_request
 
@@ -79,7 +80,12 @@ class VisitViewSet(viewsets.ReadOnlyModelViewSet):
 class UpgradeViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.UpgradeSerializer
     filterset_class = UpgradeFilter
-    action_permissions = {"create": Action.OPERATE, "offboard": Action.OPERATE, "reonboard": Action.OPERATE}
+    action_permissions = {
+        "create": Action.OPERATE,
+        "offboard": Action.OPERATE,
+        "reonboard": Action.OPERATE,
+        "skip_phase": Action.OPERATE,
+    }
 
     def get_queryset(self) -> QuerySet[Upgrade]:
         phases = UpgradePhase.objects.select_related("domain").order_by("position")
@@ -123,6 +129,16 @@ class UpgradeViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def reonboard(self, request: Any, pk: str | None = None) -> Response:
         """Ask a second operator to put an offboarded upgrade back (an approval request)."""
         approval = upgrade_reonboard_request(
+            upgrade_id=self.get_object().pk, reason=valid(ReasonInput, request.data)["reason"], actor=request.user
+        )
+        return Response(ApprovalSerializer(approval).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ReasonInput, responses={201: ApprovalSerializer})
+    @action(detail=True, methods=["post"], url_path="skip-phase")
+    @idempotent
+    def skip_phase(self, request: Any, pk: str | None = None) -> Response:
+        """Ask a second operator to graduate the upgrade's held phase without its evidence (an approval request)."""
+        approval = upgrade_phase_skip_request(
             upgrade_id=self.get_object().pk, reason=valid(ReasonInput, request.data)["reason"], actor=request.user
         )
         return Response(ApprovalSerializer(approval).data, status=status.HTTP_201_CREATED)
