@@ -3,7 +3,9 @@
 headroom = min(planned buffer - planned out, in service - floor, in service - active reservation).
 Hosts held by a lease, not in service, under an opt-out window or already claimed by an earlier
 task in the order are skipped; gang operations are admitted whole or not at all. Every task left
-pending records why, and the reason only changes (is written) when it changes.
+pending records why, and the reason only changes (is written) when it changes. Only the head of
+the queue is examined task by task; the tasks behind it say that they wait their turn (or that
+their operation is held), set-based, in words that do not change as the queue moves.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Concat, Left
 
 from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
 from fleet.selectors.capacity import pool_capacity
@@ -95,8 +98,12 @@ _ANY_PENDING = PreparedQuery(
     ),
     pool_id=int,
 )
-_IN_PLACE_OPERATIONS = PreparedQuery(
-    lambda: Operation.objects.filter(state=OperationState.OPEN, needs_drain=False).order_by().values_list("id")
+_IN_PLACE_OR_HELD_OPERATIONS = PreparedQuery(
+    lambda: (
+        Operation.objects.filter(Q(needs_drain=False) | ~Q(hold_reason=""), state=OperationState.OPEN)
+        .order_by()
+        .values_list("id", "needs_drain", "hold_reason")
+    )
 )
 _HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holding it, if any
     lambda *, ids: (
@@ -116,6 +123,58 @@ _WAITING_REASON = PreparedUpdate(
     code=str,
     reason=str,
 )
+
+
+# Tasks beyond the admission horizon. `examined` is never empty (the head was full) and `held` is
+# passed only when it is not, so the prepared statements' "no ids, no rows" shortcut never applies.
+def _beyond(*, pool_id: int, examined: frozenset[int], **_: object) -> QuerySet[HostTask]:
+    return HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).exclude(pk__any=examined)
+
+
+def _held_reason() -> Left:
+    """f"held: {operation.hold_reason}"[:300], as the examined tasks of a held operation say it."""
+    hold = Subquery(Operation.objects.filter(pk=OuterRef("operation_id")).order_by().values("hold_reason")[:1])
+    return Left(Concat(Value("held: "), hold, output_field=CharField()), 300)
+
+
+_QUEUED_BEYOND = PreparedUpdate(
+    lambda *, code, reason, **params: _beyond(**params).exclude(waiting_code=code, waiting_reason=reason),
+    lambda *, code, reason, **_: {"waiting_code": code, "waiting_reason": reason},
+    pool_id=int,
+    examined=IDS,
+    code=str,
+    reason=str,
+)
+_QUEUED_BEYOND_BUT_HELD = PreparedUpdate(
+    lambda *, code, reason, held, **params: (
+        _beyond(**params).exclude(operation_id__any=held).exclude(waiting_code=code, waiting_reason=reason)
+    ),
+    lambda *, code, reason, **_: {"waiting_code": code, "waiting_reason": reason},
+    pool_id=int,
+    examined=IDS,
+    code=str,
+    reason=str,
+    held=IDS,
+)
+_HELD_BEYOND = PreparedUpdate(  # every held operation's tasks at once, each with its own reason
+    lambda *, held, **params: (
+        _beyond(**params)
+        .filter(operation_id__any=held)
+        .exclude(waiting_code=WaitingCode.HELD, waiting_reason=_held_reason())
+    ),
+    lambda **_: {"waiting_code": WaitingCode.HELD, "waiting_reason": _held_reason()},
+    pool_id=int,
+    examined=IDS,
+    held=IDS,
+)
+
+
+def queue_reason(pool_name: str) -> tuple[str, str]:
+    """Why a task waits that admission has not examined: a new task (operation_submit gives it
+    this reason) or one behind the head of its pool's queue. True until the task reaches the
+    head, and the same tick after tick: it is not rewritten as the queue moves."""
+    reason = f"waiting its turn in the queue of pool {pool_name} (higher priority first, then older first)"
+    return WaitingCode.QUEUED, reason[:300]
 
 
 def _pending(pool_id: int) -> QuerySet[HostTask]:
@@ -175,16 +234,20 @@ HORIZON_PER_FREE_HOST = 2
 
 def admit(ctx: TickContext, *, budget: int) -> None:
     """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
-    least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back keep the reason
-    they last got, and get one when they come within the horizon."""
+    least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back are not examined
+    one by one: they get a reason true of all of them (see _write_waiting_beyond)."""
     if not _ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
         return
     pending = _pending(ctx.pool.pk)
     headroom = pool_headroom(ctx)
     horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
     candidates = task_refs_from_rows(_queue_head(horizon).rows(pool_id=ctx.pool.pk))
-    if len(candidates) == horizon:  # work that takes no capacity is never stuck behind work that does
-        in_place = [operation_id for (operation_id,) in _IN_PLACE_OPERATIONS.rows()]
+    held: set[int] = set()  # open operations on hold, read only when tasks may wait beyond the horizon
+    head_full = len(candidates) == horizon
+    if head_full:  # work that takes no capacity is never stuck behind work that does
+        special = _IN_PLACE_OR_HELD_OPERATIONS.rows()
+        in_place = [operation_id for operation_id, needs_drain, _ in special if not needs_drain]
+        held = {operation_id for operation_id, _, hold in special if hold}
         if in_place:
             for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
                 candidates.setdefault(task.id, task)
@@ -276,6 +339,8 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         admitted.append(task)
 
     _write_waiting(ctx, waiting, current)
+    if head_full:
+        _write_waiting_beyond(ctx, examined=frozenset(candidates), held=held)
     _admit(ctx, [t for t in admitted if t.id not in repairs_broken])
     _admit_broken_repairs(ctx, [t for t in admitted if t.id in repairs_broken])
 
@@ -298,6 +363,23 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
         _WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
     ctx.counts["waiting"] += len(waiting)
     ctx.counts["waiting_reasons_changed"] += sum(len(ids) for ids in groups.values())
+
+
+def _write_waiting_beyond(ctx: TickContext, *, examined: frozenset[int], held: set[int]) -> None:
+    """Tasks behind the examined head of the queue say why they wait too: held, if their operation
+    is, else that their turn has not come (queue_reason). Neither changes as the queue moves, so a
+    quiet tick rewrites no row: one UPDATE per reason, set-based, guarded to rows whose reason
+    differs, which also corrects a task examined once that has since fallen behind."""
+    code, reason = queue_reason(ctx.pool.name)
+    if held:
+        ids = frozenset(held)
+        changed = _QUEUED_BEYOND_BUT_HELD.count(
+            pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason, held=ids
+        )
+        changed += _HELD_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, held=ids)
+    else:
+        changed = _QUEUED_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason)
+    ctx.counts["waiting_reasons_changed"] += changed
 
 
 def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
