@@ -1,5 +1,8 @@
-"""The inventory in the Django admin, with search and filters. Host state is read-only here:
-state changes go through the services so they are guarded and leave events."""
+"""The inventory in the Django admin, with search and filters. Every add, change and delete goes
+through fleet.services.audit (AuditedAdmin), so it leaves an event naming the changed fields. Host
+state is read-only here: state changes go through the services so they are guarded. Opt-out windows
+and reservations are read-only too: their owners' services hold their rules (not in the past, within
+the pool's size, only live windows change, cancelled with a reason); use the owner pages or the API."""
 
 from django.contrib import admin
 
@@ -16,10 +19,11 @@ from fleet.models import (
     Service,
     ServicePlacement,
 )
+from opsplanner.admin import AuditedAdmin, ReadOnlyAdmin
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(AuditedAdmin):
     list_display = [
         "name",
         "workload_class",
@@ -33,7 +37,7 @@ class PoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(MaintenanceDomain)
-class MaintenanceDomainAdmin(admin.ModelAdmin):
+class MaintenanceDomainAdmin(AuditedAdmin):
     list_display = ["name", "pool", "kind", "position"]
     list_filter = ["kind", "pool"]
     search_fields = ["name", "pool__name"]
@@ -47,7 +51,7 @@ class InstalledVersionInline(admin.TabularInline):
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(AuditedAdmin):
     list_display = ["hostname", "pool", "domain", "state", "sku", "gpu_count", "state_changed_at"]
     list_filter = ["state", "pool", "sku"]
     search_fields = ["hostname", "domain__name"]
@@ -59,14 +63,14 @@ class HostAdmin(admin.ModelAdmin):
 
 
 @admin.register(Component)
-class ComponentAdmin(admin.ModelAdmin):
+class ComponentAdmin(AuditedAdmin):
     list_display = ["name", "display_name", "layer", "needs_reboot", "needs_drain"]
     list_filter = ["layer", "needs_reboot"]
     search_fields = ["name", "display_name"]
 
 
 @admin.register(ComponentVersion)
-class ComponentVersionAdmin(admin.ModelAdmin):
+class ComponentVersionAdmin(AuditedAdmin):
     list_display = ["component", "version", "released_at"]
     list_filter = ["component"]
     search_fields = ["version", "component__name"]
@@ -74,7 +78,7 @@ class ComponentVersionAdmin(admin.ModelAdmin):
 
 
 @admin.register(InstalledVersion)
-class InstalledVersionAdmin(admin.ModelAdmin):
+class InstalledVersionAdmin(AuditedAdmin):
     list_display = ["host", "component", "version", "installed_at"]
     list_filter = ["component"]
     search_fields = ["host__hostname", "version__version"]
@@ -84,7 +88,7 @@ class InstalledVersionAdmin(admin.ModelAdmin):
 
 
 @admin.register(CompatibilityRule)
-class CompatibilityRuleAdmin(admin.ModelAdmin):
+class CompatibilityRuleAdmin(AuditedAdmin):
     list_display = ["job_facing_version", "lower_component", "min_version", "max_version", "note"]
     list_filter = ["lower_component"]
     search_fields = ["note", "lower_component__name", "job_facing_version__version"]
@@ -98,14 +102,14 @@ class ServicePlacementInline(admin.TabularInline):
 
 
 @admin.register(Service)
-class ServiceAdmin(admin.ModelAdmin):
+class ServiceAdmin(AuditedAdmin):
     list_display = ["name", "display_name"]
     search_fields = ["name", "display_name", "owners__username"]
     filter_horizontal = ["owners"]
 
 
 @admin.register(ServicePlacement)
-class ServicePlacementAdmin(admin.ModelAdmin):
+class ServicePlacementAdmin(AuditedAdmin):
     list_display = ["service", "host", "running_jobs"]
     list_filter = ["service"]
     search_fields = ["host__hostname", "service__name"]
@@ -115,7 +119,7 @@ class ServicePlacementAdmin(admin.ModelAdmin):
 
 
 @admin.register(OptOutWindow)
-class OptOutWindowAdmin(admin.ModelAdmin):
+class OptOutWindowAdmin(ReadOnlyAdmin):
     list_display = ["service", "starts_at", "ends_at", "reason", "cancelled_at"]
     list_filter = ["service", "cancelled_at"]
     search_fields = ["service__name", "reason"]
@@ -123,7 +127,7 @@ class OptOutWindowAdmin(admin.ModelAdmin):
 
 
 @admin.register(CapacityReservation)
-class CapacityReservationAdmin(admin.ModelAdmin):
+class CapacityReservationAdmin(ReadOnlyAdmin):
     list_display = ["service", "pool", "min_hosts_in_service", "starts_at", "ends_at", "cancelled_at"]
     list_filter = ["pool", "service", "cancelled_at"]
     search_fields = ["service__name", "reason"]

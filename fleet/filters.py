@@ -7,9 +7,10 @@ from django.db.models import Q, QuerySet
 
 from fleet.models import CapacityReservation, Host, HostState, MaintenanceDomain, OptOutWindow
 from opsplanner import clock
+from opsplanner.filters import StrictBooleanFilter, StrictFilterSet
 
 
-class HostFilter(django_filters.FilterSet):
+class HostFilter(StrictFilterSet):
     pool = django_filters.NumberFilter(field_name="pool_id", help_text="pool id")
     pool_name = django_filters.CharFilter(field_name="pool__name", help_text="pool name")
     domain = django_filters.NumberFilter(field_name="domain_id", help_text="domain id")
@@ -21,7 +22,7 @@ class HostFilter(django_filters.FilterSet):
         fields = ["pool", "pool_name", "domain", "state", "hostname"]
 
 
-class DomainFilter(django_filters.FilterSet):
+class DomainFilter(StrictFilterSet):
     pool = django_filters.NumberFilter(field_name="pool_id")
 
     class Meta:
@@ -29,17 +30,17 @@ class DomainFilter(django_filters.FilterSet):
         fields = ["pool", "kind"]
 
 
-class _WindowFilter(django_filters.FilterSet):
+class _WindowFilter(StrictFilterSet):
     service = django_filters.NumberFilter(field_name="service_id")
-    active = django_filters.BooleanFilter(method="filter_active", help_text="open now (not cancelled)")
-    current = django_filters.BooleanFilter(method="filter_current", help_text="not cancelled and not over")
+    active = StrictBooleanFilter(method="filter_active", help_text="open now (not cancelled)")
+    current = StrictBooleanFilter(method="filter_current", help_text="not cancelled and not over")
 
-    def filter_active(self, queryset: QuerySet, name: str, value: bool | None) -> QuerySet:
+    def filter_active(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
         now = clock.now()
         active = Q(cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now)
         return queryset.filter(active) if value else queryset.exclude(active)
 
-    def filter_current(self, queryset: QuerySet, name: str, value: bool | None) -> QuerySet:
+    def filter_current(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
         current = Q(cancelled_at__isnull=True, ends_at__gt=clock.now())
         return queryset.filter(current) if value else queryset.exclude(current)
 

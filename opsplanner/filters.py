@@ -6,7 +6,9 @@ import datetime as dt
 from typing import Any
 
 import django_filters
+from django import forms
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Q, QuerySet
 
 from opsplanner.models import (
@@ -44,7 +46,54 @@ class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
 
 
-class OperationFilter(django_filters.FilterSet):
+TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+class RawValueInput(forms.TextInput):
+    """Hands the field the value as sent: django-filter's boolean widgets turn "maybe" into None,
+    which silently drops the filter instead of refusing it."""
+
+    def value_from_datadict(self, data: Any, files: Any, name: str) -> Any:
+        return data.get(name)
+
+
+class StrictBooleanField(forms.NullBooleanField):
+    widget = RawValueInput
+
+    def to_python(self, value: Any) -> bool | None:
+        if value is None or isinstance(value, bool):
+            return value
+        word = str(value).strip().lower()
+        if word == "":
+            return None
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise ValidationError("Enter true or false.", code="invalid")
+
+    def validate(self, value: bool | None) -> None:
+        pass
+
+
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    """true/false (also 1/0, yes/no, on/off, any case); anything else is refused, not ignored."""
+
+    field_class = StrictBooleanField
+
+
+class StrictFilterSet(django_filters.FilterSet):
+    """The base of every FilterSet: boolean model fields listed in Meta.fields filter strictly too."""
+
+    FILTER_DEFAULTS = {
+        **django_filters.FilterSet.FILTER_DEFAULTS,
+        models.BooleanField: {"filter_class": StrictBooleanFilter},
+        models.NullBooleanField: {"filter_class": StrictBooleanFilter},
+    }
+
+
+class OperationFilter(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=OperationState.choices)
     kind = django_filters.MultipleChoiceFilter(choices=OperationKind.choices)
     source = django_filters.MultipleChoiceFilter(choices=OperationSource.choices)
@@ -54,7 +103,7 @@ class OperationFilter(django_filters.FilterSet):
         fields = ["state", "kind", "source"]
 
 
-class HostTaskFilter(django_filters.FilterSet):
+class HostTaskFilter(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=TaskState.choices)
     waiting_code = django_filters.MultipleChoiceFilter(choices=WaitingCode.choices)
     operation = django_filters.NumberFilter(field_name="operation_id")
@@ -66,7 +115,7 @@ class HostTaskFilter(django_filters.FilterSet):
         fields = ["state", "waiting_code", "operation", "host", "pool"]
 
 
-class WorkItemFilter(django_filters.FilterSet):
+class WorkItemFilter(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=WorkState.choices)
     kind = django_filters.MultipleChoiceFilter(choices=WorkKind.choices)
     pool = django_filters.NumberFilter(field_name="pool_id")
@@ -77,7 +126,7 @@ class WorkItemFilter(django_filters.FilterSet):
         fields = ["state", "kind", "pool", "host", "adapter"]
 
 
-class ApprovalFilter(django_filters.FilterSet):
+class ApprovalFilter(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=ApprovalState.choices)
     kind = django_filters.MultipleChoiceFilter(choices=ApprovalKind.choices)
 
@@ -86,7 +135,7 @@ class ApprovalFilter(django_filters.FilterSet):
         fields = ["state", "kind"]
 
 
-class EventFilter(django_filters.FilterSet):
+class EventFilter(StrictFilterSet):
     """Events by host, pool, operation (its own events and its tasks'), train (its own, its cycles'
     and its visits'), kind (exact, or a prefix ending in '.'), and time range. All index probes."""
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import django_filters
 
+from opsplanner.filters import StrictFilterSet
 from trains.models import Train, TrainState, Upgrade, UpgradeState, Visit, VisitState
 
 
-class TrainFilter(django_filters.FilterSet):
+class TrainFilter(StrictFilterSet):
     pool = django_filters.NumberFilter(field_name="pool_id")
     state = django_filters.MultipleChoiceFilter(choices=TrainState.choices)
 
@@ -16,7 +17,7 @@ class TrainFilter(django_filters.FilterSet):
         fields = ["pool", "state", "emergency"]
 
 
-class VisitFilter(django_filters.FilterSet):
+class VisitFilter(StrictFilterSet):
     train = django_filters.NumberFilter(field_name="train_id")
     cycle = django_filters.NumberFilter(field_name="cycle_id")
     domain = django_filters.NumberFilter(field_name="domain_id")
@@ -27,7 +28,7 @@ class VisitFilter(django_filters.FilterSet):
         fields = ["train", "cycle", "domain", "state"]
 
 
-class UpgradeFilter(django_filters.FilterSet):
+class UpgradeFilter(StrictFilterSet):
     pool = django_filters.NumberFilter(field_name="pool_id")
     state = django_filters.MultipleChoiceFilter(choices=UpgradeState.choices)
 

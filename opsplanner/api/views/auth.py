@@ -12,6 +12,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from opsplanner.api.authentication import TokenAuthentication
 from opsplanner.permissions import user_actions, user_roles
 
 TOKEN_ANSWER = inline_serializer(
@@ -33,6 +34,7 @@ class LoginView(knox_views.LoginView):
 class LogoutView(knox_views.LogoutView):
     """Revoke the token this request carries."""
 
+    authentication_classes = [TokenAuthentication]  # knox's, without the per-request sweep
     permission_classes = [IsAuthenticated]
 
     @extend_schema(request=None, responses={204: None})
@@ -43,6 +45,7 @@ class LogoutView(knox_views.LogoutView):
 class LogoutAllView(knox_views.LogoutAllView):
     """Revoke every token of this user."""
 
+    authentication_classes = [TokenAuthentication]  # knox's, without the per-request sweep
     permission_classes = [IsAuthenticated]
 
     @extend_schema(request=None, responses={204: None})
