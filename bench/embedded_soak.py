@@ -52,6 +52,8 @@ class SoakResult:
     latencies_ms: list[float] = field(repr=False)
     operations_submitted: int
     operations_finished: int
+    first_visit_running_s: float | None  # from the console's start; None: no visit ran within 60 s
+    approvals_waiting: int
     serve_output: str = field(repr=False)
 
     def percentile(self, share: float) -> float:
@@ -126,8 +128,11 @@ def soak(seconds: float, *, demo_hosts: int = 2000, cpu_load: bool = True, var_d
         if serve.poll() is not None:
             raise RuntimeError("serve stopped while starting:\n" + output.read_text()[-3000:])
         subprocess.run([sys.executable, "manage.py", "shell", "-c", FAST_HARDWARE], cwd=ROOT, env=env, check=True)
+        ready = time.monotonic()
         password = (var / "demo-credentials.txt").read_text().strip()
         client.log_in("operator", password)
+        first_visit = _seconds_until_a_visit_runs(client, since=ready, within=60)
+        approvals = client.api("GET", "/api/approvals/?state=pending", None)["count"]
         submitted, loads, errors, latencies = _drive(client, seconds)
         finished = client.api("GET", "/api/operations/?state=completed", None).get("count", 0)
     finally:
@@ -151,15 +156,27 @@ def soak(seconds: float, *, demo_hosts: int = 2000, cpu_load: bool = True, var_d
         latencies_ms=latencies,
         operations_submitted=submitted,
         operations_finished=finished,
+        first_visit_running_s=first_visit,
+        approvals_waiting=approvals,
         serve_output=text,
     )
 
 
+def _seconds_until_a_visit_runs(client: _Client, *, since: float, within: float) -> float | None:
+    """The demo comes alive by itself: how long until a train's visit is running (or already done)."""
+    while time.monotonic() - since < within:
+        if client.api("GET", "/api/visits/?state=running&state=done", None)["count"]:
+            return round(time.monotonic() - since, 1)
+        time.sleep(1)
+    return None
+
+
 def _drive(client: _Client, seconds: float) -> tuple[int, int, list[str], list[float]]:
-    """Trains with upgrades on every pool, ad-hoc reboots, and every page once a second."""
+    """Trains with upgrades on every pool (the demo's, or ours), ad-hoc reboots, every page once a second."""
     pools = client.api("GET", "/api/pools/?page_size=100", None)["results"]
     for pool in pools:
-        _start_train(client, pool)
+        if not client.api("GET", f"/api/trains/?pool={pool['id']}", None)["count"]:
+            _start_train(client, pool)
     hosts = client.api("GET", "/api/hosts/?page_size=1000", None)["results"]
     pages = [*PAGES, *(f"/fleet/pools/{pool['name']}/" for pool in pools)]
     pages += [f"/fleet/hosts/{host['hostname']}/" for host in hosts[:2]]
@@ -245,4 +262,5 @@ def run(seconds: float | None) -> list[Figure]:
         Figure("embedded_soak_operations_finished", result.operations_finished, "operations", how),
         Figure("embedded_soak_page_p50_ms", round(statistics.median(result.latencies_ms or [0]), 1), "ms", how),
         Figure("embedded_soak_page_p95_ms", round(result.percentile(0.95), 1), "ms", how),
+        Figure("embedded_demo_first_visit_s", result.first_visit_running_s or -1, "s", how),
     ]

@@ -2,7 +2,8 @@
 
 `serve` with nothing but Python, for two minutes, while one core is kept busy by another
 process: a client loads every page once a second, trains run on every pool and reboots are
-submitted through the API. No child may crash, no page may fail, and work must finish.
+submitted through the API. No child may crash, no page may fail, and work must finish; the demo
+comes alive by itself (a train visit runs within a minute, an approval waits).
 """
 
 from __future__ import annotations
@@ -28,3 +29,6 @@ def test_the_embedded_default_stays_up_under_load_with_no_crash_and_no_failed_pa
     assert result.operations_submitted >= 10
     assert result.operations_finished >= 1, f"{result.operations_finished} of {result.operations_submitted} finished"
     assert "celery.app.trace" not in result.serve_output  # Celery's per-task lines stay in var/log/
+    # The demo came alive by itself: trains visiting within a minute, an emergency train awaiting approval.
+    assert result.first_visit_running_s is not None
+    assert result.approvals_waiting >= 1

@@ -154,3 +154,11 @@ def test_the_live_rows_of_one_pool_are_swapped_into_their_groups() -> None:
 
     assert f'hx-swap-oob="innerHTML:#gantt-row-domain-{hosts[0].domain_id}"' in html
     assert 'hx-swap-oob="innerHTML:#gantt-now"' in html
+
+
+def test_without_a_window_the_gantt_opens_on_the_last_hour_and_the_next_three() -> None:
+    now = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    with clock.use_clock(lambda: now):
+        params, form = gantt_params({})
+    assert params is not None, form.errors
+    assert (params.start, params.end) == (now - dt.timedelta(hours=1), now + dt.timedelta(hours=3))

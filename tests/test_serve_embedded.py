@@ -37,6 +37,9 @@ def _get(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, str]:
         return 0, ""
 
 
+SERVE = [sys.executable, "manage.py", "serve"]
+
+
 def _child_pid(parent: int, role: str) -> int | None:
     """The pid of serve's child running `celery ... <role>` (Linux /proc)."""
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
@@ -57,7 +60,8 @@ def test_serve_runs_the_web_server_a_worker_and_the_beat_until_ctrl_c(tmp_path: 
     log = tmp_path / "serve.log"
     with log.open("wb") as sink:
         serve = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--demo-hosts", "60", "--concurrency", "1"],
+            # Without the lively demo: this test numbers its own operations.
+            [*SERVE, "--port", str(port), "--demo-hosts", "60", "--concurrency", "1", "--no-demo-alive"],
             cwd=ROOT,
             env=env,
             stdout=sink,

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from opsplanner import clock
 
-DEFAULT_BEFORE = dt.timedelta(days=2)
-DEFAULT_AFTER = dt.timedelta(days=5)
+# The page opens on what is happening now: the last hour and the next three (zoom out for weeks).
+DEFAULT_BEFORE = dt.timedelta(hours=1)
+DEFAULT_AFTER = dt.timedelta(hours=3)
 MIN_SPAN = dt.timedelta(hours=1)
 MAX_SPAN = dt.timedelta(days=31)
 MAX_EXPANDED = 20

@@ -30,13 +30,23 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--demo-hosts", type=int, default=2000, help="hosts to seed when the fleet is empty")
         parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
+        parser.add_argument(
+            "--no-demo-alive",
+            dest="demo_alive",
+            action="store_false",
+            help="in DEBUG, leave a fleet without trains still (by default serve puts the demo in motion)",
+        )
 
-    def handle(self, *args: object, host: str, port: int, demo_hosts: int, concurrency: int, **opts: object) -> None:
+    def handle(
+        self, *args: object, host: str, port: int, demo_hosts: int, concurrency: int, demo_alive: bool, **opts: object
+    ) -> None:
         if not 1 <= port <= 65535:
             raise CommandError(f"--port must be between 1 and 65535, not {port}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", hosts=demo_hosts, if_empty=True, stdout=self.stdout, stderr=self.stderr)
         logins = demo_users_ensure() if settings.DEBUG else []
+        if settings.DEBUG and demo_alive:
+            call_command("demo_alive", stdout=self.stdout, stderr=self.stderr)
 
         supervisor = Supervisor(_children(host=host, port=port, concurrency=concurrency), say=self._say)
         supervisor.start_all()
