@@ -44,7 +44,8 @@ from trains.models import Train, TrainState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RECENT_WINDOW = dt.timedelta(minutes=15)
-# Label value for a pending task the admission has not examined yet (an empty label means "absent").
+# Label value for a pending task without a waiting code (an empty label means "absent"). Tasks get
+# their queue reason when submitted, so a non-zero count here is a task that waits in silence.
 NOT_WAITING = "none"
 # Open states in lifecycle order (OPEN_TASK_STATES is a set).
 OPEN_TASK_ORDER = [state for state in TaskState.values if state in OPEN_TASK_STATES]
@@ -179,7 +180,7 @@ def _task_families(pools: dict[int, str]) -> list[MetricFamily]:
     pending = MetricFamily(
         "opsplanner_pending_tasks",
         f"Pending host tasks per pool and the reason the admission gave for not admitting them "
-        f'(waiting_code; "{NOT_WAITING}": not examined yet).',
+        f'(waiting_code; "{NOT_WAITING}": no reason recorded, which should stay 0).',
     )
     codes = [code or NOT_WAITING for code in WaitingCode.values]
     for pool_id, pool in pools.items():
