@@ -15,7 +15,7 @@ from opsplanner.gantt.rows import gantt_rows
 from opsplanner.models import OperationKind
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit
-from tests.builders import make_fleet, make_service
+from tests.builders import make_domain, make_fleet, make_host, make_pool, make_service
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user
 from trains.models import Visit, VisitState
@@ -156,9 +156,26 @@ def test_the_live_rows_of_one_pool_are_swapped_into_their_groups() -> None:
     assert 'hx-swap-oob="innerHTML:#gantt-now"' in html
 
 
-def test_without_a_window_the_gantt_opens_on_the_last_hour_and_the_next_three() -> None:
+def test_without_a_window_or_a_live_train_the_gantt_opens_on_the_last_hour_and_the_next_three() -> None:
     now = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
     with clock.use_clock(lambda: now):
         params, form = gantt_params({})
     assert params is not None, form.errors
     assert (params.start, params.end) == (now - dt.timedelta(hours=1), now + dt.timedelta(hours=3))
+
+
+@pytest.mark.parametrize(
+    ("visit_estimate_s", "span"),
+    [(60, dt.timedelta(hours=1)), (3600, dt.timedelta(hours=40)), (86_400, dt.timedelta(days=7))],
+)
+def test_without_a_window_the_gantt_opens_at_the_scale_of_the_live_trains_visits(
+    visit_estimate_s: int, span: dt.timedelta
+) -> None:
+    pool = make_pool()
+    make_host(make_domain(pool))
+    make_train(pool, visit_estimate_s=visit_estimate_s, cycle_slo_s=365 * 86_400)
+    now = clock.now().replace(microsecond=0)
+    with clock.use_clock(lambda: now):
+        params, form = gantt_params({})
+    assert params is not None, form.errors
+    assert (params.start, params.end) == (now - span / 4, now + span * 3 / 4)

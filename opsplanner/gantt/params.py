@@ -7,14 +7,19 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django import forms
+from django.db.models import Max
 from django.utils import timezone
 
 from opsplanner import clock
 
-# The page opens on what is happening now: the last hour and the next three (zoom out for weeks).
+# The page opens on what is happening now, at the scale of the live trains' visits: about
+# VISITS_ACROSS visits wide (a quarter of it past), within [MIN_SPAN, MAX_DEFAULT_SPAN]; with no live
+# train, the last hour and the next three.
 DEFAULT_BEFORE = dt.timedelta(hours=1)
 DEFAULT_AFTER = dt.timedelta(hours=3)
+VISITS_ACROSS = 40
 MIN_SPAN = dt.timedelta(hours=1)
+MAX_DEFAULT_SPAN = dt.timedelta(days=7)
 MAX_SPAN = dt.timedelta(days=31)
 MAX_EXPANDED = 20
 # Times outside these are refused: the window's defaults and the zoom and pan links add and subtract
@@ -97,7 +102,7 @@ class GanttForm(forms.Form):
                 self.add_error(name, f"Give a time between {EARLIEST:%Y} and {LATEST:%Y}.")
                 return data
         if start is None and end is None:
-            start, end = now - DEFAULT_BEFORE, now + DEFAULT_AFTER
+            start, end = default_window(now)
         elif start is None:
             start = end - (DEFAULT_BEFORE + DEFAULT_AFTER)  # type: ignore[operator]
         elif end is None:
@@ -123,6 +128,17 @@ class GanttForm(forms.Form):
             expand=data.get("expand") or frozenset(),
             host=host,
         )
+
+
+def default_window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """Now, at the scale of the live trains' visits (one query): a visit is a bar, not a sliver."""
+    from trains.models import LIVE_TRAIN_STATES, Train
+
+    longest = Train.objects.filter(state__in=LIVE_TRAIN_STATES).aggregate(value=Max("visit_estimate_s"))["value"]
+    if longest is None:
+        return now - DEFAULT_BEFORE, now + DEFAULT_AFTER
+    span = min(max(dt.timedelta(seconds=longest * VISITS_ACROSS), MIN_SPAN), MAX_DEFAULT_SPAN)
+    return now - span / 4, now + span * 3 / 4
 
 
 def gantt_params(values: dict[str, str], *, host: int | None = None) -> tuple[GanttParams | None, GanttForm]:
