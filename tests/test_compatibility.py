@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from fleet import services
-from fleet.models import ComponentLayer, Host
+from fleet.models import ComponentLayer, ComponentVersion, Host
 from fleet.seeding import demo_fleet_seed
 from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.models import WaitingCode
 from opsplanner.progress import Progress
-from tests.builders import make_component, make_host, make_version
+from opsplanner.services.compatibility import Refusal, target_refusal
+from opsplanner.services.operations import operation_submit
+from tests.builders import make_component, make_fleet, make_host, make_version
+from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
 
@@ -55,3 +60,44 @@ def test_any_of_several_ranges_for_the_same_pair_is_enough(cuda_and_driver) -> N
 def test_the_demo_fleet_is_entirely_compatible() -> None:
     demo_fleet_seed(hosts=300, progress=Progress("test", stream=open("/dev/null", "w")))  # noqa: SIM115
     assert host_incompatibilities(Host.objects.values_list("pk", flat=True)) == {}
+
+
+def test_a_target_that_keeps_every_rule_is_not_refused() -> None:
+    _pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    newer = ComponentVersion.objects.get(component__name="gpu-driver", version="560.35.03")
+    assert target_refusal([h.pk for h in hosts], newer) is None
+
+
+def test_a_target_that_breaks_a_rule_is_refused_with_a_code_naming_a_host_and_the_rule() -> None:
+    _pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    older = ComponentVersion.objects.get(component__name="gpu-driver", version="535.183.01")
+
+    refusal = target_refusal([h.pk for h in hosts], older)
+
+    assert refusal in {
+        Refusal(
+            code=WaitingCode.INCOMPATIBLE.value,
+            message=f"gpu-driver 535.183.01 would break a compatibility rule on 2 of 2 hosts, e.g. {host.hostname}: "
+            "gpu-driver 535.183.01 does not work with cuda-runtime 12.4.1 (needs [550.54.14, any]).",
+        )
+        for host in hosts
+    }
+
+
+def test_an_operation_and_an_upgrade_to_an_incompatible_target_are_refused_alike() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    older = ComponentVersion.objects.get(component__name="gpu-driver", version="535.183.01")
+    refusal = target_refusal([h.pk for h in hosts], older)
+    assert refusal is not None
+
+    with pytest.raises(ValidationError) as operation:
+        operation_submit(
+            kind="upgrade", scope=f"pool {pool.name}", reason="r", component="gpu-driver", version="535.183.01"
+        )
+    with pytest.raises(ValidationError) as upgrade:
+        upgrade_create(pool=pool, component="gpu-driver", version="535.183.01", reason="r")
+
+    assert operation.value.message_dict == {"component_version": [refusal.message]}
+    assert upgrade.value.message_dict == {"version": [refusal.message]}
+    assert operation.value.error_dict["component_version"][0].code == WaitingCode.INCOMPATIBLE
+    assert upgrade.value.error_dict["version"][0].code == WaitingCode.INCOMPATIBLE

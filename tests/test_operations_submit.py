@@ -99,7 +99,7 @@ def test_a_bad_scope_is_refused_with_the_reason(fleet, scope, message) -> None:
 
 def test_an_upgrade_that_would_break_compatibility_is_refused_naming_the_rule(fleet) -> None:
     refused(
-        "gpu-driver 535.183.01 would break compatibility on 10 of 10 hosts, e.g. ",
+        "gpu-driver 535.183.01 would break a compatibility rule on 10 of 10 hosts, e.g. ",
         kind="upgrade",
         component="gpu-driver",
         version="535.183.01",

@@ -6,9 +6,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from django.db.models import Max
-
-from opsplanner import clock
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 
 RECENT_VISITS = 10
@@ -37,42 +34,12 @@ class TrainForecast:
     miss_cause: str = ""
 
 
-def visit_seconds(train: Train) -> float:
-    """Expected length of a visit that drains hosts: the mean of the recent ones, else the estimate."""
-    recent = list(
-        Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False)
-        .exclude(plan__hosts=[])
-        .order_by("-ended_at")
-        .values_list("started_at", "ended_at")[:RECENT_VISITS]
-    )
-    if not recent:
-        return float(train.visit_estimate_s)
-    return sum((end - start).total_seconds() for start, end in recent) / len(recent)
+def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:
+    """The forecast of one train's open cycle: the set-based `trains_forecasts` for a list of one
+    (the one definition of how a forecast is read; five queries)."""
+    from trains.selectors_web import trains_forecasts  # it builds on this module's rows arithmetic
 
-
-def train_forecast(
-    train: Train, *, now: dt.datetime | None = None, cycle: Cycle | None = None, last_visits: bool = True
-) -> TrainForecast:
-    """The forecast of the open cycle (pass it as `cycle` if already read). Without `last_visits`
-    the domains' last visit times are left out: the train tick needs only the cycle's end, and
-    they are an aggregate over every visit the train ever made."""
-    now = now or clock.now()
-    if cycle is None:
-        cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
-    seconds = visit_seconds(train)
-    last = (
-        dict(
-            Visit.objects.filter(train=train, state=VisitState.DONE)
-            .values("domain_id")
-            .annotate(at=Max("ended_at"))
-            .values_list("domain_id", "at")
-        )
-        if last_visits
-        else {}
-    )
-    visits = {v.domain_id: v for v in Visit.objects.filter(cycle=cycle).select_related("domain")} if cycle else {}
-    stops = list(train.stops.select_related("domain").order_by("position"))
-    return forecast_from_rows(train, cycle, seconds, last, visits, stops, now)
+    return trains_forecasts([train], now=now)[train.pk]
 
 
 def forecast_from_rows(

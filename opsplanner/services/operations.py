@@ -9,7 +9,6 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from fleet.models import Host, Pool
-from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_bulk_create
 from opsplanner.models import (
@@ -25,6 +24,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
+from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.tick.admission import queue_reason
 
 SUBJECT_TASK = "opsplanner.hosttask"
@@ -96,8 +96,9 @@ def operation_submit(
     queued = {pool_id: queue_reason(pool_name) for pool_id, pool_name in {row[1:] for row in hosts}}
     if gang:
         _check_gang(host_ids, pools, needs_drain)
-    if target is not None:
-        _check_compatibility(host_ids, target)
+    refusal = target_refusal(host_ids, target) if target is not None else None
+    if refusal is not None:
+        raise refusal.error("component_version")
 
     _, actor_label = actor_fields(actor)
     now = clock.now()
@@ -176,19 +177,6 @@ def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -
             {
                 "gang": f"A gang of {len(host_ids)} hosts can never fit in pool {pool.name}'s planned buffer "
                 f"of {planned} hosts."
-            }
-        )
-
-
-def _check_compatibility(host_ids: list[int], target: object) -> None:
-    problems = host_incompatibilities(host_ids, planned=[target])  # type: ignore[list-item]
-    if problems:
-        first_host, reasons = next(iter(problems.items()))
-        hostname = Host.objects.only("hostname").get(pk=first_host).hostname
-        raise ValidationError(
-            {
-                "component_version": f"{target} would break compatibility on {len(problems)} of {len(host_ids)} "
-                f"hosts, e.g. {hostname}: {reasons[0]}."
             }
         )
 

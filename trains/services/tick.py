@@ -519,10 +519,10 @@ def _end_cycle(train: Train, cycle: Cycle, now: dt.datetime) -> None:
 
 # --- 5. forecast ------------------------------------------------------------------------------------
 def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
-    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
+    forecast = train_forecast(train, now=now)
+    cycle = forecast.cycle  # the open one
     if cycle is None:
         return
-    forecast = train_forecast(train, now=now, cycle=cycle, last_visits=False)
     if forecast.cycle_end != cycle.forecast_end_at:
         Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
     if forecast.meets_slo or cycle.miss_alerted_at is not None:

@@ -16,7 +16,6 @@ from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
 from fleet.models import Host, HostState, InstalledVersion, MaintenanceDomain, Pool
-from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
@@ -32,6 +31,7 @@ from opsplanner.models import (
 from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
+from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_cancel, operation_submit
 from trains.models import Upgrade, UpgradePhase, UpgradeState
 from trains.models.upgrades import PhaseSelection
@@ -194,16 +194,9 @@ def upgrade_create(
     outside = Host.objects.filter(pk__any=scope_ids).exclude(pool=pool).count()
     if outside:
         raise ValidationError({"scope": f"{outside} hosts of the scope are not in pool {pool.name}."})
-    problems = host_incompatibilities(scope_ids, planned=[target])
-    if problems:
-        host_id, reasons = next(iter(problems.items()))
-        hostname = Host.objects.only("hostname").get(pk=host_id).hostname
-        raise ValidationError(
-            {
-                "version": f"{target} would break a compatibility rule on {len(problems)} of {len(scope_ids)} hosts, "
-                f"e.g. {hostname}: {reasons[0]}."
-            }
-        )
+    refusal = target_refusal(scope_ids, target)
+    if refusal is not None:
+        raise refusal.error("version")
     upgrade.save()
     domains = {d.name: d for d in MaintenanceDomain.objects.filter(pool=pool)}
     rows = []

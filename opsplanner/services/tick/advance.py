@@ -10,11 +10,14 @@ import functools
 from collections import defaultdict
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Exists, F, OuterRef, QuerySet, Value
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner import clock
 from opsplanner.bulk import insert_missing
+from opsplanner.events import events_copy_rows
 from opsplanner.models import (
     OPEN_TASK_STATES,
     VERIFY_CLASSES,
@@ -31,7 +34,9 @@ from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
+    ACTOR,
     SUBJECT_HOST,
+    SUBJECT_OPERATION,
     SUBJECT_WORK,
     ConcurrentChange,
     TaskRef,
@@ -295,7 +300,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     if not applied:
         return
     # A repaired host is verified and returned first: it is out broken, not drained for work.
-    _start_verification(ctx, [task for task in applied if _is_repair(task)])
+    start_verification(ctx, [task for task in applied if _is_repair(task)])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
     candidates = task_refs(
@@ -346,7 +351,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     ctx.counts["handovers"] += len(takers)
 
     finishing = [task for task in applied if task.host_id not in successor]
-    _start_verification(ctx, finishing)
+    start_verification(ctx, finishing)
 
 
 def _is_repair(task: TaskRef) -> bool:
@@ -354,7 +359,7 @@ def _is_repair(task: TaskRef) -> bool:
     return task.kind == OperationKind.REPAIR
 
 
-def _start_verification(ctx: TickContext, tasks: list[TaskRef]) -> None:
+def start_verification(ctx: TickContext, tasks: list[TaskRef]) -> None:
     ctx.move_tasks(tasks, expected=TaskState.RUNNING, new=TaskState.VERIFYING)
     ctx.move_hosts(
         [t.host_id for t in tasks if not _is_repair(t)],
@@ -542,19 +547,31 @@ def _returns_failed(
         repair.append((task, why))
 
 
-def close_finished_operations(ctx: TickContext) -> None:
-    if not ctx.touched_operations:
-        return
+def operations_close_finished(*, ctx: TickContext | None = None) -> int:
+    """Complete the open operations with no open task left, with an event each; return how many.
+    In a pool's tick (`ctx`) only the operations whose tasks it finished, their events written with
+    the tick's; without, a sweep of every open operation (one over several pools whose last tasks
+    finished in two ticks at once). Rows another transaction holds are skipped: it, or the next
+    sweep, closes them."""
+    if ctx is not None and not ctx.touched_operations:
+        return 0
     still_open = HostTask.objects.filter(operation=OuterRef("pk"), state__in=OPEN_TASK_STATES)
-    closed = Operation.objects.filter(pk__any=ctx.touched_operations, state=OperationState.OPEN).exclude(
-        Exists(still_open)
-    )
-    ids = list(closed.values_list("id", flat=True))
-    if not ids:
-        return
-    Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
-        state=OperationState.COMPLETED, closed_at=ctx.now
-    )
-    for operation_id in ids:
-        ctx.event(kind="operation.completed", subject_type="opsplanner.operation", subject_id=operation_id)
-    ctx.counts["operations_completed"] += len(ids)
+    finished = Operation.objects.filter(state=OperationState.OPEN).exclude(Exists(still_open))
+    if ctx is not None:
+        finished = finished.filter(pk__any=ctx.touched_operations)
+    with transaction.atomic(savepoint=False):  # inside a tick: its transaction, no savepoint
+        ids = list(finished.select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True))
+        if not ids:
+            return 0
+        now = ctx.now if ctx is not None else clock.now()
+        Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
+            state=OperationState.COMPLETED, closed_at=now
+        )
+        stamp, pool_id = (ctx.stamp, ctx.pool.pk) if ctx is not None else (now, None)
+        rows = [(stamp, "operation.completed", None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}") for i in ids]
+        if ctx is None:
+            events_copy_rows(rows)
+        else:
+            ctx.events.extend(rows)  # written with the tick's own, after its task events
+            ctx.counts["operations_completed"] += len(ids)
+    return len(ids)

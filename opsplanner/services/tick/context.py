@@ -13,6 +13,7 @@ from typing import Any
 from django.db import connection, models
 
 from fleet.models import ComponentVersion, Host, InstalledVersion, Pool
+from fleet.models.hosts import HOST_TRANSITIONS
 from opsplanner.bulk import copy_rows
 from opsplanner.events import events_copy_rows
 from opsplanner.models import TERMINAL_TASK_STATES, HostTask, Lease, Operation, WorkItem, WorkKind, WorkState
@@ -40,11 +41,17 @@ SUBJECT_TASK = "opsplanner.hosttask"
 SUBJECT_HOST = "fleet.host"
 SUBJECT_WORK = "opsplanner.workitem"
 SUBJECT_LEASE = "opsplanner.lease"
+SUBJECT_OPERATION = "opsplanner.operation"
 ACTOR = "scheduler"
 
 
 class ConcurrentChange(RuntimeError):
     """A guarded update changed fewer rows than expected: roll the tick back, the next one retries."""
+
+
+class IllegalTransition(RuntimeError):
+    """A host move HOST_TRANSITIONS does not allow: a bug, not a race. The tick rolls back (with a
+    `tick.rolled_back` event naming the move) rather than write it."""
 
 
 @dataclass
@@ -280,6 +287,10 @@ class TickContext:
             self.touched_operations.update(task.operation_id for task in tasks)
 
     def move_hosts(self, host_ids: Iterable[int], *, expected: str, new: str, reason: str) -> None:
+        """One guarded UPDATE from expected to new, and an event per host; a pair HOST_TRANSITIONS
+        does not allow is refused before anything is written (checked once per call, not per host)."""
+        if new not in HOST_TRANSITIONS.get(expected, frozenset()):
+            raise IllegalTransition(f"a host cannot go from {expected} to {new}")
         ids = list(host_ids)
         if not ids:
             return

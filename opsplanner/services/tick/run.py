@@ -17,10 +17,10 @@ from fleet.models import Pool
 from opsplanner import clock
 from opsplanner.events import event_row, events_bulk_create
 from opsplanner.live import LiveBatch, live_batched
-from opsplanner.models import OPEN_TASK_STATES, HostTask, Operation, OperationState, WorkItem, WorkState
+from opsplanner.models import OPEN_TASK_STATES, HostTask, WorkItem, WorkState
 from opsplanner.services.tick.admission import admit
-from opsplanner.services.tick.advance import advance, close_finished_operations, expire
-from opsplanner.services.tick.context import ConcurrentChange, TickContext
+from opsplanner.services.tick.advance import advance, expire, operations_close_finished
+from opsplanner.services.tick.context import ConcurrentChange, IllegalTransition, TickContext
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,15 @@ def pool_tick(
             expire(ctx)
             advance(ctx, budget=advance_budget)
             admit(ctx, budget=admit_budget)
-            close_finished_operations(ctx)
+            operations_close_finished(ctx=ctx)
             ctx.flush()
             report.counts = ctx.counts
             report.new_simulated_work = any(item[5] == "simulated" for item in ctx.new_items)
             if report.new_simulated_work and kick and settings.KICK_TASKS:
                 transaction.on_commit(_kick_simulator)
-    except (ConcurrentChange, IntegrityError) as change:
-        # Someone changed rows this tick read; nothing was written. The next tick retries.
+    except (ConcurrentChange, IllegalTransition, IntegrityError) as change:
+        # Someone changed rows this tick read, or the tick tried a host move the lifecycle forbids;
+        # nothing was written. The next tick retries.
         log.warning("tick of pool %s rolled back: %s", pool_id, change, extra={"pool_id": pool_id})
         report.retried = True
         _record_conflict(pool_id, str(change))
@@ -190,41 +191,6 @@ def _tick_in_lanes(pool_ids: list[int], *, lanes: int, deadline: float, batch: L
     if errors:
         raise errors[0]
     return [reports[pool_id] for pool_id in pool_ids if pool_id in reports]
-
-
-def operations_close_finished() -> int:
-    """Close open operations with no open task left. Each pool's tick closes what it finishes; this
-    sweep catches an operation over several pools whose last tasks finished in two ticks at once."""
-    still_open = HostTask.objects.filter(
-        operation=OuterRef("pk"),
-        state__in=OPEN_TASK_STATES,
-    )
-    with transaction.atomic():
-        ids = list(
-            Operation.objects.filter(state=OperationState.OPEN)
-            .exclude(Exists(still_open))
-            .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)
-        )
-        if not ids:
-            return 0
-        now = clock.now()
-        Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
-            state=OperationState.COMPLETED, closed_at=now
-        )
-        events_bulk_create(
-            [
-                event_row(
-                    kind="operation.completed",
-                    subject_type="opsplanner.operation",
-                    subject_id=i,
-                    now=now,
-                    actor="scheduler",
-                )
-                for i in ids
-            ]
-        )
-    return len(ids)
 
 
 def _kick_simulator() -> None:

@@ -1,0 +1,39 @@
+"""The one refusal of a target version that would break a compatibility rule, asked before an
+operation or an upgrade is created (the tick asks again per task: services/tick/checks.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from django.core.exceptions import ValidationError
+
+from fleet.models import ComponentVersion, Host
+from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.models.operations import WaitingCode
+
+
+class Refusal(NamedTuple):
+    """Why a write is refused: a code for decisions, a message for people."""
+
+    code: str
+    message: str
+
+    def error(self, field: str) -> ValidationError:
+        """The refusal as the service raises it, on the form field it concerns."""
+        return ValidationError({field: ValidationError(self.message, code=self.code)})
+
+
+def target_refusal(host_ids: Sequence[int], target: ComponentVersion) -> Refusal | None:
+    """The refusal when upgrading these hosts to `target` would break a compatibility rule on any
+    of them, naming the first such host and rule; None when it would not (two or three queries)."""
+    problems = host_incompatibilities(host_ids, planned=[target])
+    if not problems:
+        return None
+    host_id, reasons = next(iter(problems.items()))
+    hostname = Host.objects.only("hostname").get(pk=host_id).hostname
+    return Refusal(
+        code=WaitingCode.INCOMPATIBLE.value,
+        message=f"{target} would break a compatibility rule on {len(problems)} of {len(host_ids)} hosts, "
+        f"e.g. {hostname}: {reasons[0]}.",
+    )
