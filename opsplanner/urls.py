@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from opsplanner.views import advisor, approvals, events, gantt, metrics, pages
+from opsplanner.views import advisor, approvals, escalations, events, gantt, metrics, operations, pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -10,6 +10,12 @@ urlpatterns = [
     path("events/", events.event_log, name="events"),
     path("approvals/", approvals.approvals_queue, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.approval_decide_view, name="approval-decide"),
+    path("operations/", operations.operations_list, name="operations"),
+    path("operations/new/", operations.operation_new, name="operation-new"),
+    path("operations/preview/", operations.operation_scope_preview, name="operation-preview"),
+    path("operations/<int:pk>/", operations.operation_page, name="operation-detail"),
+    path("operations/<int:pk>/cancel/", operations.operation_cancel_view, name="operation-cancel"),
+    path("escalations/<str:hostname>/<str:action>/", escalations.host_escalation_view, name="host-escalation"),
     path("simulations/advisor/", advisor.advisor_page, name="advisor"),
     path("live/fragments/", pages.live_fragments, name="live-fragments"),
     path("healthz", pages.health_web, name="health-web"),

@@ -230,6 +230,9 @@ GET_FORMS = {
     "advisor run": Filter("/simulations/advisor/", ("run",)),
     "advisor run poll": Filter("/simulations/advisor/", ("run",), (("HX-Request", "true"),)),
     "live fragments": Filter("/live/fragments/", ("page", "params")),
+    "operations": Filter("/operations/", ("state", "kind", "source", "pool")),
+    "operation tasks": Filter("/operations/{w.operation.pk}/", ("state", "page")),
+    "scope preview": Filter("/operations/preview/", ("scope", "kind", "needs_drain"), (("HX-Request", "true"),)),
 }
 
 

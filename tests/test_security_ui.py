@@ -23,10 +23,12 @@ from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from fleet.services import optout_window_create, reservation_create, service_place
+from fleet.services.hosts import host_transition
 from opsplanner import clock
 from opsplanner.models import Approval
 from opsplanner.roles import Role
 from opsplanner.services import advisor_runs
+from opsplanner.services.operations import operation_submit
 from tests.builders import make_domain, make_fleet, make_host, make_pool, make_service
 from tests.test_security import FAST_HASHER, append_figures, database_state
 from tests.trains_builders import make_train, make_user
@@ -71,10 +73,15 @@ class World:
         )
         self.offboarded = upgrade_create(pool=self.pool, component="bios", version="2.16.0", reason="bios")
         assert upgrade_offboard(upgrade=self.offboarded, reason="bricked two hosts", actor=self.other_operator)
+        self.active_upgrade = upgrade_create(pool=self.pool, component="gpu-driver", version="560.35.03", reason="x")
         emergency = emergency_train_request(
             pool=self.pool, component="gpu-driver", version="560.35.03", reason="CVE", actor=self.other_operator
         )
         self.approval = Approval.objects.get(subject_type="trains.train", subject_id=emergency.pk)
+        self.operation = operation_submit(kind="reboot", scope=f"hosts: {self.hosts[3].hostname}", reason="x")
+        self.escalated = make_host(make_domain(make_pool()))  # failed, then escalated to a human
+        for expected, new in (("in_service", "failed"), ("failed", "escalated")):
+            host_transition(host_id=self.escalated.pk, expected=expected, new=new, reason="repairs failed")
 
     def client(self, role: str, **options: Any) -> Client:
         client = Client(**options)
@@ -145,6 +152,15 @@ PAGES: list[Page] = [
     Page("/trains/upgrades/", READERS),
     Page("/trains/upgrades/{w.offboarded.pk}/", READERS),
     Page("/trains/emergency/new/", OPERATORS),
+    Page("/operations/", READERS),
+    Page("/operations/{w.operation.pk}/", READERS),
+    Page("/operations/new/", OPERATORS),
+    Page("/operations/preview/?scope=pool+{w.spare_pool.name}", OPERATORS),
+    Page("/escalations/{w.escalated.hostname}/retry/", OPERATORS),
+    Page("/trains/new/", OPERATORS),
+    Page("/trains/{w.train.pk}/edit/", OPERATORS),
+    Page("/trains/upgrades/new/", OPERATORS),
+    Page("/trains/upgrades/{w.active_upgrade.pk}/offboard/", OPERATORS),
 ]
 
 
@@ -170,6 +186,43 @@ def _emergency_form(w: World) -> dict[str, str]:
         "visit_estimate_s": "1800",
         "reason": "CVE-2031-0001 in the driver",
     }
+
+
+def _train_form(w: World) -> dict[str, str]:
+    return {
+        "pool": w.spare_pool.name,
+        "name": "spare-train",
+        "cycle_slo_s": "604800",
+        "visit_estimate_s": "3600",
+        "visit_concurrency": "1",
+        "domain_order": "rack-0001",
+        "priority": "200",
+        "auto_resume_after_s": "",
+    }
+
+
+TRAIN_EDIT_FORM = {"cycle_slo_s": "1209600", "visit_concurrency": "2", "domain_order": "rack-0002\nrack-0001"}
+
+
+def _upgrade_form(w: World) -> dict[str, str]:
+    phases = {"name": "canary", "domain": "rack-0001", "min_successes": "1", "soak_s": "60", "selection": "fixed"}
+    return {
+        "pool": w.spare_pool.name,
+        "component": "gpu-driver",
+        "version": "560.35.03",
+        "reason": "driver with the NCCL fix",
+        "scope": "",
+        "max_failures": "2",
+        "max_failure_rate": "0.5",
+        "hosts_per_visit": "",
+        **{f"phase-0-{key}": value for key, value in phases.items()},
+        **{f"phase-1-{key}": value for key, value in {"name": "all", "percent": "100", "min_successes": "0"}.items()},
+    }
+
+
+def _operation_form(w: World) -> dict[str, str]:
+    scope = f"hosts: {w.hosts[0].hostname}"
+    return {"kind": "reboot", "scope": scope, "priority": "100", "needs_drain": "", "reason": "kernel fix"}
 
 
 ADVISOR_FORM = {
@@ -209,6 +262,14 @@ FORMS: dict[str, Form] = {
     "train resume": Form("/trains/{w.paused_train.pk}/resume/", REASON, OPERATORS),
     "upgrade re-onboard": Form("/trains/upgrades/{w.offboarded.pk}/reonboard/", REASON, OPERATORS),
     "emergency train": Form("/trains/emergency/new/", _emergency_form, OPERATORS),
+    "operation new": Form("/operations/new/", _operation_form, OPERATORS),
+    "operation cancel": Form("/operations/{w.operation.pk}/cancel/", REASON, OPERATORS),
+    "escalation retry": Form("/escalations/{w.escalated.hostname}/retry/", REASON, OPERATORS),
+    "escalation release": Form("/escalations/{w.escalated.hostname}/release/", REASON, OPERATORS),
+    "train new": Form("/trains/new/", _train_form, OPERATORS),
+    "train edit": Form("/trains/{w.train.pk}/edit/", TRAIN_EDIT_FORM, OPERATORS),
+    "upgrade new": Form("/trains/upgrades/new/", _upgrade_form, OPERATORS),
+    "upgrade offboard": Form("/trains/upgrades/{w.active_upgrade.pk}/offboard/", REASON, OPERATORS),
 }
 # URL patterns proven elsewhere: logging in and out (test_security.py, sessions).
 EXEMPT = {"logout/"}

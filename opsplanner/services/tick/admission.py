@@ -105,7 +105,7 @@ _IN_PLACE_OR_HELD_OPERATIONS = PreparedQuery(
         .values_list("id", "needs_drain", "hold_reason")
     )
 )
-_HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holding it, if any
+HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holding it, if any
     lambda *, ids: (
         Host.objects.filter(pk__any=ids)
         .order_by()
@@ -212,7 +212,7 @@ def pool_headroom(ctx: TickContext) -> Headroom:
     )
 
 
-def _optouts(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
+def optout_reasons(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
     """{host_id: reason} for hosts running a service with an opt-out window active now."""
     windows = {
         service_id: (window_id, name, ends) for window_id, service_id, name, ends in _ACTIVE_WINDOWS.rows(now=ctx.now)
@@ -261,11 +261,11 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     host_ids = {t.host_id for t in candidates.values()}
     host_states: dict[int, str] = {}
     holders: dict[int, int] = {}
-    for host_id, state, operation_id in _HOSTS_AND_HOLDERS.rows(ids=host_ids):
+    for host_id, state, operation_id in HOSTS_AND_HOLDERS.rows(ids=host_ids):
         host_states[host_id] = state
         if operation_id is not None:
             holders[host_id] = operation_id
-    optouts = _optouts(ctx, host_ids)
+    optouts = optout_reasons(ctx, host_ids)
     incompatible = incompatible_targets(candidates.values())
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
 
