@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Coalesce, RowNumber
 
-from fleet.models import HostState
+from fleet.models import ComponentVersion, HostState, MaintenanceDomain
 from opsplanner import clock
 from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask, TaskState
 from trains.models import (
@@ -321,3 +321,40 @@ def upgrade_events(upgrade: Upgrade) -> list[Event]:
             | Q(subject_type=Approval._meta.label_lower, subject_id__in=requests)
         ).order_by("-created_at", "-id")[:RECENT_EVENTS]
     )
+
+
+# --- the forms --------------------------------------------------------------------------------------
+CATALOGUE_ROWS = 2000  # versions offered by the upgrade form (newest first within a component)
+DOMAIN_SUGGESTIONS = 1000
+
+
+def train_get(pk: int) -> Train | None:
+    """One train with its pool, for its forms (None when there is none)."""
+    return Train.objects.select_related("pool").filter(pk=pk).first()
+
+
+def train_domain_order(train: Train) -> list[str]:
+    return list(train.stops.order_by("position").values_list("domain__name", flat=True))
+
+
+def upgrade_get(pk: int) -> Upgrade | None:
+    """One upgrade with its pool and target, for the offboard form (None when there is none)."""
+    return Upgrade.objects.select_related("pool", "component_version__component").filter(pk=pk).first()
+
+
+def version_choices() -> list[tuple[str, list[tuple[str, str]]]]:
+    """The catalogue as grouped choices: per component, its versions newest first; a withdrawn one
+    stays choosable and says so (the service refuses it with the reason)."""
+    groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    rows = ComponentVersion.objects.order_by("component__name", "-sort_key").values_list(
+        "component__name", "version", "withdrawn_at"
+    )[:CATALOGUE_ROWS]
+    for component, version, withdrawn_at in rows:
+        groups[component].append((version, f"{version} (withdrawn)" if withdrawn_at else version))
+    return list(groups.items())
+
+
+def domain_suggestions() -> list[tuple[str, str]]:
+    """(pool, domain) names for the phase rows' suggestions."""
+    rows = MaintenanceDomain.objects.order_by("pool__name", "position", "name").values_list("pool__name", "name")
+    return list(rows[:DOMAIN_SUGGESTIONS])

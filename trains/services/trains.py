@@ -104,6 +104,77 @@ def train_create(
     return train
 
 
+EDITABLE_TRAIN_STATES = frozenset({TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED})
+
+
+@transaction.atomic
+def train_update(
+    *,
+    train_id: int,
+    cycle_slo_s: int | None = None,
+    visit_concurrency: int | None = None,
+    domain_order: list[str] | None = None,
+    actor: Actor,
+) -> Train:
+    """Change a regular train's SLO, concurrency or domain order (None keeps a value). The open
+    cycle keeps its deadline and its visits; the change applies from the next cycle. Nothing
+    changed is no change: no event."""
+    train = Train.objects.select_for_update(of=("self",)).select_related("pool").get(pk=train_id)
+    if train.emergency:
+        raise ValidationError(
+            f"Train {train.name} is an emergency train: it runs as approved; request a new one instead.",
+            code="conflict",
+        )
+    if train.state not in EDITABLE_TRAIN_STATES:
+        raise ValidationError(f"Train {train.name} is {train.state}; only a live train is changed.", code="conflict")
+    if visit_concurrency is not None and (not isinstance(visit_concurrency, int) or visit_concurrency < 1):
+        raise ValidationError({"visit_concurrency": "Visit at least one domain at a time."})
+    if cycle_slo_s is not None and (not isinstance(cycle_slo_s, int) or cycle_slo_s < 1):
+        raise ValidationError({"cycle_slo_s": "The cycle-time SLO is a positive number of seconds."})
+    current = list(train.stops.select_related("domain").order_by("position"))
+    before = {
+        "cycle_slo_s": train.cycle_slo_s,
+        "visit_concurrency": train.visit_concurrency,
+        "domain_order": [stop.domain.name for stop in current],
+    }
+    domains = _domains_in_order(train.pool, domain_order) if domain_order is not None else [s.domain for s in current]
+    after = {
+        "cycle_slo_s": before["cycle_slo_s"] if cycle_slo_s is None else cycle_slo_s,
+        "visit_concurrency": before["visit_concurrency"] if visit_concurrency is None else visit_concurrency,
+        "domain_order": [d.name for d in domains],
+    }
+    changed = sorted(key for key in before if before[key] != after[key])
+    if not changed:
+        return train
+    _check_slo(
+        stops=len(domains),
+        concurrency=after["visit_concurrency"],
+        visit_estimate_s=train.visit_estimate_s,
+        cycle_slo_s=after["cycle_slo_s"],
+    )
+    train.cycle_slo_s, train.visit_concurrency = after["cycle_slo_s"], after["visit_concurrency"]
+    train.full_clean()
+    train.save(update_fields=["cycle_slo_s", "visit_concurrency"])
+    if "domain_order" in changed:
+        _replace_stops(train, domains)
+    event_record(
+        kind="train.updated",
+        subject=train,
+        actor=actor,
+        pool_id=train.pool_id,
+        data={"before": {key: before[key] for key in changed}, "after": {key: after[key] for key in changed}},
+    )
+    return train
+
+
+def _replace_stops(train: Train, domains: list[MaintenanceDomain]) -> None:
+    """The train's new domain order (the open cycle's visits were planned from the old one)."""
+    TrainStop.objects.filter(train=train).delete()
+    TrainStop.objects.bulk_create(
+        [TrainStop(train=train, domain=domain, position=i) for i, domain in enumerate(domains)]
+    )
+
+
 def train_set_state(*, train: Train, expected: set[str], new: str, reason: str, actor: Actor, kind: str) -> bool:
     """Guarded transition; False when the train was not in an expected state (someone else won)."""
     now = clock.now()
