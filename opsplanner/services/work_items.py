@@ -8,13 +8,18 @@ first answer and changes nothing; a different report for a finished item is a co
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import F, QuerySet
 
 from opsplanner import clock
 from opsplanner.events import event_row, events_bulk_create, events_copy_rows
@@ -23,6 +28,14 @@ from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
 SUBJECT = "opsplanner.workitem"
 MAX_CLAIM = 1000
 MAX_LEASE_SECONDS = 24 * 3600
+MAX_BATCH = 500
+MAX_WAIT_SECONDS = 20
+# Long-polling claims waiting at once in one process; past this a claim answers at once. A waiter
+# holds a request thread (daphne runs each sync request on its own thread) but no database
+# connection while it sleeps.
+MAX_WAITERS = 64
+POLL_FIRST_S, POLL_MAX_S = 0.25, 0.5
+ACCEPTED, DUPLICATE, REFUSED, EXTENDED = "accepted", "duplicate", "refused", "extended"
 
 
 class WorkItemConflict(ValidationError):
@@ -52,17 +65,15 @@ def work_items_claim(
     limit: int = 10,
     lease_seconds: int = 300,
     only: tuple[str, ...] | None = None,
+    host_id: int | None = None,
 ) -> list[WorkItem]:
     """Claim up to `limit` ready items; each stays ours while we heartbeat before its lease ends.
-    `only` loads just those fields of the claimed items (the simulator claims thousands an hour)."""
+    `only` loads just those fields of the claimed items (the simulator claims thousands an hour);
+    `host_id` claims only that host's items."""
     if not worker:
         raise ValidationError({"worker": "Say who is claiming (a worker name)."})
     _validate_claim(limit, lease_seconds, kinds)
-    ready = WorkItem.objects.filter(state=WorkState.READY, adapter=adapter)
-    if kinds:
-        ready = ready.filter(kind__in=kinds)
-    if pool_id is not None:
-        ready = ready.filter(pool_id=pool_id)
+    ready = _ready(adapter=adapter, kinds=kinds, pool_id=pool_id, host_id=host_id)
     ids = list(ready.order_by("id").select_for_update(skip_locked=True).values_list("id", flat=True)[:limit])
     if not ids:
         return []
@@ -100,6 +111,64 @@ def work_items_claim(
     return items
 
 
+def _ready(*, adapter: str, kinds: list[str] | None, pool_id: int | None, host_id: int | None) -> QuerySet[WorkItem]:
+    ready = WorkItem.objects.filter(state=WorkState.READY, adapter=adapter)
+    if kinds:
+        ready = ready.filter(kind__in=kinds)
+    if pool_id is not None:
+        ready = ready.filter(pool_id=pool_id)
+    if host_id is not None:
+        ready = ready.filter(host_id=host_id)
+    return ready
+
+
+_waiters = threading.BoundedSemaphore(MAX_WAITERS)
+
+
+def work_items_claim_waiting(
+    *,
+    worker: str,
+    wait_seconds: float,
+    adapter: str = Adapter.EXTERNAL,
+    kinds: list[str] | None = None,
+    pool_id: int | None = None,
+    limit: int = 10,
+    lease_seconds: int = 300,
+) -> list[WorkItem]:
+    """A long poll: claim as `work_items_claim`; when nothing is ready, look again every 0.25 to
+    0.5 s until something is or `wait_seconds` (real time, at most MAX_WAIT_SECONDS) pass, then
+    answer (empty at the bound). Not one transaction: each claim is its own, and no transaction is
+    open while sleeping. Between looks the connection goes back (to the pool, under daphne), so a
+    waiter holds a thread but no connection. Past MAX_WAITERS waiters in this process, it answers at once."""
+    claim = functools.partial(
+        work_items_claim,
+        worker=worker,
+        adapter=adapter,
+        kinds=kinds,
+        pool_id=pool_id,
+        limit=limit,
+        lease_seconds=lease_seconds,
+    )
+    items = claim()
+    if items or wait_seconds <= 0 or not _waiters.acquire(blocking=False):
+        return items
+    try:
+        deadline = time.monotonic() + min(wait_seconds, MAX_WAIT_SECONDS)
+        pause = POLL_FIRST_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not connection.in_atomic_block:
+                connection.close()  # back to the pool while we sleep
+            time.sleep(min(pause, left))
+            pause = min(pause * 1.5, POLL_MAX_S)
+            if _ready(adapter=adapter, kinds=kinds, pool_id=pool_id, host_id=None).exists():
+                items = claim()
+                if items:
+                    return items
+        return []
+    finally:
+        _waiters.release()
+
+
 @transaction.atomic
 def work_item_heartbeat(
     *, item_id: int, worker: str, lease_seconds: int = 300, attempt: int | None = None
@@ -119,6 +188,12 @@ def work_item_heartbeat(
 
 def _not_running_for(item_id: int, worker: str, attempt: int | None = None) -> str:
     item = WorkItem.objects.filter(pk=item_id).values_list("state", "claimed_by", "attempts").first()
+    return _not_running_message(item_id, item, worker, attempt)
+
+
+def _not_running_message(
+    item_id: int, item: tuple[str, str, int] | None, worker: str, attempt: int | None = None
+) -> str:
     if item is None:
         return f"There is no work item #{item_id}."
     state, holder, attempts = item
@@ -217,3 +292,168 @@ def work_item_report(
         },
     )
     return item
+
+
+# Batches: many items in one request, each answered on its own --------------------------------------
+
+
+@dataclass(frozen=True)
+class ItemReport:
+    """One outcome of a batch report: the item, the attempt its claim returned, and its report key."""
+
+    item_id: int
+    attempt: int
+    outcome: str
+    key: str
+    result: dict[str, Any]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ItemAnswer:
+    """What became of one item of a batch: accepted, duplicate (this key was already applied),
+    refused (with the code and message the single call would have raised) or extended (a heartbeat)."""
+
+    item_id: int
+    status: str
+    code: str = ""
+    detail: str = ""
+    host_id: int | None = None
+    lease_expires_at: dt.datetime | None = None
+
+
+def _refusal(error: ValidationError) -> tuple[str, str]:
+    """The code of a service's refusal (`invalid` when it has none) and its messages."""
+    if not hasattr(error, "error_dict"):
+        codes = [e.code for e in error.error_list if e.code]
+        return (codes[0] if codes else "invalid"), " ".join(error.messages)
+    codes, parts = [], []
+    for field, errors in error.error_dict.items():
+        messages = " ".join(message for e in errors for message in e.messages)
+        parts.append(messages if field == "__all__" else f"{field}: {messages}")
+        codes += [e.code for e in errors if e.code]
+    return (codes[0] if codes else "invalid"), "; ".join(parts)
+
+
+@transaction.atomic
+def work_items_report_batch(
+    *, worker: str, reports: Sequence[ItemReport], adapter: str | None = None
+) -> list[ItemAnswer]:
+    """Report many outcomes in one transaction, each through `work_item_report` in its own savepoint:
+    a refused item (unknown, not ours, stale attempt, finished under another key, bad result) is
+    answered with its code and leaves the others alone. The rows are locked first, in id order, so
+    two batches over the same items never deadlock; an item whose report key is already this one is
+    a duplicate and changes nothing. With `adapter`, items of other adapters do not exist for the
+    caller. Answers are in the order of `reports`."""
+    if len(reports) > MAX_BATCH:
+        raise ValidationError({"reports": f"Report at most {MAX_BATCH} items at a time."})
+    rows = WorkItem.objects.filter(pk__any=sorted({report.item_id for report in reports}))
+    if adapter is not None:
+        rows = rows.filter(adapter=adapter)
+    keys = dict(rows.order_by("id").select_for_update().values_list("id", "report_key"))
+    answers: list[ItemAnswer] = []
+    for report in reports:
+        if report.item_id not in keys:
+            answers.append(
+                ItemAnswer(report.item_id, REFUSED, "not_found", f"There is no work item #{report.item_id}.")
+            )
+            continue
+        if report.key and keys[report.item_id] == report.key:
+            answers.append(ItemAnswer(report.item_id, DUPLICATE))
+            continue
+        try:
+            item = work_item_report(
+                item_id=report.item_id,
+                worker=worker,
+                key=report.key,
+                outcome=report.outcome,
+                result=report.result,
+                reason=report.reason,
+                attempt=report.attempt,
+            )
+        except ValidationError as error:
+            answers.append(ItemAnswer(report.item_id, REFUSED, *_refusal(error)))
+            continue
+        keys[report.item_id] = report.key
+        answers.append(ItemAnswer(report.item_id, ACCEPTED, host_id=item.host_id))
+    return answers
+
+
+@transaction.atomic
+def work_items_heartbeat_batch(
+    *, worker: str, attempts: Sequence[tuple[int, int]], lease_seconds: int = 300, adapter: str | None = None
+) -> list[ItemAnswer]:
+    """Extend the leases of many items we run, given as (item id, attempt), set-based: the rows are
+    locked in id order and those still running for us on that attempt extended by one UPDATE. The
+    others are refused as `work_item_heartbeat` refuses one (`not_found`, or `conflict` with the
+    reason: taken back, finished, another attempt or claimer), so the adapter stops them. With
+    `adapter`, items of other adapters do not exist for the caller."""
+    if len(attempts) > MAX_BATCH:
+        raise ValidationError({"items": f"Heartbeat at most {MAX_BATCH} items at a time."})
+    _validate_claim(1, lease_seconds, None)
+    expires = clock.now() + dt.timedelta(seconds=lease_seconds)
+    ids = sorted({item_id for item_id, _ in attempts})
+    found = WorkItem.objects.filter(pk__any=ids)
+    if adapter is not None:
+        found = found.filter(adapter=adapter)
+    rows = {
+        row[0]: row[1:]
+        for row in found.order_by("id").select_for_update().values_list("id", "state", "claimed_by", "attempts")
+    }
+    mine = {
+        (item_id, attempt) for item_id, attempt in attempts if rows.get(item_id) == (WorkState.RUNNING, worker, attempt)
+    }
+    if mine:
+        WorkItem.objects.filter(
+            pk__any=sorted(item_id for item_id, _ in mine), state=WorkState.RUNNING, claimed_by=worker
+        ).update(lease_expires_at=expires)
+    return [
+        ItemAnswer(item_id, EXTENDED, lease_expires_at=expires)
+        if (item_id, attempt) in mine
+        else ItemAnswer(
+            item_id,
+            REFUSED,
+            "conflict" if item_id in rows else "not_found",
+            _not_running_message(item_id, rows.get(item_id), worker, attempt),
+        )
+        for item_id, attempt in attempts
+    ]
+
+
+@transaction.atomic
+def work_item_report_claim_next(
+    *,
+    item_id: int,
+    worker: str,
+    key: str,
+    outcome: str,
+    result: dict[str, Any] | None = None,
+    reason: str = "",
+    attempt: int | None = None,
+    kinds: list[str] | None = None,
+    lease_seconds: int = 300,
+) -> tuple[WorkItem, WorkItem | None]:
+    """`work_item_report`, then (when it was not a retry) claim the next ready item of the same host:
+    one round trip for an adapter that works host by host. A retried report claims nothing."""
+    locked = WorkItem.objects.select_for_update().filter(pk=item_id).values_list("report_key", flat=True).first()
+    retried = locked == key  # read under the row lock: a concurrent same report waits, then claims nothing
+    item = work_item_report(
+        item_id=item_id, worker=worker, key=key, outcome=outcome, result=result, reason=reason, attempt=attempt
+    )
+    if retried:
+        return item, None
+    (following,) = work_item_claim_next(
+        worker=worker, host_ids=[item.host_id], kinds=kinds, lease_seconds=lease_seconds
+    )
+    return item, following
+
+
+def work_item_claim_next(
+    *, worker: str, host_ids: Sequence[int], kinds: list[str] | None = None, lease_seconds: int = 300
+) -> list[WorkItem | None]:
+    """The next ready external item of each host (None where there is none), claimed for `worker`."""
+    claimed = []
+    for host_id in host_ids:
+        items = work_items_claim(worker=worker, kinds=kinds, host_id=host_id, limit=1, lease_seconds=lease_seconds)
+        claimed.append(items[0] if items else None)
+    return claimed

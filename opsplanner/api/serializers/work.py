@@ -20,7 +20,16 @@ from opsplanner.models import (
     WorkKind,
 )
 from opsplanner.scopes import MAX_SCOPE_LENGTH
-from opsplanner.services.work_items import MAX_CLAIM, MAX_LEASE_SECONDS
+from opsplanner.services.work_items import (
+    ACCEPTED,
+    DUPLICATE,
+    EXTENDED,
+    MAX_BATCH,
+    MAX_CLAIM,
+    MAX_LEASE_SECONDS,
+    MAX_WAIT_SECONDS,
+    REFUSED,
+)
 
 
 class OperationSerializer(serializers.ModelSerializer):
@@ -167,6 +176,12 @@ class ClaimInput(serializers.Serializer):
     worker = serializers.CharField(
         max_length=100, required=False, allow_blank=True, help_text="a name for this process, under your user"
     )
+    wait_seconds = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_WAIT_SECONDS,
+        default=0,
+        help_text="a long poll: when nothing is ready, wait up to this long for an item (empty list at the bound)",
+    )
 
 
 class HeartbeatInput(serializers.Serializer):
@@ -181,12 +196,92 @@ class ResultInput(serializers.Serializer):
     details = serializers.CharField(max_length=2000, required=False, allow_blank=True)
 
 
-class ReportInput(serializers.Serializer):
+class ClaimNextInput(serializers.Serializer):
+    """After the report is accepted, claim the next ready item of the same host in the same request."""
+
+    claim_next = serializers.BooleanField(
+        default=False, help_text="claim the next ready item of the same host and answer it as `next`"
+    )
+    claim_kinds = serializers.ListField(
+        child=serializers.ChoiceField(choices=WorkKind.choices), required=False, help_text="only these kinds"
+    )
+    lease_seconds = serializers.IntegerField(
+        min_value=1, max_value=MAX_LEASE_SECONDS, default=300, help_text="the lease of the next item"
+    )
+
+
+class ReportInput(ClaimNextInput):
     outcome = serializers.ChoiceField(choices=["done", "failed"])
     attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
     result = ResultInput(required=False)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class ReportedWorkItem(WorkItemSerializer):
+    """The reported item, and the next one claimed for its host (null when none, or not asked)."""
+
+    next = WorkItemSerializer(read_only=True, allow_null=True)
+
+    class Meta(WorkItemSerializer.Meta):
+        fields = [*WorkItemSerializer.Meta.fields, "next"]
+
+
+class BatchReportItem(serializers.Serializer):
+    id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    outcome = serializers.ChoiceField(choices=["done", "failed"])
+    result = ResultInput(required=False)
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    report_key = serializers.CharField(
+        max_length=128,
+        required=False,
+        help_text="this outcome's idempotency key; by default derived from the request's Idempotency-Key and the id",
+    )
+
+
+class BatchReportInput(ClaimNextInput):
+    reports = BatchReportItem(many=True, min_length=1, max_length=MAX_BATCH)
+    worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class BatchItemAnswer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(
+        choices=[ACCEPTED, DUPLICATE, REFUSED], help_text="duplicate: this report key was already applied"
+    )
+    code = serializers.CharField(required=False, help_text="why it was refused: not_found, conflict, invalid")
+    detail = serializers.CharField(required=False)
+
+
+class BatchReportAnswer(serializers.Serializer):
+    results = BatchItemAnswer(many=True, help_text="one per report, in the order sent")
+    next = WorkItemSerializer(many=True, help_text="with claim_next: the next item claimed for each host reported")
+
+
+class BatchHeartbeatItem(serializers.Serializer):
+    id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+
+
+class BatchHeartbeatInput(serializers.Serializer):
+    items = BatchHeartbeatItem(many=True, min_length=1, max_length=MAX_BATCH)
+    lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
+    worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class BatchHeartbeatItemAnswer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(
+        choices=[EXTENDED, REFUSED], help_text="refused: the item is no longer yours on that attempt; stop it"
+    )
+    lease_expires_at = serializers.DateTimeField(required=False)
+    code = serializers.CharField(required=False, help_text="not_found or conflict")
+    detail = serializers.CharField(required=False)
+
+
+class BatchHeartbeatAnswer(serializers.Serializer):
+    results = BatchHeartbeatItemAnswer(many=True, help_text="one per item, in the order sent")
 
 
 class HeartbeatAnswer(serializers.Serializer):
