@@ -16,7 +16,8 @@ from fleet.models import Host, HostState, Pool
 from opsplanner import clock
 from opsplanner.models import OperationSource
 from opsplanner.scopes import parse_scope, resolve_scope
-from opsplanner.services.tick.admission import HOSTS_AND_HOLDERS, Headroom, optout_reasons, pool_headroom
+from opsplanner.services.optouts import optouts_by_host
+from opsplanner.services.tick.admission import HOSTS_AND_HOLDERS, Headroom, pool_headroom
 from opsplanner.services.tick.context import TickContext
 
 SHOWN_REASONS = 5  # the largest holders and windows named per preview; the rest are counted
@@ -76,11 +77,8 @@ def scope_preview(*, scope: str, needs_drain: bool = True, source: str = Operati
         states[host_id] = state
         if operation_id is not None:
             holder_of[host_id] = operation_id
-    any_pool = next(iter(pools.values()))
     # Opt-out windows are read for the whole scope at once; emergencies do not honour them.
-    windows = (
-        {} if source == OperationSource.EMERGENCY else optout_reasons(TickContext(pool=any_pool, now=now), set(pool_of))
-    )
+    windows = {} if source == OperationSource.EMERGENCY else optouts_by_host(now=now, host_ids=pool_of)
     per_pool: dict[int, Counter[str]] = {pool_id: Counter() for pool_id in pools}
     for host_id, pool_id in pool_of.items():
         per_pool[pool_id][_obstacle(host_id, states, holder_of, windows)] += 1

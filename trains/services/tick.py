@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef
 
-from fleet.models import PLANNED_OUT_STATES, Host, HostState, OptOutWindow, ServicePlacement
+from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.services.approvals import approvals_expire
 from opsplanner.services.operations import operation_submit
+from opsplanner.services.optouts import optouts_by_domain
 from trains.models import (
     Cycle,
     Train,
@@ -374,27 +375,6 @@ def _open_cycle(train: Train, plans: list[_Plan], now: dt.datetime) -> Cycle | N
     return cycle
 
 
-def _domain_optouts(visits: list[Visit], now: dt.datetime) -> dict[int, str]:
-    """{domain_id: reason} for domains where a host runs a service with an opt-out window now."""
-    windows = {
-        service_id: (window_id, name, ends)
-        for window_id, service_id, name, ends in OptOutWindow.objects.filter(
-            cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now
-        )
-        .order_by("ends_at")
-        .values_list("id", "service_id", "service__name", "ends_at")
-    }
-    if not windows:
-        return {}
-    reasons: dict[int, str] = {}
-    for domain_id, service_id in ServicePlacement.objects.filter(
-        host__domain_id__in=[v.domain_id for v in visits], service_id__in=windows
-    ).values_list("host__domain_id", "service_id"):
-        window_id, name, ends = windows[service_id]
-        reasons.setdefault(domain_id, f"opt-out window #{window_id} of service {name} until {ends:%Y-%m-%d %H:%M} UTC")
-    return reasons
-
-
 def _start_visits(train: Train, plans: list[_Plan], now: dt.datetime, report: TrainTickReport) -> None:
     cycle = _open_cycle(train, plans, now)
     if cycle is None:
@@ -405,7 +385,7 @@ def _start_visits(train: Train, plans: list[_Plan], now: dt.datetime, report: Tr
         _end_cycle(train, cycle, now)
         report.events.append(f"cycle {cycle.number} done")
         return
-    optouts = {} if train.emergency else _domain_optouts(planned, now)
+    optouts = {} if train.emergency else optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
     for visit in planned:
         if running >= train.visit_concurrency:
             break

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Concat, Left
 
-from fleet.models import CapacityReservation, Host, HostState, OptOutWindow, ServicePlacement
+from fleet.models import CapacityReservation, Host, HostState
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.models import (
     HostTask,
@@ -32,6 +32,7 @@ from opsplanner.models import (
     WorkKind,
 )
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
+from opsplanner.services.optouts import optouts_by_host
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
 
@@ -82,14 +83,6 @@ _BINDING_RESERVATION = PreparedQuery(  # the one that keeps the most hosts in se
         .values_list("id", "service__name", "min_hosts_in_service", "ends_at")[:1]
     ),
     pool_id=int,
-    now=dt.datetime,
-)
-_ACTIVE_WINDOWS = PreparedQuery(
-    lambda *, now: (
-        OptOutWindow.objects.filter(cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now)
-        .order_by("ends_at")
-        .values_list("id", "service_id", "service__name", "ends_at")
-    ),
     now=dt.datetime,
 )
 _ANY_PENDING = PreparedQuery(
@@ -212,22 +205,6 @@ def pool_headroom(ctx: TickContext) -> Headroom:
     )
 
 
-def optout_reasons(ctx: TickContext, host_ids: set[int]) -> dict[int, str]:
-    """{host_id: reason} for hosts running a service with an opt-out window active now."""
-    windows = {
-        service_id: (window_id, name, ends) for window_id, service_id, name, ends in _ACTIVE_WINDOWS.rows(now=ctx.now)
-    }
-    if not windows:
-        return {}
-    reasons: dict[int, str] = {}
-    for host_id, service_id in ServicePlacement.objects.filter(
-        host_id__any=host_ids, service_id__in=windows
-    ).values_list("host_id", "service_id"):
-        window_id, name, ends = windows[service_id]
-        reasons.setdefault(host_id, f"opt-out window #{window_id} of service {name} until {ends:%Y-%m-%d %H:%M} UTC")
-    return reasons
-
-
 HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 2
 
@@ -265,7 +242,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         host_states[host_id] = state
         if operation_id is not None:
             holders[host_id] = operation_id
-    optouts = optout_reasons(ctx, host_ids)
+    optouts = optouts_by_host(now=ctx.now, host_ids=host_ids)
     incompatible = incompatible_targets(candidates.values())
     current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
 
