@@ -1,8 +1,7 @@
 """Set-based reads for the trains and upgrades pages: a fixed number of queries however many
 trains or upgrades are shown (the per-object selectors cost a few queries each).
 
-`trains_forecasts` computes what `trains.selectors.train_forecast` does, for many trains at once;
-tests/test_web_trains.py checks that the two agree."""
+`trains_forecasts` is the one forecast: `trains.selectors.train_forecast` asks it for one train."""
 
 from __future__ import annotations
 
@@ -10,12 +9,12 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
-from django.db.models.functions import Coalesce, RowNumber
+from django.db.models import F, Func, IntegerField, Max, Q, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
 
-from fleet.models import ComponentVersion, HostState, MaintenanceDomain
+from fleet.models import ComponentVersion, MaintenanceDomain
 from opsplanner import clock
-from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask, TaskState
+from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask
 from trains.models import (
     Cycle,
     Train,
@@ -29,7 +28,7 @@ from trains.models import (
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
-from trains.services.upgrades import phase_failures
+from trains.services.upgrades import phase_failures, phase_successes
 
 # Finished trains and upgrades stay on the pages this long, then only the API and the admin show them.
 FINISHED_SHOWN_FOR = dt.timedelta(days=7)
@@ -252,25 +251,12 @@ def _count(
 
 
 def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
-    """Each phase with `successes` and `failures` counted in SQL, as upgrade_phase_successes counts
-    them and as phase_failures defines them (one query for every phase of every upgrade)."""
-    tasks = HostTask.objects.filter(
-        operation__visit_link__upgrade_id=OuterRef("upgrade_id"), operation__visit_link__phase=OuterRef("position")
-    )
-    succeeded = tasks.filter(
-        state__in=[TaskState.DONE, TaskState.HANDED_OVER],
-        host__state=HostState.IN_SERVICE,
-        # At or beyond the target, as the train counts it (a newer release supersedes the upgrade).
-        host__installed_versions__component_id=OuterRef("upgrade__component_version__component_id"),
-        host__installed_versions__version__sort_key__gte=OuterRef("upgrade__component_version__sort_key"),
-    )
+    """Each phase with `successes` and `failures` (phase_successes and phase_failures, the
+    definitions the train tick counts with; one query for every phase of every upgrade)."""
     return list(
         UpgradePhase.objects.filter(upgrade_id__in=upgrade_ids)
         .select_related("domain")
-        .annotate(
-            failures=phase_failures(),
-            successes=Coalesce(_count(succeeded, "%(function)s(DISTINCT %(expressions)s)", "host_id"), 0),
-        )
+        .annotate(failures=phase_failures(), successes=phase_successes())
         .order_by("upgrade_id", "position")
     )
 

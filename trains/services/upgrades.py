@@ -303,19 +303,32 @@ def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Ho
     return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(at_or_beyond))
 
 
-def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
-    return (
-        upgrade_tasks(upgrade, phase=phase)
-        .filter(
-            state__in=[TaskState.DONE, TaskState.HANDED_OVER],
-            host__state=HostState.IN_SERVICE,
-            host__installed_versions__component_id=upgrade.component_version.component_id,
-            host__installed_versions__version__sort_key__gte=upgrade.component_version.sort_key,
-        )
-        .values("host_id")
-        .distinct()
-        .count()
+def phase_successes() -> Coalesce:
+    """The hosts that succeeded in a phase, as an expression on UpgradePhase rows (the one
+    definition: the train tick and the pages count with it). A host counts once if a task of the
+    phase's operations finished (done, or handed over with the work applied), the host is back in
+    service, and it runs the target or a newer version of the component (a newer release that
+    reached it supersedes the upgrade)."""
+    succeeded = HostTask.objects.filter(
+        operation__visit_link__upgrade_id=OuterRef("upgrade_id"),
+        operation__visit_link__phase=OuterRef("position"),
+        state__in=[TaskState.DONE, TaskState.HANDED_OVER],
+        host__state=HostState.IN_SERVICE,
+        host__installed_versions__component_id=OuterRef("upgrade__component_version__component_id"),
+        host__installed_versions__version__sort_key__gte=OuterRef("upgrade__component_version__sort_key"),
     )
+    count = (
+        succeeded.order_by()
+        .annotate(n=Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)"))
+        .values("n")
+    )
+    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
+def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
+    """The successes of one upgrade's phase at `phase` (by phase_successes)."""
+    counted = UpgradePhase.objects.filter(upgrade=upgrade, position=phase).annotate(successes=phase_successes())
+    return next(iter(counted.values_list("successes", flat=True)), 0)
 
 
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
