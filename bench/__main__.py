@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.common import Figure
 
-BENCHMARKS = ["seed", "tick", "host_ops", "api", "gantt", "simulate", "reliability", "embedded_soak"]
+BENCHMARKS = ["seed", "tick", "host_ops", "api", "gantt", "simulate", "reliability", "embedded_soak", "fleet_apply"]
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
 

@@ -175,6 +175,13 @@ def reservation_body(w: World) -> dict[str, Any]:
     return {**window_body(w), "pool": w.pool.pk, "min_hosts_in_service": 1}
 
 
+def fleet_file_body(w: World) -> dict[str, Any]:
+    """A fleet file declaring one new pool with one host (a dry run: nothing is written)."""
+    pool = {"name": "roles-fleet", "workload_class": "web", "planned_buffer": 1, "failure_buffer": 1}
+    host = {"hostname": "roles-fleet-h1", "pool": "roles-fleet", "domain": "rack-1", "sku": "cpu-2s"}
+    return {"pools": [{**pool, "domains": ["rack-1"]}], "hosts": [host]}
+
+
 # Every endpoint (and a few methods it does not have) with the status each role gets. Allowed calls
 # are valid requests, so "allowed" means the call succeeded, not only that it got past the check.
 ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
@@ -239,6 +246,20 @@ ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
         ),
         EXECUTE,
     ),
+    (
+        "POST /work-items/heartbeat/",
+        Call("post", "/api/work-items/heartbeat/", lambda w: {"items": [{"id": w.work_item.pk, "attempt": 1}]}),
+        EXECUTE,
+    ),
+    (
+        "POST /work-items/report/",
+        Call(
+            "post",
+            "/api/work-items/report/",
+            lambda w: {"reports": [{"id": w.work_item.pk, "attempt": 1, "outcome": "done", "report_key": "b-1"}]},
+        ),
+        EXECUTE,
+    ),
     ("DELETE /work-items/{id}/", Call("delete", "/api/work-items/{w.work_item.pk}/"), NOT_A_METHOD),
     ("GET /approvals/", Call("get", "/api/approvals/"), READ),
     ("GET /approvals/{id}/", Call("get", "/api/approvals/{w.approval.pk}/"), READ),
@@ -295,6 +316,7 @@ ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
         Call("post", "/api/upgrades/{w.offboarded_upgrade.pk}/reonboard/", REASON),
         OPERATE_CREATE,
     ),
+    ("POST /fleet/apply/", Call("post", "/api/fleet/apply/?dry_run=true", fleet_file_body), OPERATE),
     ("GET /auth/me/", Call("get", "/api/auth/me/"), ANY_USER),
     ("POST /auth/logout/", Call("post", "/api/auth/logout/"), ANY_USER_NO_CONTENT),
     ("POST /auth/logoutall/", Call("post", "/api/auth/logoutall/"), ANY_USER_NO_CONTENT),

@@ -37,6 +37,15 @@ class HostState(models.TextChoices):
 PLANNED_OUT_STATES = frozenset({HostState.DRAINING, HostState.MAINTENANCE, HostState.VERIFYING, HostState.RETURNING})
 FAILURE_OUT_STATES = frozenset({HostState.FAILED, HostState.REPAIR, HostState.ESCALATED})
 
+# A host the fleet file no longer names (fleet.fleetfile, --prune): kept for history (its tasks,
+# events and versions still refer to it) but gone from the live inventory. Deliberately not a
+# HostState member: capacity counts iterate HostState, so a retired host is in no total, no buffer
+# and no floor, and `Host.objects` leaves it out, so no scope, train, phase or count chooses it.
+# Only the fleet file retires a host (never one holding a lease, out of service or named by an open
+# operation) and restores it to in_service when a later file names it again.
+RETIRED = "retired"
+HOST_STATE_CHOICES = [*HostState.choices, (RETIRED, "Retired")]
+
 # Allowed host state transitions; services refuse anything else.
 HOST_TRANSITIONS: dict[str, frozenset[str]] = {
     HostState.IN_SERVICE: frozenset({HostState.DRAINING, HostState.FAILED}),
@@ -51,16 +60,28 @@ HOST_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
+class LiveHostManager(models.Manager["Host"]):
+    """The live inventory: every host but the retired ones (Host.all_objects has them too)."""
+
+    def get_queryset(self) -> models.QuerySet[Host]:
+        return super().get_queryset().exclude(state=RETIRED)
+
+
 class Host(models.Model):
     hostname = models.CharField(max_length=253, unique=True, validators=[HOSTNAME_VALIDATOR])
     # Indexed by (pool, state, id) and (domain, state) below: every index is one more write per state change.
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="hosts", db_index=False)
     domain = models.ForeignKey(MaintenanceDomain, on_delete=models.PROTECT, related_name="hosts", db_index=False)
-    state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.IN_SERVICE)
+    state = models.CharField(max_length=16, choices=HOST_STATE_CHOICES, default=HostState.IN_SERVICE)
     state_changed_at = models.DateTimeField(default=clock.now)
     sku = models.CharField("hardware SKU", max_length=64)
     gpu_count = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(64)])
     created_at = models.DateTimeField(default=clock.now)
+    # Free-form facts from the fleet file (row, switch, slurm_node ...): strings, numbers or booleans.
+    labels = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()), blank=True)
+
+    objects = LiveHostManager()
+    all_objects = models.Manager()  # noqa: DJ012 (a manager, after the default one)
 
     class Meta:
         ordering = ["hostname"]
@@ -71,7 +92,7 @@ class Host(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=HostState.values),
+                condition=Q(state__in=[*HostState.values, RETIRED]),
                 name="host_state_valid",
                 violation_error_message="Unknown host state.",
             ),
@@ -87,6 +108,17 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+    def validate_unique(self, exclude: object = None) -> None:
+        super().validate_unique(exclude)  # type: ignore[arg-type]
+        if (
+            self.hostname
+            and "hostname" not in (exclude or ())  # type: ignore[operator]
+            and Host.all_objects.filter(hostname=self.hostname, state=RETIRED).exclude(pk=self.pk).exists()
+        ):
+            raise ValidationError(
+                {"hostname": f"A retired host is named {self.hostname}: name it in the fleet file to bring it back."}
+            )
 
     def clean(self) -> None:
         if self.domain_id is not None and self.pool_id is not None and self.domain.pool_id != self.pool_id:

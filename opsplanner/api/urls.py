@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from opsplanner.api.views import advisor, auth, executors, fleet, trains, work
+from opsplanner.api.views import advisor, auth, executors, fleet, fleet_apply, trains, work
 
 router = DefaultRouter()
 router.register("pools", fleet.PoolViewSet, basename="pool")
@@ -33,6 +33,7 @@ urlpatterns = [
     path("auth/logout/", auth.LogoutView.as_view(), name="logout"),
     path("auth/logoutall/", auth.LogoutAllView.as_view(), name="logoutall"),
     path("auth/me/", auth.MeView.as_view(), name="me"),
+    path("fleet/apply/", fleet_apply.FleetApplyView.as_view(), name="fleet-apply"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),

@@ -1,0 +1,88 @@
+"""Applying a fleet file: plan, refuse or write, in ONE transaction, with an event per change.
+
+Set-based at every size: one read per kind (fleet.fleetfile.live), creations with COPY
+(opsplanner.bulk.insert_missing), changes as guarded UPDATE … FROM a copied table
+(fleet.fleetfile.rows), events with COPY. A re-apply of the same file writes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from fleet.fleetfile.live import live_inventory_read
+from fleet.fleetfile.plan import Change, FleetPlan, fleet_plan
+from fleet.fleetfile.safety import plan_refusals
+from fleet.fleetfile.schema import FleetSpec
+from fleet.fleetfile.writers import FleetWriter
+from fleet.models import Pool
+from opsplanner.events import Actor
+
+
+class FleetApplyRefused(ValidationError):
+    """The plan touches live work (or lowers a buffer below what is out): `plan.refusals` says why."""
+
+    def __init__(self, plan: FleetPlan) -> None:
+        self.plan = plan
+        super().__init__(plan.refusals, code="conflict")
+
+
+@transaction.atomic
+def fleet_apply(
+    *, spec: FleetSpec, prune: bool = False, dry_run: bool = False, actor: Actor = None, reason: str = ""
+) -> FleetPlan:
+    """Plan the file against the live inventory and, unless dry_run, write the plan.
+
+    Every pool row is locked first (FOR NO KEY UPDATE, in id order): the tick skips a locked pool,
+    so no lease is granted between the checks and the writes. Raises FleetFileInvalid (owners that
+    are not users) or FleetApplyRefused; either way nothing is written."""
+    list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+    live = live_inventory_read(
+        usernames={owner for service in spec.services for owner in service.owners},
+        service_names={service.name for service in spec.services},
+    )
+    plan = fleet_plan(spec, live, prune=prune)
+    plan.dry_run = dry_run
+    _note_offboards(plan)
+    plan.refusals = plan_refusals(plan, live)
+    if plan.refusals:
+        raise FleetApplyRefused(plan)
+    if dry_run or not plan.changes:
+        return plan
+    FleetWriter(plan, live, actor=actor, reason=reason).write()
+    plan.applied = True
+    return plan
+
+
+def _note_offboards(plan: FleetPlan) -> None:
+    """A version the file withdraws offboards its active upgrades: the plan names them."""
+    from trains.models import Upgrade, UpgradeState
+
+    withdrawn: dict[int, Change] = {
+        change.live.id: change
+        for change in plan.of("version", "update")
+        if change.fields.get("withdrawn") == (False, True)
+    }
+    if not withdrawn:
+        return
+    by_version: dict[int, list[int]] = {}
+    for pk, version_id in Upgrade.objects.filter(
+        component_version_id__in=list(withdrawn), state=UpgradeState.ACTIVE
+    ).values_list("id", "component_version_id"):
+        by_version.setdefault(version_id, []).append(pk)
+    for version_id, upgrades in by_version.items():
+        withdrawn[version_id].note = "offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(upgrades))
+
+
+def plan_text(plan: FleetPlan) -> str:
+    """The plan as the command prints it: one line per change, then the counts."""
+    lines = plan.lines()
+    lines.append(("Plan (dry run): " if plan.dry_run else "Plan: ") + plan.summary())
+    lines.extend(f"refused: {refusal}" for refusal in plan.refusals)
+    return "\n".join(lines)
+
+
+def plan_json(plan: FleetPlan) -> dict[str, Any]:
+    return json.loads(json.dumps(plan.as_json(), default=str))

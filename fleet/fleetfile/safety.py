@@ -1,0 +1,144 @@
+"""Refusals: changes a fleet file may not make to live work, each with its reason and numbers.
+
+- A host holding an active lease, out of service, or named by an open operation is never retired
+  or moved to another pool or domain (the operation is named).
+- A buffer is not lowered below what is out for it now, nor a hard floor raised above what is in
+  service now.
+- A withdrawn version is not released again by a file (re-onboarding its upgrade takes an approval).
+- A component's layer does not change while compatibility rules name it.
+One refusal refuses the whole apply: nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fleet.fleetfile.live import LiveInventory
+from fleet.fleetfile.plan import Change, FleetPlan
+from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, HostState, Pool
+from fleet.models.hosts import RETIRED
+from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease, Operation
+
+
+def plan_refusals(plan: FleetPlan, live: LiveInventory) -> list[str]:
+    refusals = _busy_hosts(plan)
+    refusals += _buffers(plan, live)
+    for change in plan.of("version", "update"):
+        if change.fields.get("withdrawn") == (True, False):
+            refusals.append(
+                f"version {change.name}: withdrawn ({change.live.withdrawn_reason}); a file does not release it "
+                "again: re-onboard its upgrade (an approval), or keep it withdrawn in the file"
+            )
+    named = defaultdict(int)
+    for rule in live.rules.values():
+        named[rule.job_facing] += 1
+        named[rule.lower] += 1
+    removed = defaultdict(int)
+    for change in plan.of("rule", "remove"):
+        removed[change.live.job_facing] += 1
+        removed[change.live.lower] += 1
+    for change in plan.of("component", "update"):
+        left = named[change.name] - removed[change.name]
+        if "layer" in change.fields and left:
+            refusals.append(
+                f"component {change.name}: the layer does not change while {left} compatibility rules name it"
+            )
+    return refusals
+
+
+def _moves(plan: FleetPlan) -> list[tuple[Change, str]]:
+    """(change, what it would do) for every host retired or moved to another pool or domain."""
+    moves = []
+    for change in plan.of("host"):
+        if change.live is None or change.live.state == RETIRED:
+            continue
+        if change.action == "remove":
+            moves.append((change, "not retired"))
+        elif "pool" in change.fields or "domain" in change.fields:
+            where = change.spec.domain if "domain" in change.fields else change.spec.pool
+            target = f"pool {change.spec.pool}" if "pool" in change.fields else f"domain {where}"
+            moves.append((change, f"not moved to {target}"))
+    return moves
+
+
+def _busy_hosts(plan: FleetPlan) -> list[str]:
+    moves = _moves(plan)
+    if not moves:
+        return []
+    ids = [change.live.id for change, _ in moves]
+    leases = dict(Lease.objects.filter(active=True, host_id__any=ids).values_list("host_id", "operation_id"))
+    tasks: dict[int, int] = {}
+    for host_id, operation_id in (
+        HostTask.objects.filter(host_id__any=ids, state__in=OPEN_TASK_STATES)
+        .order_by("operation_id")
+        .values_list("host_id", "operation_id")
+    ):
+        tasks.setdefault(host_id, operation_id)
+    operations = {
+        pk: f"operation #{pk} ({kind}: {reason})"
+        for pk, kind, reason in Operation.objects.filter(pk__in={*leases.values(), *tasks.values()}).values_list(
+            "id", "kind", "reason"
+        )
+    }
+    refusals = []
+    for change, verb in moves:
+        host = change.live
+        if host.id in leases:
+            why = f"it is held by {operations[leases[host.id]]}"
+        elif host.state != HostState.IN_SERVICE:
+            why = f"it is {host.state}, out of service"
+        elif host.id in tasks:
+            why = f"it is named by open {operations[tasks[host.id]]}"
+        else:
+            continue
+        refusals.append(f"host {host.hostname}: {verb}: {why}")
+    return refusals
+
+
+def _buffers(plan: FleetPlan, live: LiveInventory) -> list[str]:
+    """Pools whose buffers or hard floor change: the new sizes against what is out now."""
+    refusals = []
+    totals = _new_totals(plan, live)
+    for change in plan.of("pool", "update"):
+        pool, current = change.spec, change.live
+        counts = live.counts.get(current.id, {})
+        in_service = counts.get(HostState.IN_SERVICE, 0)
+        planned_out = sum(counts.get(s, 0) for s in PLANNED_OUT_STATES)
+        failure_out = sum(counts.get(s, 0) for s in FAILURE_OUT_STATES)
+        wanted = Pool(
+            planned_buffer_hosts=pool.planned_buffer_hosts,
+            planned_buffer_fraction=pool.planned_buffer_fraction,
+            failure_buffer_hosts=pool.failure_buffer_hosts,
+            failure_buffer_fraction=pool.failure_buffer_fraction,
+        ).buffers_for(totals.get(current.id, 0))
+        if "planned_buffer" in change.fields and wanted.planned < planned_out:
+            refusals.append(
+                f"pool {pool.name}: the planned buffer would be {wanted.planned} hosts, "
+                f"below the {planned_out} hosts out for planned work now"
+            )
+        if "failure_buffer" in change.fields and wanted.failure < failure_out:
+            refusals.append(
+                f"pool {pool.name}: the failure buffer would be {wanted.failure} hosts, "
+                f"below the {failure_out} hosts out broken now"
+            )
+        floor = wanted.floor if pool.hard_floor_hosts is None else pool.hard_floor_hosts
+        if "hard_floor" in change.fields and floor > in_service:
+            refusals.append(
+                f"pool {pool.name}: the hard floor would be {floor} hosts, above the {in_service} hosts in service now"
+            )
+    return refusals
+
+
+def _new_totals(plan: FleetPlan, live: LiveInventory) -> dict[int, int]:
+    """Hosts per existing pool once the plan is applied (retired hosts count nowhere)."""
+    totals = {pool_id: sum(counts.values()) for pool_id, counts in live.counts.items()}
+    ids = {p.name: p.id for p in live.pools.values()}
+    for change in plan.of("host"):
+        before = change.live.pool_id if change.live is not None and change.live.state != RETIRED else None
+        after = ids.get(change.spec.pool) if change.spec is not None else None
+        if before != after:
+            if before is not None:
+                totals[before] = totals.get(before, 0) - 1
+            if after is not None:
+                totals[after] = totals.get(after, 0) + 1
+    return totals

@@ -1,0 +1,90 @@
+"""POST /api/fleet/apply/: a fleet file (JSON, or YAML text), planned and applied like the
+fleet_apply command; operators only. ?dry_run=true plans without writing, ?prune=true retires what
+the file no longer names. Answers the plan; a file with errors is 400 with every error by its place;
+a plan that touches live work is 409 with the refusals. Nothing is written unless all is well."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, fleet_apply, plan_json
+from fleet.fleetfile.schema import fleet_spec_from_document, parse_fleet_file
+from opsplanner.permissions import Action
+
+TRUE = {"1", "true", "yes", "on"}
+
+
+class YAMLTextParser(BaseParser):
+    """The body as text, for the fleet file's own parser (which reports YAML errors by place)."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> str:
+        return stream.read().decode("utf-8", errors="replace")
+
+
+class TextYAMLParser(YAMLTextParser):
+    media_type = "text/yaml"
+
+
+class FleetChangeSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    action = serializers.ChoiceField(choices=["create", "update", "remove"])
+    name = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(), help_text="field: [before, after]")
+    note = serializers.CharField(allow_blank=True)
+
+
+class FleetPlanSerializer(serializers.Serializer):
+    applied = serializers.BooleanField()
+    dry_run = serializers.BooleanField()
+    prune = serializers.BooleanField()
+    changes = FleetChangeSerializer(many=True)
+    counts = serializers.DictField(child=serializers.DictField(child=serializers.IntegerField()))
+    refusals = serializers.ListField(child=serializers.CharField())
+
+
+class FleetApplyView(APIView):
+    """Apply a fleet file (docs/fleet-file.md): the body is the document as JSON, or as YAML text
+    (Content-Type: application/yaml). Answers the plan: every change with its fields before and after."""
+
+    action_permissions = {"*": Action.OPERATE}
+    parser_classes = [JSONParser, YAMLTextParser, TextYAMLParser]
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
+        parameters=[
+            OpenApiParameter("dry_run", OpenApiTypes.BOOL, description="plan only, write nothing"),
+            OpenApiParameter("prune", OpenApiTypes.BOOL, description="retire hosts the file no longer names"),
+        ],
+        responses={200: FleetPlanSerializer},
+    )
+    def post(self, request: Any) -> Response:
+        dry_run = request.query_params.get("dry_run", "").lower() in TRUE
+        prune = request.query_params.get("prune", "").lower() in TRUE
+        try:
+            data = request.data
+            spec = parse_fleet_file(data) if isinstance(data, str) else fleet_spec_from_document(data)
+            plan = fleet_apply(spec=spec, prune=prune, dry_run=dry_run, actor=request.user)
+        except FleetFileInvalid as invalid:
+            errors: dict[str, list[str]] = {}
+            for problem in invalid.problems:
+                errors.setdefault(problem.place, []).append(problem.message)
+            detail = f"{len(invalid.problems)} errors in the fleet file; nothing was written"
+            return Response({"detail": detail, "code": "invalid", "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        except FleetApplyRefused as refused:
+            body = {
+                "detail": "; ".join(refused.plan.refusals),
+                "code": "conflict",
+                "refusals": refused.plan.refusals,
+                "plan": plan_json(refused.plan),
+            }
+            return Response(body, status=status.HTTP_409_CONFLICT)
+        return Response(plan_json(plan))
