@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from opsplanner.adapters import EXECUTORS
 from opsplanner.env import (
     EnvError,
     env_bool,
@@ -183,10 +184,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-# Who repairs failed hosts: the simulated repair flow, or an external system claiming repair items.
-REPAIR_EXECUTOR = env_str("REPAIR_EXECUTOR", "simulated")
-if REPAIR_EXECUTOR not in {"simulated", "external"}:
-    raise EnvError(f"REPAIR_EXECUTOR={REPAIR_EXECUTOR!r} must be 'simulated' or 'external'")
+# Who repairs failed hosts: empty for the pool's executor, or one executor for every pool.
+REPAIR_EXECUTOR = env_str("REPAIR_EXECUTOR", "")
+if REPAIR_EXECUTOR and REPAIR_EXECUTOR not in {a.value for a in EXECUTORS}:
+    _names = ", ".join(a.value for a in EXECUTORS)
+    raise EnvError(f"REPAIR_EXECUTOR={REPAIR_EXECUTOR!r} must be empty (the pool's executor) or one of: {_names}")
 # After a commit that creates work, enqueue the step that acts on it at once instead of waiting for
 # the beat. The test process turns this off (its workers, in their own processes, keep it on).
 KICK_TASKS = env_bool("KICK_TASKS", True)

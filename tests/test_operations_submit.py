@@ -122,7 +122,11 @@ def test_an_upgrade_that_would_break_compatibility_is_refused_naming_the_rule(fl
         ({"kind": "reflash", "scope": "pool train"}, "'reflash' is not one of"),
         ({"kind": "reboot", "scope": "pool train", "priority": 5000}, "Priority must be a whole number from 0"),
         ({"kind": "reboot", "scope": "pool train", "reason": " "}, "Say why this operation is needed."),
-        ({"kind": "reboot", "scope": "pool train", "executor": "magic"}, "'magic' is not one of"),
+        ({"kind": "reboot", "scope": "pool train", "drainer": "agent"}, "'agent' is not a drainer; choose one of"),
+        (
+            {"kind": "reboot", "scope": "pool train", "executor": "magic"},
+            "'magic' is not an executor; choose one of: simulated, external, agent, ssh",
+        ),
         ({"kind": "reboot", "scope": "pool train", "gang": True}, "can never fit in pool train's planned buffer"),
         (
             {"kind": "reboot", "scope": "pool train", "override_buffers": True},

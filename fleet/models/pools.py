@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 
 from opsplanner import clock
+from opsplanner.adapters import DRAINER_CHOICES, EXECUTOR_CHOICES, Adapter
 
 NAME_VALIDATOR = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$",
@@ -72,6 +73,14 @@ class Pool(models.Model):
         blank=True,
         help_text="hosts that stay in service even for an approved emergency (default: the normal floor)",
     )
+    executor = models.CharField(
+        max_length=16, choices=EXECUTOR_CHOICES, default=Adapter.SIMULATED, db_default=Adapter.SIMULATED.value,
+        help_text="who runs the steps and checks on this pool's hosts, unless an operation or train says otherwise",
+    )  # fmt: skip
+    drainer = models.CharField(
+        max_length=16, choices=DRAINER_CHOICES, default=Adapter.SIMULATED, db_default=Adapter.SIMULATED.value,
+        help_text="who drains and returns this pool's hosts, unless an operation or train says otherwise",
+    )  # fmt: skip
     created_at = models.DateTimeField(default=clock.now)
 
     class Meta:

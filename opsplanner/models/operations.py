@@ -9,6 +9,14 @@ from django.db.models import Q
 
 from fleet.models import ComponentVersion, Host
 from opsplanner import clock
+from opsplanner.adapters import (
+    DRAINER_OVERRIDE_CHOICES,
+    EXECUTOR_OVERRIDE_CHOICES,
+    POOLS_ADAPTER,
+    Adapter,
+)
+
+__all__ = ["Adapter"]  # re-exported: opsplanner.models.Adapter is how most callers name it
 
 
 class OperationKind(models.TextChoices):
@@ -29,13 +37,6 @@ class OperationState(models.TextChoices):
     OPEN = "open", "Open"
     COMPLETED = "completed", "Completed"
     CANCELLED = "cancelled", "Cancelled"
-
-
-class Adapter(models.TextChoices):
-    """Who does the work items: the built-in simulator, or an outside system through the API."""
-
-    SIMULATED = "simulated", "Simulated"
-    EXTERNAL = "external", "External"
 
 
 MAX_PRIORITY = 1000
@@ -61,8 +62,14 @@ class Operation(models.Model):
     needs_drain = models.BooleanField(default=True)
     gang = models.BooleanField(default=False, help_text="all hosts are held at once, or none")
     estimated_duration_s = models.PositiveIntegerField(default=1800)
-    executor = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
-    drainer = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
+    executor = models.CharField(
+        max_length=16, choices=EXECUTOR_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
+        help_text="who runs the steps and checks; empty: the pool's executor",
+    )  # fmt: skip
+    drainer = models.CharField(
+        max_length=16, choices=DRAINER_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
+        help_text="who drains and returns the hosts; empty: the pool's drainer",
+    )  # fmt: skip
     max_attempts = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1), MaxValueValidator(10)])
     drain_timeout_s = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)])
     state = models.CharField(max_length=16, choices=OperationState.choices, default=OperationState.OPEN)

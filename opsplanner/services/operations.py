@@ -10,11 +10,11 @@ from django.db import transaction
 
 from fleet.models import Host, Pool
 from opsplanner import clock
+from opsplanner.adapters import DRAINERS, EXECUTORS, POOLS_ADAPTER, adapter_refusal
 from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_bulk_create
 from opsplanner.models import (
     MAX_PRIORITY,
     OPEN_TASK_STATES,
-    Adapter,
     HostTask,
     Operation,
     OperationKind,
@@ -52,8 +52,8 @@ def operation_submit(
     needs_drain: bool | None = None,
     gang: bool = False,
     estimated_duration_s: int = 1800,
-    executor: str = Adapter.SIMULATED,
-    drainer: str = Adapter.SIMULATED,
+    executor: str = POOLS_ADAPTER,
+    drainer: str = POOLS_ADAPTER,
     max_attempts: int = 3,
     drain_timeout_s: int = 3600,
     host_ids: list[int] | None = None,
@@ -66,8 +66,12 @@ def operation_submit(
     host_ids; scope is then only the label the operation shows."""
     _choice("kind", kind, OperationKind)
     _choice("source", source, OperationSource)
-    _choice("executor", executor, Adapter)
-    _choice("drainer", drainer, Adapter)
+    for refusal in (
+        adapter_refusal(field="executor", value=executor, allowed=EXECUTORS, blank=True),
+        adapter_refusal(field="drainer", value=drainer, allowed=DRAINERS, blank=True),
+    ):
+        if refusal:
+            raise refusal
     if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
         raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
     if not reason or not reason.strip():

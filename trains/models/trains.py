@@ -10,7 +10,7 @@ from django.db.models import F, Q
 from fleet.models import MaintenanceDomain, Pool
 from fleet.models.pools import NAME_VALIDATOR
 from opsplanner import clock
-from opsplanner.models import Adapter
+from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 
 
 class TrainState(models.TextChoices):
@@ -51,8 +51,14 @@ class Train(models.Model):
         default=3600, validators=[MinValueValidator(1)], help_text="expected length of one visit, for the forecast"
     )
     priority = models.PositiveSmallIntegerField(default=200, validators=[MaxValueValidator(1000)])
-    executor = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
-    drainer = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.SIMULATED)
+    executor = models.CharField(
+        max_length=16, choices=EXECUTOR_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
+        help_text="who runs the steps and checks; empty: the pool's executor",
+    )  # fmt: skip
+    drainer = models.CharField(
+        max_length=16, choices=DRAINER_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
+        help_text="who drains and returns the hosts; empty: the pool's drainer",
+    )  # fmt: skip
     auto_resume_after_s = models.PositiveIntegerField(
         null=True, blank=True, help_text="after an autostop, resume once the buffers have recovered for this long"
     )

@@ -9,6 +9,7 @@ from django.db import transaction
 
 from fleet.models import Host, MaintenanceDomain, Pool
 from opsplanner import clock
+from opsplanner.adapters import POOLS_ADAPTER
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import Operation, OperationState
 from trains.models import STOPPED_TRAIN_STATES, Train, TrainState, TrainStop, VisitOperation, VisitState
@@ -59,8 +60,8 @@ def train_create(
     visit_concurrency: int = 1,
     priority: int = 200,
     auto_resume_after_s: int | None = None,
-    executor: str = "simulated",
-    drainer: str = "simulated",
+    executor: str = POOLS_ADAPTER,
+    drainer: str = POOLS_ADAPTER,
     actor: Actor = None,
 ) -> Train:
     """A regular train over the pool's domains (all of them, by position, unless an order is given)."""

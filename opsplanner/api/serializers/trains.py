@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from opsplanner.models import Adapter
+from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 from opsplanner.scopes import MAX_SCOPE_LENGTH
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.upgrades import PhaseSelection
@@ -50,8 +50,8 @@ class TrainInput(serializers.Serializer):
     visit_concurrency = serializers.IntegerField(min_value=1, max_value=100, default=1)
     priority = serializers.IntegerField(min_value=0, max_value=1000, default=200)
     auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, required=False)
-    executor = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
-    drainer = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+    executor = serializers.ChoiceField(choices=EXECUTOR_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
+    drainer = serializers.ChoiceField(choices=DRAINER_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
 
 
 class DomainForecastSerializer(serializers.Serializer):

@@ -6,10 +6,10 @@ from typing import Any
 
 from rest_framework import serializers
 
+from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 from opsplanner.api.serializers.fast import iso
 from opsplanner.models import (
     MAX_PRIORITY,
-    Adapter,
     Approval,
     ApprovalKind,
     Event,
@@ -97,8 +97,8 @@ class OperationIntent(serializers.Serializer):
     needs_drain = serializers.BooleanField(required=False, allow_null=True, default=None)
     gang = serializers.BooleanField(default=False)
     estimated_duration_s = serializers.IntegerField(min_value=1, max_value=7 * 24 * 3600, default=1800)
-    executor = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
-    drainer = serializers.ChoiceField(choices=Adapter.choices, default=Adapter.SIMULATED)
+    executor = serializers.ChoiceField(choices=EXECUTOR_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
+    drainer = serializers.ChoiceField(choices=DRAINER_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
     max_attempts = serializers.IntegerField(min_value=1, max_value=10, default=3)
     drain_timeout_s = serializers.IntegerField(min_value=1, max_value=7 * 24 * 3600, default=3600)
 

@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 
-from opsplanner.models import Adapter, HostTask, Operation, OperationKind, OperationSource, OperationState
+from opsplanner.adapters import POOLS_ADAPTER
+from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, OperationState
 from opsplanner.services.operations import operation_submit
 
 
@@ -29,8 +30,8 @@ class Command(BaseCommand):
         parser.add_argument("--priority", type=int, default=100)
         parser.add_argument("--source", default=OperationSource.AD_HOC, choices=OperationSource.values)
         parser.add_argument("--gang", action="store_true")
-        parser.add_argument("--executor", default=Adapter.SIMULATED, choices=Adapter.values)
-        parser.add_argument("--drainer", default=Adapter.SIMULATED, choices=Adapter.values)
+        parser.add_argument("--executor", default=POOLS_ADAPTER, help="an executor; default: the pool's")
+        parser.add_argument("--drainer", default=POOLS_ADAPTER, help="a drainer; default: the pool's")
         parser.add_argument("--wait", action="store_true", help="follow the operation until it is closed")
         parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait at most")
 

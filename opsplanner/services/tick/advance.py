@@ -424,11 +424,14 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         new=HostState.RETURNING,
         reason="verified: work applied, checks passed, versions compatible",
     )
+    # The adapter that took the host out puts it back, whichever task of the drain ends it (even if
+    # the pool's drainer changed since): the drain item's own adapter.
     drained_by = dict(
-        HostTask.objects.filter(pk__any={t.drain_key for t in returning}).values_list("id", "operation__drainer")
+        WorkItem.objects.filter(host_task_id__any={t.drain_key for t in returning}, kind=WorkKind.DRAIN).values_list(
+            "host_task_id", "adapter"
+        )
     )
     for task in returning:
-        # The drainer that took the host out puts it back, whichever task of the drain ends it.
         adapter = drained_by.get(task.drain_key, task.drainer)
         ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=adapter, deadline_s=UNDRAIN_DEADLINE_S)
 

@@ -391,7 +391,10 @@ class TickContext:
         params: dict[str, Any] | None = None,
         max_attempts: int | None = None,
     ) -> None:
-        """Queue a new work item (a row for an executor to claim). Its task's transition is the event."""
+        """Queue a new work item (a row for an executor to claim). Its task's transition is the event.
+        An empty adapter is the pool's for that kind of item."""
+        if not adapter:
+            adapter = self.pool.drainer if kind in (WorkKind.DRAIN, WorkKind.UNDRAIN) else self.pool.executor
         self.new_items.append(
             (
                 kind,
