@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/opsplanner
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format typecheck bench clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# mypy with django-stubs and djangorestframework-stubs ([tool.mypy] in pyproject.toml); the Django
+# plugin loads the settings, hence the same environment as the tests.
+typecheck: $(STAMP)
+	DEBUG=1 DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		$(VENV)/bin/mypy opsplanner fleet trains bench adapters/src
 
 bench: $(STAMP)
 	DEBUG=1 DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \

@@ -156,20 +156,20 @@ def _seed_history() -> None:
     of a fleet in service for a while has (the events list reads the newest; filters probe all)."""
     from fleet.models import Host
     from opsplanner import clock
-    from opsplanner.events import events_copy_rows
+    from opsplanner.events import EventRow, events_copy_rows
 
     now = clock.now()
     states = ["in_service", "draining", "drained", "in_maintenance", "in_service"]
     hosts = list(Host.objects.values_list("id", "pool_id").order_by("id"))
     step = dt.timedelta(days=30) / (len(hosts) * HISTORY_EVENTS_PER_HOST)
-    chunk: list[tuple[object, ...]] = []
+    chunk: list[EventRow] = []
     n = 0
     for round_ in range(HISTORY_EVENTS_PER_HOST):
         for host_id, pool_id in hosts:
             n += 1
             before, after = states[round_ % len(states)], states[(round_ + 1) % len(states)]
             chunk.append(
-                (
+                EventRow(
                     now - dt.timedelta(days=30) + step * n,
                     "host.state_changed",
                     None,

@@ -37,8 +37,14 @@ def scratch_database_url(name: str) -> str:
     if config.is_sqlite:
         raise SystemExit("benchmarks run on PostgreSQL: set DATABASE_URL=postgresql://…")
     name = f"{config.name}_{name}"
-    params = {"host": config.host, "port": config.port or "5432", "user": config.user, "password": config.password}
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as connection:
+    with psycopg.connect(
+        dbname="postgres",
+        host=config.host,
+        port=config.port or "5432",
+        user=config.user,
+        password=config.password,
+        autocommit=True,
+    ) as connection:
         connection.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     auth = config.user + (f":{config.password}" if config.password else "")

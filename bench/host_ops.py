@@ -31,22 +31,63 @@ def run(seconds: float | None = None) -> list[Figure]:
 
     url = django_on_scratch_database("bench_ops")
     from bench.fleet import bench_fleet
-    from opsplanner.models import HostTask, Operation, OperationState, TaskState
-    from opsplanner.selectors.invariants import check_invariants
-    from opsplanner.services.operations import operation_submit
     from opsplanner.services.simulator import simulator_profile_instant
 
     pools = bench_fleet(pools=POOLS, hosts_per_pool=HOSTS_PER_POOL, hosts_per_domain=25, planned_fraction="0.20")
     # Each domain always has one open operation, so hosts never wait for each other's operations
     # (no handover shortcut): every host task takes the whole lifecycle.
-    scopes = [f"domain {pool.name}/{name}" for pool in pools for name in pool.domains.values_list("name", flat=True)]
+    busy = _BusyDomains(
+        [f"domain {pool.name}/{name}" for pool in pools for name in pool.domains.values_list("name", flat=True)]
+    )
     simulator_profile_instant(batch_size=2_000)
+    processes = _start_workers_and_beat(url)
+    try:
+        rate = _measure(seconds, busy)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+    _check_the_outcome()
+    tps = pgbench_simple_update_tps()
+    how = (
+        f"python -m bench host_ops --seconds {seconds:g} (2 worker processes + beat, {POOLS * HOSTS_PER_POOL:,} "
+        "hosts, zero-duration simulated drains and executors, full lifecycle per host task)"
+    )
+    return [
+        Figure("host_ops_per_s", round(rate, 1), "ops/s", how),
+        Figure("pgbench_tps", round(tps), "tps", "pgbench -b simple-update -c 2 -j 2 -T 30, scale 10, same run"),
+    ]
 
+
+class _BusyDomains:
+    """Keeps one open reboot operation per scope (a domain), submitting a new one when it closes."""
+
+    def __init__(self, scopes: list[str]) -> None:
+        self.scopes = scopes
+        self.open_operations: dict[str, int] = {}
+
+    def keep_busy(self) -> None:
+        from opsplanner.models import Operation, OperationState
+        from opsplanner.services.operations import operation_submit
+
+        still_open = set(
+            Operation.objects.filter(pk__in=self.open_operations.values(), state=OperationState.OPEN).values_list(
+                "id", flat=True
+            )
+        )
+        for scope in self.scopes:
+            if self.open_operations.get(scope) not in still_open:
+                self.open_operations[scope] = operation_submit(kind="reboot", scope=scope, reason="benchmark").pk
+
+
+def _start_workers_and_beat(url: str) -> list[subprocess.Popen]:
+    """Two single-process workers and the beat on a queue of their own, ticking every second."""
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, DATABASE_URL=url, CELERY_QUEUE=queue, KICK_TASKS="1", TICK_SECONDS="1")
     logs = Path(os.environ.get("OPSPLANNER_VAR_DIR", ROOT / "var")) / "bench"
     logs.mkdir(parents=True, exist_ok=True)
-    processes = [
+    workers = [
         _start(
             [
                 "worker",
@@ -63,47 +104,43 @@ def run(seconds: float | None = None) -> list[Figure]:
             logs / f"worker-{i}.log",
         )
         for i in (1, 2)
-    ] + [_start(["beat", "--schedule", str(logs / f"beat-{queue}")], env, logs / "beat.log")]
+    ]
+    return [*workers, _start(["beat", "--schedule", str(logs / f"beat-{queue}")], env, logs / "beat.log")]
 
-    open_operations: dict[str, int] = {}
 
-    def keep_every_domain_busy() -> None:
-        still_open = set(
-            Operation.objects.filter(pk__in=open_operations.values(), state=OperationState.OPEN).values_list(
-                "id", flat=True
-            )
+def _finished() -> int:
+    from opsplanner.models import HostTask, TaskState
+
+    return HostTask.objects.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).count()
+
+
+def _measure(seconds: float, busy: _BusyDomains) -> float:
+    """Host tasks finished per second over `seconds`, after WARM_UP_SECONDS, every domain kept busy."""
+    busy.keep_busy()
+    started = time.monotonic()
+    while time.monotonic() - started < WARM_UP_SECONDS:
+        busy.keep_busy()
+        time.sleep(1)
+    first, measured_from = _finished(), time.monotonic()
+    while time.monotonic() - measured_from < seconds:
+        busy.keep_busy()
+        time.sleep(1)
+        done = _finished() - first
+        print(
+            f"bench host_ops: {done:,} host-operations in {time.monotonic() - measured_from:.0f} s",
+            file=sys.stderr,
+            flush=True,
         )
-        for scope in scopes:
-            if open_operations.get(scope) not in still_open:
-                open_operations[scope] = operation_submit(kind="reboot", scope=scope, reason="benchmark").pk
+    elapsed = time.monotonic() - measured_from
+    return (_finished() - first) / elapsed
 
-    def finished() -> int:
-        return HostTask.objects.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).count()
 
-    try:
-        keep_every_domain_busy()
-        started = time.monotonic()
-        while time.monotonic() - started < WARM_UP_SECONDS:
-            keep_every_domain_busy()
-            time.sleep(1)
-        first, measured_from = finished(), time.monotonic()
-        while time.monotonic() - measured_from < seconds:
-            keep_every_domain_busy()
-            time.sleep(1)
-            done = finished() - first
-            print(
-                f"bench host_ops: {done:,} host-operations in {time.monotonic() - measured_from:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        elapsed = time.monotonic() - measured_from
-        rate = (finished() - first) / elapsed
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+def _check_the_outcome() -> None:
+    """No invariant broken and no host task failed: a fast run that breaks them measures nothing."""
     from django.db import connection
+
+    from opsplanner.models import HostTask, TaskState
+    from opsplanner.selectors.invariants import check_invariants
 
     with connection.cursor() as cursor:
         # What autovacuum would have done by now (it is off on this machine's PostgreSQL): without
@@ -116,15 +153,6 @@ def run(seconds: float | None = None) -> list[Figure]:
     failed = HostTask.objects.filter(state=TaskState.FAILED).count()
     if failed:
         raise SystemExit(f"{failed} host tasks failed during the benchmark")
-    tps = pgbench_simple_update_tps()
-    how = (
-        f"python -m bench host_ops --seconds {seconds:g} (2 worker processes + beat, {POOLS * HOSTS_PER_POOL:,} "
-        "hosts, zero-duration simulated drains and executors, full lifecycle per host task)"
-    )
-    return [
-        Figure("host_ops_per_s", round(rate, 1), "ops/s", how),
-        Figure("pgbench_tps", round(tps), "tps", "pgbench -b simple-update -c 2 -j 2 -T 30, scale 10, same run"),
-    ]
 
 
 def _start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

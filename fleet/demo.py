@@ -21,7 +21,7 @@ MAX_HOSTS = 1_000_000
 @dataclass(frozen=True)
 class PoolPlan:
     name: str
-    workload_class: str
+    workload_class: WorkloadClass
     share: float
     hosts_per_rack: int
     host_prefix: str

@@ -26,13 +26,13 @@ def insert_missing(model: type[models.Model], columns: Sequence[str], rows: Iter
         if len(rows) <= VALUES_BATCH:
             return _values_insert_missing(model, columns, rows)
         return _copy_insert_missing(model._meta.db_table, columns, rows)
-    before = model.objects.count()
-    model.objects.bulk_create(
+    before = model._default_manager.count()
+    model._default_manager.bulk_create(
         [model(**dict(zip(columns, row, strict=True))) for row in rows],
         ignore_conflicts=True,
         batch_size=SQLITE_BATCH,
     )
-    return model.objects.count() - before
+    return model._default_manager.count() - before
 
 
 def _values_insert_missing(model: type[models.Model], columns: Sequence[str], rows: list[Sequence[Any]]) -> int:
@@ -80,7 +80,7 @@ def copy_rows(model: type[models.Model], columns: Sequence[str], rows: Sequence[
         return
     if connection.vendor != "postgresql":
         json_columns = {f.column for f in model._meta.fields if isinstance(f, models.JSONField)}
-        model.objects.bulk_create(
+        model._default_manager.bulk_create(
             [
                 model(**{c: (json.loads(v) if c in json_columns else v) for c, v in zip(columns, row, strict=True)})
                 for row in rows

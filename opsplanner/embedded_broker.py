@@ -18,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from json import dumps, loads
 from pathlib import Path
 from queue import Empty
@@ -57,6 +58,7 @@ class QoS(virtual.QoS):
     """Acknowledgement deletes the row; a reject with requeue, or a restore, makes it visible again."""
 
     channel: Channel
+    _quick_ack: Callable[[str], None]  # set by virtual.QoS.__init__; kombu's stubs leave it out
 
     def ack(self, delivery_tag: str) -> None:
         self.channel.message_delete(delivery_tag)

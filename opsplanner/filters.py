@@ -61,7 +61,8 @@ class RawValueInput(forms.TextInput):
 class StrictBooleanField(forms.NullBooleanField):
     widget = RawValueInput
 
-    def to_python(self, value: Any) -> bool | None:
+    # NullBooleanField's to_python adds None to BooleanField's bool; django-stubs ignores that override too.
+    def to_python(self, value: Any) -> bool | None:  # type: ignore[override]
         if value is None or isinstance(value, bool):
             return value
         word = str(value).strip().lower()

@@ -9,7 +9,7 @@ set, which it leaves alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db.models import Field, ForeignObject, IntegerField
@@ -43,7 +43,13 @@ def _any_sql(lookup: In, compiler: Any, connection: Any) -> tuple[str, list[Any]
     return f"{lhs} = ANY(%s::{array_type}[])", [*lhs_params, values]
 
 
-class _AnyArray:
+if TYPE_CHECKING:
+    _LookupMixinBase = In  # what the mixin is combined with below
+else:
+    _LookupMixinBase = object
+
+
+class _AnyArray(_LookupMixinBase):
     """`= ANY(array)` on PostgreSQL, a plain IN elsewhere."""
 
     lookup_name = "any"
@@ -52,10 +58,10 @@ class _AnyArray:
         if _integer_column(self) and _all_ints(self.rhs):  # ints for an integer column need no preparing
             self.prepared_ints = True  # checked once, not again when the SQL is written
             return list(self.rhs)
-        return super().get_prep_lookup()  # type: ignore[misc]
+        return super().get_prep_lookup()
 
     def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
-        return _any_sql(self, compiler, connection)  # type: ignore[arg-type]
+        return _any_sql(self, compiler, connection)
 
 
 @Field.register_lookup

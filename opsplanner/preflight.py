@@ -32,9 +32,16 @@ def require_postgres(url: str, *, create_database: bool = False) -> str:
             "DATABASE_URL points at SQLite; the tests run against PostgreSQL only (postgresql://…)"
         )
     where = f"{config.host or 'localhost'}:{config.port or 5432}"
-    params = {"host": config.host, "port": config.port or "5432", "user": config.user, "password": config.password}
     try:
-        with psycopg.connect(dbname="postgres", connect_timeout=5, autocommit=True, **params) as connection:
+        with psycopg.connect(
+            dbname="postgres",
+            host=config.host,
+            port=config.port or "5432",
+            user=config.user,
+            password=config.password,
+            connect_timeout=5,
+            autocommit=True,
+        ) as connection:
             exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [config.name]).fetchone()
             if create_database and not exists:
                 connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(config.name)))

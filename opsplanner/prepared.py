@@ -17,7 +17,7 @@ import datetime as dt
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
@@ -139,7 +139,8 @@ class PreparedUpdate(PreparedQuery):
         raise TypeError("a PreparedUpdate counts the rows it changes: call count()")
 
     def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
-        query = self._build(**markers).query.chain(UpdateQuery)
+        # chain(klass) returns a klass instance; django-stubs types it as the base Query.
+        query = cast(UpdateQuery, self._build(**markers).query.chain(UpdateQuery))
         query.add_update_values(self._values(**markers))
         return query.get_compiler(using=alias)
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Protocol
+
+
+class Stream(Protocol):
+    """Where progress lines go: a text file, or a management command's stdout or stderr."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 class Progress:
     """Prints "label: done/total (pct) elapsed" at most every `interval` seconds, and always at the end."""
 
-    def __init__(self, label: str, *, stream: TextIO | None = None, interval: float = 1.0) -> None:
+    def __init__(self, label: str, *, stream: Stream | None = None, interval: float = 1.0) -> None:
         self.label = label
         self.stream = stream or sys.stderr
         self.interval = interval

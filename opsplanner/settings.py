@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 from opsplanner.adapters import EXECUTORS
 from opsplanner.env import (
@@ -99,6 +100,7 @@ TEMPLATES = [
 
 # --- Database ---------------------------------------------------------------------------------
 _database = env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'opsplanner.sqlite3'}")
+DATABASES: dict[str, dict[str, Any]]
 if _database.is_sqlite:
     DATABASES = {
         "default": {

@@ -64,7 +64,11 @@ class Case:
 
 
 def _pool_form() -> dict[str, Any]:
-    return {"name": "east", "workload_class": "ai_training", "planned_buffer_hosts": 2, "failure_buffer_hosts": 1}
+    # The browser sends the adapters' preselected defaults with the form.
+    return {
+        "name": "east", "workload_class": "ai_training", "planned_buffer_hosts": 2, "failure_buffer_hosts": 1,
+        "executor": "simulated", "drainer": "simulated",
+    }  # fmt: skip
 
 
 def _host_form() -> dict[str, Any]:

@@ -38,11 +38,11 @@ def test_the_database_refuses_to_delete_an_event() -> None:
 
 
 def test_new_events_are_still_written_one_at_a_time_and_in_bulk() -> None:
-    from opsplanner.events import event_row, events_bulk_create
+    from opsplanner.events import event_row, events_copy_rows
 
     before = Event.objects.count()
     an_event()
-    events_bulk_create(
+    events_copy_rows(
         [
             event_row(kind="task.state_changed", subject_type="opsplanner.hosttask", subject_id=n, now=clock.now())
             for n in range(3)

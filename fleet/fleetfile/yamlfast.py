@@ -7,11 +7,12 @@ result. Documents with anchors, aliases, explicit tags or merge keys are loaded 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from yaml.events import (
     AliasEvent,
+    CollectionStartEvent,
     MappingEndEvent,
     MappingStartEvent,
     ScalarEvent,
@@ -70,12 +71,15 @@ def _from_events(text: str) -> Any:
     documents: list[Any] = []
     for event in yaml.parse(text, Loader=LOADER):
         kind = type(event)
+        # The exact-type tests (faster than isinstance here) do not narrow `event` for mypy: cast.
         if kind is ScalarEvent:
-            if event.anchor is not None:
+            scalar_event = cast(ScalarEvent, event)
+            if scalar_event.anchor is not None:
                 raise _Unusual
-            value = scalar(event)
+            value = scalar(scalar_event)
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            if event.anchor is not None or event.tag not in (None, "!"):
+            start = cast(CollectionStartEvent, event)
+            if start.anchor is not None or start.tag not in (None, "!"):
                 raise _Unusual
             stack.append({} if kind is MappingStartEvent else [])
             continue

@@ -60,14 +60,15 @@ def _values(obj: models.Model, m2m_names: Iterable[str] = ()) -> dict[str, Any]:
 def _scope(obj: models.Model) -> dict[str, int | None]:
     """pool_id and host_id of the event, so the pool's and the host's history show it."""
     label = obj._meta.label_lower
+    record: Any = obj  # any model: its pool and host foreign keys, if any, are found by name
     if label == "fleet.pool":
-        return {"pool_id": obj.pk, "host_id": None}
+        return {"pool_id": record.pk, "host_id": None}
     if label == "fleet.host":
-        return {"pool_id": obj.pool_id, "host_id": obj.pk}
-    host_id = getattr(obj, "host_id", None)
+        return {"pool_id": record.pool_id, "host_id": record.pk}
+    host_id = getattr(record, "host_id", None)
     if host_id is not None:
-        return {"pool_id": obj.host.pool_id, "host_id": host_id}
-    return {"pool_id": getattr(obj, "pool_id", None), "host_id": None}
+        return {"pool_id": record.host.pool_id, "host_id": host_id}
+    return {"pool_id": getattr(record, "pool_id", None), "host_id": None}
 
 
 @transaction.atomic
@@ -129,10 +130,10 @@ def inventory_record_delete(*, obj: models.Model, actor: Actor, reason: str = AD
         with transaction.atomic():
             _, deleted = obj.delete()
     except (ProtectedError, RestrictedError) as error:
-        blockers = getattr(error, "protected_objects", None) or getattr(error, "restricted_objects", set())
+        blockers = error.protected_objects if isinstance(error, ProtectedError) else error.restricted_objects
         names = sorted({str(blocker._meta.verbose_name_plural) for blocker in blockers})
         raise ValidationError(
-            f"{obj._meta.verbose_name.capitalize()} {obj} cannot be deleted: {len(blockers)} "
+            f"{str(obj._meta.verbose_name).capitalize()} {obj} cannot be deleted: {len(blockers)} "
             f"{', '.join(names)} still refer to it, and they are history that stays.",
             code="protected",
         ) from None

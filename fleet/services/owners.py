@@ -68,7 +68,7 @@ def _fits_pool(pool: Pool, min_hosts_in_service: int) -> None:
 
 def _still_editable(window: OptOutWindow | CapacityReservation) -> None:
     """Only a live window may change: a cancelled or finished one is history (register a new one)."""
-    label = f"{window._meta.verbose_name.capitalize()} #{window.pk}"
+    label = f"{str(window._meta.verbose_name).capitalize()} #{window.pk}"
     if window.cancelled_at is not None:
         raise ValidationError(
             f"{label} was cancelled at {window.cancelled_at:%Y-%m-%d %H:%M} UTC and cannot be edited; "

@@ -62,7 +62,7 @@ class GanttParams:
             if isinstance(value, dt.datetime):
                 out[key] = value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M")
             elif isinstance(value, (set, frozenset)):
-                out[key] = ",".join(str(v) for v in sorted(value))  # type: ignore[arg-type]
+                out[key] = ",".join(str(v) for v in sorted(value))
             else:
                 out[key] = str(value)
         return out
@@ -101,17 +101,17 @@ class GanttForm(forms.Form):
             if value is not None and not EARLIEST <= value <= LATEST:
                 self.add_error(name, f"Give a time between {EARLIEST:%Y} and {LATEST:%Y}.")
                 return data
-        if start is None and end is None:
-            start, end = default_window(now)
-        elif start is None:
-            start = end - (DEFAULT_BEFORE + DEFAULT_AFTER)  # type: ignore[operator]
-        elif end is None:
+        if start is None and end is not None:
+            start = end - (DEFAULT_BEFORE + DEFAULT_AFTER)
+        elif end is None and start is not None:
             end = start + DEFAULT_BEFORE + DEFAULT_AFTER
-        if end <= start:  # type: ignore[operator]
+        elif start is None or end is None:  # neither given
+            start, end = default_window(now)
+        if end <= start:
             self.add_error("end", "The end of the time range must be after its start.")
-        elif end - start < MIN_SPAN:  # type: ignore[operator]
+        elif end - start < MIN_SPAN:
             self.add_error("end", "Show at least one hour.")
-        elif end - start > MAX_SPAN:  # type: ignore[operator]
+        elif end - start > MAX_SPAN:
             self.add_error("end", f"Show at most {MAX_SPAN.days} days at once; zoom in or pan instead.")
         data["start"], data["end"] = start, end
         return data

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import Count, Max, Min, Q
 from django.db.models.functions import Coalesce
@@ -244,7 +246,8 @@ def _tasks(gantt: Gantt) -> QuerySet[HostTask]:
 def _add_operations(gantt: Gantt, domain_rows: dict[int, Row]) -> None:
     """Collapsed rows: one bar per operation per domain, from its first admission to its last end."""
     counts = {f"n_{state}": Count("id", filter=Q(state=state)) for state in TaskState.values}
-    grouped = (
+    # Rows as plain mappings: the n_<state> counts are annotated under names made at run time.
+    grouped: QuerySet[HostTask, Mapping[str, Any]] = (
         _tasks(gantt)
         .filter(host__domain_id__in=list(domain_rows))
         .values("host__domain_id", "operation_id", "operation__kind")
@@ -314,6 +317,8 @@ def _add_reservations(gantt: Gantt, pool_rows: dict[int, Row]) -> None:
 
 def _host_gantt(gantt: Gantt) -> Gantt:
     """The host page's Gantt: one row for the host, its tasks over the window."""
+    if gantt.params.host is None:
+        return gantt
     host = Host.objects.filter(pk=gantt.params.host).values("id", "hostname", "state", "pool_id", "domain_id").first()
     if host is None:
         return gantt

@@ -114,7 +114,7 @@ class _KnownCountPaginator(Paginator):
         self._known = count
 
     @property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         return self._known
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.db.models import Count, Max, Q
 
@@ -92,10 +93,11 @@ def pool_overviews(*, pool_id: int | None = None) -> list[PoolOverview]:
         .values("pool_id")
         .annotate(n=Count("id"), last=Max("id"))
     )
-    last_ids = {}
-    for entry in alerts:
-        rows[entry["pool_id"]].alerts = entry["n"]
-        last_ids[entry["last"]] = entry["pool_id"]
+    last_ids: dict[int, int] = {}
+    for alert in alerts:
+        pool = cast(int, alert["pool_id"])  # not null: filtered on pool_id__in
+        rows[pool].alerts = alert["n"]
+        last_ids[alert["last"]] = pool
     for event in Event.objects.filter(pk__in=list(last_ids)):
         rows[last_ids[event.pk]].last_alert = event
     return list(rows.values())

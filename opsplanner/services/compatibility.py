@@ -37,3 +37,11 @@ def target_refusal(host_ids: Sequence[int], target: ComponentVersion) -> Refusal
         message=f"{target} would break a compatibility rule on {len(problems)} of {len(host_ids)} hosts, "
         f"e.g. {hostname}: {reasons[0]}.",
     )
+
+
+def withdrawn_refusal(version: ComponentVersion) -> Refusal | None:
+    """The refusal of a withdrawn version as a target, naming why it was withdrawn; None when it is
+    not withdrawn. The code is Django's default ("invalid"), as these refusals always had."""
+    if version.withdrawn_at is None:
+        return None
+    return Refusal(code="invalid", message=f"{version} is withdrawn: {version.withdrawn_reason}")

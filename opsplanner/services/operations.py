@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.models import Host, Pool
+from fleet.models import ComponentVersion, Host, Pool
 from opsplanner import clock
 from opsplanner.adapters import DRAINERS, EXECUTORS, POOLS_ADAPTER, adapter_refusal
-from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_bulk_create
+from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_copy_rows
 from opsplanner.models import (
     MAX_PRIORITY,
     OPEN_TASK_STATES,
@@ -24,7 +25,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
-from opsplanner.services.compatibility import target_refusal
+from opsplanner.services.compatibility import target_refusal, withdrawn_refusal
 from opsplanner.services.tick.admission import queue_reason
 
 SUBJECT_TASK = "opsplanner.hosttask"
@@ -64,43 +65,22 @@ def operation_submit(
 
     Callers inside the product (trains, offboarding) that have already chosen the hosts pass them as
     host_ids; scope is then only the label the operation shows."""
-    _choice("kind", kind, OperationKind)
-    _choice("source", source, OperationSource)
-    for refusal in (
-        adapter_refusal(field="executor", value=executor, allowed=EXECUTORS, blank=True),
-        adapter_refusal(field="drainer", value=drainer, allowed=DRAINERS, blank=True),
-    ):
-        if refusal:
-            raise refusal
-    if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
-        raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
-    if not reason or not reason.strip():
-        raise ValidationError({"reason": "Say why this operation is needed."})
-    if override_buffers and source != OperationSource.EMERGENCY:
-        raise ValidationError({"override_buffers": "Only an approved emergency may override the buffers."})
-    target = None
-    if kind == OperationKind.UPGRADE:
-        if not component or not version:
-            raise ValidationError({"component_version": "An upgrade needs a component and a target version."})
-        target = version_of(component, version)
-    elif component or version:
-        raise ValidationError({"component_version": f"A {kind} operation takes no component or version."})
-    if target is not None and target.withdrawn_at is not None:
-        raise ValidationError({"component_version": f"{target} is withdrawn: {target.withdrawn_reason}"})
+    _check_request(
+        kind=kind,
+        source=source,
+        executor=executor,
+        drainer=drainer,
+        priority=priority,
+        reason=reason,
+        override_buffers=override_buffers,
+    )
+    target = _target_version(kind=kind, component=component, version=version)
     if needs_drain is None:
         needs_drain = target.component.needs_drain if target else True
-
-    if host_ids is None:
-        host_ids = resolve_scope(parse_scope(scope))
-    elif not host_ids:
-        raise ValidationError({"scope": "The scope has no hosts."})
-    hosts = list(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id", "pool__name"))
-    pools = {host_id: pool_id for host_id, pool_id, _ in hosts}
-    # A new task waits its turn, and says so until admission examines it (invariant 5).
-    queued = {pool_id: queue_reason(pool_name) for pool_id, pool_name in {row[1:] for row in hosts}}
+    hosts = _hosts_in_scope(scope=scope, host_ids=host_ids)
     if gang:
-        _check_gang(host_ids, pools, needs_drain)
-    refusal = target_refusal(host_ids, target) if target is not None else None
+        _check_gang(hosts.host_ids, hosts.pools, needs_drain)
+    refusal = target_refusal(hosts.host_ids, target) if target is not None else None
     if refusal is not None:
         raise refusal.error("component_version")
 
@@ -129,23 +109,101 @@ def operation_submit(
     # The table's check constraints are checked above, in words (each would otherwise cost a query).
     operation.full_clean(validate_constraints=False)
     operation.save()
+    _create_tasks(operation, hosts)
+    _record_submission(operation, hosts, actor=actor)
+    return operation
+
+
+def _check_request(
+    *,
+    kind: str,
+    source: str,
+    executor: str,
+    drainer: str,
+    priority: int,
+    reason: str,
+    override_buffers: bool,
+) -> None:
+    """Refuse a request malformed on its own, before anything is read."""
+    _choice("kind", kind, OperationKind)
+    _choice("source", source, OperationSource)
+    for refusal in (
+        adapter_refusal(field="executor", value=executor, allowed=EXECUTORS, blank=True),
+        adapter_refusal(field="drainer", value=drainer, allowed=DRAINERS, blank=True),
+    ):
+        if refusal:
+            raise refusal
+    if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+        raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why this operation is needed."})
+    if override_buffers and source != OperationSource.EMERGENCY:
+        raise ValidationError({"override_buffers": "Only an approved emergency may override the buffers."})
+
+
+def _target_version(*, kind: str, component: str, version: str) -> ComponentVersion | None:
+    """An upgrade's target version (refused if withdrawn); None for other kinds, which take none."""
+    if kind != OperationKind.UPGRADE:
+        if component or version:
+            raise ValidationError({"component_version": f"A {kind} operation takes no component or version."})
+        return None
+    if not component or not version:
+        raise ValidationError({"component_version": "An upgrade needs a component and a target version."})
+    target = version_of(component, version)
+    refusal = withdrawn_refusal(target)
+    if refusal is not None:
+        raise refusal.error("component_version")
+    return target
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The hosts in scope, in order, and each one's pool."""
+
+    host_ids: list[int]
+    pools: dict[int, int]  # host -> pool
+    pool_names: dict[int, str]  # pool -> name
+
+
+def _hosts_in_scope(*, scope: str, host_ids: list[int] | None) -> _Scope:
+    """The scope's hosts, or host_ids when the caller chose them."""
+    if host_ids is None:
+        host_ids = resolve_scope(parse_scope(scope))
+    elif not host_ids:
+        raise ValidationError({"scope": "The scope has no hosts."})
+    hosts = list(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id", "pool__name"))
+    return _Scope(
+        host_ids=host_ids,
+        pools={host_id: pool_id for host_id, pool_id, _ in hosts},
+        pool_names={pool_id: pool_name for _, pool_id, pool_name in hosts},
+    )
+
+
+def _create_tasks(operation: Operation, hosts: _Scope) -> None:
+    """One pending task per host. A new task waits its turn, and says so until admission examines
+    it (invariant 5)."""
+    queued = {pool_id: queue_reason(pool_name) for pool_id, pool_name in hosts.pool_names.items()}
     HostTask.objects.bulk_create(
         [
             HostTask(
                 operation=operation,
                 host_id=host_id,
-                pool_id=pools[host_id],
-                priority=priority,
-                waiting_code=queued[pools[host_id]][0],
-                waiting_reason=queued[pools[host_id]][1],
-                created_at=now,
-                state_changed_at=now,
+                pool_id=hosts.pools[host_id],
+                priority=operation.priority,
+                waiting_code=queued[hosts.pools[host_id]][0],
+                waiting_reason=queued[hosts.pools[host_id]][1],
+                created_at=operation.created_at,
+                state_changed_at=operation.created_at,
             )
-            for host_id in host_ids
+            for host_id in hosts.host_ids
         ],
         batch_size=5000,
     )
-    per_pool = Counter(pools.values())
+
+
+def _record_submission(operation: Operation, hosts: _Scope, *, actor: Actor) -> None:
+    per_pool = Counter(hosts.pools.values())
+    target = operation.component_version
     event_record(
         kind="operation.submitted",
         subject=operation,
@@ -153,21 +211,25 @@ def operation_submit(
         reason=operation.reason,
         pool_id=next(iter(per_pool)) if len(per_pool) == 1 else None,
         data={
-            "kind": kind,
+            "kind": operation.kind,
             "target": str(target) if target else None,
             "scope": operation.scope,
-            "hosts": len(host_ids),
+            "hosts": len(hosts.host_ids),
             "hosts_per_pool": {str(pool): count for pool, count in per_pool.items()},
-            "priority": priority,
-            "source": source,
-            "gang": gang,
+            "priority": operation.priority,
+            "source": operation.source,
+            "gang": operation.gang,
         },
     )
     log.info(
         "operation submitted",
-        extra={"operation_id": operation.pk, "kind": kind, "hosts": len(host_ids), "source": source},
+        extra={
+            "operation_id": operation.pk,
+            "kind": operation.kind,
+            "hosts": len(hosts.host_ids),
+            "source": operation.source,
+        },
     )
-    return operation
 
 
 def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -> None:
@@ -215,7 +277,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     )
     if cancelled != len(pending):
         raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
-    events_bulk_create(
+    events_copy_rows(
         [
             event_row(
                 kind="task.state_changed",

@@ -19,7 +19,7 @@ from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
 
 from opsplanner import clock
-from opsplanner.events import events_copy_rows
+from opsplanner.events import EventRow, events_copy_rows
 from opsplanner.models import Adapter, SimulatorProfile, WorkItem, WorkKind, WorkState
 from opsplanner.services.work_items import MAX_CLAIM, work_items_claim
 
@@ -144,7 +144,9 @@ def _finish_due(profile: SimulatorProfile, batch: int) -> int:
             outcomes[(state, json.dumps(result, sort_keys=True), reason)].append(item.pk)
             data = json.dumps({"from": WorkState.RUNNING, "to": state, "kind": item.kind})
             events.append(
-                (now, f"work_item.{state}", None, WORKER, SUBJECT, item.pk, item.pool_id, item.host_id, reason, data)
+                EventRow(
+                    now, f"work_item.{state}", None, WORKER, SUBJECT, item.pk, item.pool_id, item.host_id, reason, data
+                )
             )
         report_key = Concat(Value(f"{WORKER}:"), Cast("id", CharField()), Value(":"), Cast("attempts", CharField()))
         for (state, result, reason), ids in outcomes.items():

@@ -14,10 +14,11 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model, password_validation
-from django.contrib.auth.models import AbstractUser, Group
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -29,19 +30,22 @@ from fleet.models import Service
 from opsplanner.events import Actor, event_record
 from opsplanner.roles import Role
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, what get_user_model() returns
+
 MAX_TOKEN_TTL = dt.timedelta(days=366)
 
 
 @dataclass(frozen=True)
 class UserDisabled:
-    user: AbstractUser
+    user: User
     tokens_revoked: int
     sessions_ended: int
 
 
 @dataclass(frozen=True)
 class TokenCreated:
-    user: AbstractUser
+    user: User
     token: str  # the secret, shown once: only its hash is stored
     expiry: dt.datetime | None
 
@@ -68,7 +72,7 @@ def _services_named(names: Sequence[str], *, role: str) -> list[Service]:
     return found
 
 
-def _user_named(username: str, *, lock: bool = False) -> AbstractUser:
+def _user_named(username: str, *, lock: bool = False) -> User:
     users = get_user_model().objects.all()
     if lock:
         users = users.select_for_update()
@@ -78,7 +82,7 @@ def _user_named(username: str, *, lock: bool = False) -> AbstractUser:
         raise _refusal("username", f"no user named {username!r}", "not_found") from None
 
 
-def _password_check(password: str, user: AbstractUser) -> None:
+def _password_check(password: str, user: User) -> None:
     """Django's password validators (settings.AUTH_PASSWORD_VALIDATORS); a refusal lists every reason."""
     if not password:
         raise _refusal("password", "the password is empty", "invalid")
@@ -88,12 +92,12 @@ def _password_check(password: str, user: AbstractUser) -> None:
         raise ValidationError({"password": error.error_list}) from None
 
 
-def _role_names(user: AbstractUser) -> list[str]:
+def _role_names(user: User) -> list[str]:
     return sorted(user.groups.filter(name__in=Role.ALL).values_list("name", flat=True))
 
 
-def _owned_names(user: AbstractUser) -> list[str]:
-    return sorted(user.owned_services.values_list("name", flat=True))  # type: ignore[attr-defined]
+def _owned_names(user: User) -> list[str]:
+    return sorted(user.owned_services.values_list("name", flat=True))
 
 
 @transaction.atomic
@@ -105,7 +109,7 @@ def user_add(
     email: str = "",
     services: Sequence[str] = (),
     actor: Actor,
-) -> AbstractUser:
+) -> User:
     """Create a user with exactly `role` (owning `services` if a service owner). Without a
     password the user gets an unusable one: token only, until someone sets one."""
     group = _role_group(role)
@@ -125,7 +129,7 @@ def user_add(
     except IntegrityError:  # created by someone else since the check above
         raise _refusal("username", f"a user named {username!r} already exists", "conflict") from None
     user.groups.set([group])
-    user.owned_services.set(owned)  # type: ignore[attr-defined]
+    user.owned_services.set(owned)
     event_record(
         kind="user.created",
         subject=user,
@@ -141,7 +145,7 @@ def user_add(
 
 
 @transaction.atomic
-def user_role_set(*, username: str, role: str, services: Sequence[str] | None = None, actor: Actor) -> AbstractUser:
+def user_role_set(*, username: str, role: str, services: Sequence[str] | None = None, actor: Actor) -> User:
     """Replace the user's role group by `role` (other, non-role groups stay). A service owner's
     services become `services` when given (else stay); any other role owns no service."""
     group = _role_group(role)
@@ -151,9 +155,9 @@ def user_role_set(*, username: str, role: str, services: Sequence[str] | None = 
     user.groups.remove(*Group.objects.filter(name__in=Role.ALL).exclude(pk=group.pk))
     user.groups.add(group)
     if role != Role.SERVICE_OWNER:
-        user.owned_services.clear()  # type: ignore[attr-defined]
+        user.owned_services.clear()
     elif services is not None:
-        user.owned_services.set(owned)  # type: ignore[attr-defined]
+        user.owned_services.set(owned)
     event_record(
         kind="user.role_changed",
         subject=user,
@@ -169,7 +173,7 @@ def user_role_set(*, username: str, role: str, services: Sequence[str] | None = 
     return user
 
 
-def _sessions_end(user: AbstractUser) -> int:
+def _sessions_end(user: User) -> int:
     """Delete the user's sessions from a database-backed session store (the default); other
     stores cannot be searched, and a deactivated user's session no longer authenticates anyway."""
     store_class = import_module(settings.SESSION_ENGINE).SessionStore

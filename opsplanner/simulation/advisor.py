@@ -71,7 +71,7 @@ class AdvisorRequest:
 def advice(request: AdvisorRequest, results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The curve and the recommendation, from the simulated runs of each size (keyed size-N)."""
     config = request.config
-    points = []
+    points: list[dict[str, Any]] = []
     for size in request.sizes:
         if size not in request.feasible_sizes():
             bound = request.size_config(size)

@@ -247,9 +247,6 @@ def _loop(
         virtual.now = config.start + steps * tick
 
 
-TERMINAL_TASK_COUNTS = ("task_done", "task_failed", "task_cancelled", "task_handed_over")
-
-
 def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]) -> bool:
     """Rounds of work, policy and pool ticks at one instant until nothing more happens now.
 
@@ -272,9 +269,9 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
         everything, touched, claim = False, set(), False
         for pool_id in sorted(due):
             counts = pool_tick(pool_id=pool_id, kick=False).counts
-            claim |= bool(counts.get("work_items_created"))
-            hosts_moved |= any(v for k, v in counts.items() if k.startswith("host_"))
-            if any(counts.get(k) for k in TERMINAL_TASK_COUNTS):
+            claim |= counts.work_items_created > 0
+            hosts_moved |= counts.hosts_moved > 0
+            if counts.tasks_finished:
                 touched.add(pool_id)
         if not (finished or acted or claim or touched):
             return hosts_moved

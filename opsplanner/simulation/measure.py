@@ -83,7 +83,7 @@ def _capacity(config: SimulationConfig, log: RunLog, pools: dict[int, dict[str, 
     the step function is exact."""
     for pool_id, pool in pools.items():
         series = [(s.at, *s.counts[pool_id]) for s in log.samples if pool_id in s.counts]
-        compact = []
+        compact: list[list[Any]] = []  # [hour, in service, planned out, failed out]
         for at, in_service, planned, failure in series:
             if not compact or compact[-1][1:] != [in_service, planned, failure]:
                 compact.append([hours(config, at), in_service, planned, failure])
@@ -106,11 +106,11 @@ def _drains_and_interruptions(log: RunLog, pools: dict[int, dict[str, Any]]) -> 
     job_of: dict[int, int] = {}
     pool_of_job: dict[int, int] = {}
     host_pool = {h: pool.id for pool in log.world.pools for h in pool.host_ids}
-    for job, hosts in log.world.jobs.items():
+    for job_id, hosts in log.world.jobs.items():
         for host in hosts:
-            job_of[host] = job
-        pool_of_job[job] = host_pool[hosts[0]]
-        pools[pool_of_job[job]]["jobs"] += 1
+            job_of[host] = job_id
+        pool_of_job[job_id] = host_pool[hosts[0]]
+        pools[pool_of_job[job_id]]["jobs"] += 1
     out: dict[int, int] = defaultdict(int)
     transitions = (
         Event.objects.filter(kind="host.state_changed")
@@ -119,6 +119,8 @@ def _drains_and_interruptions(log: RunLog, pools: dict[int, dict[str, Any]]) -> 
         .values_list("host_id", "data")
     )
     for host_id, data in transitions.iterator(chunk_size=10_000):
+        if host_id is None:  # host events always name their host
+            continue
         job = job_of.get(host_id)
         pool = pools.get(host_pool.get(host_id, -1))
         if pool is None:
@@ -144,10 +146,12 @@ def _trains(config: SimulationConfig, pools: dict[int, dict[str, Any]]) -> None:
             pools[pool_id]["cycles"].append(
                 [number, hours(config, started), hours(config, ended), hours(config, deadline)]
             )
-    for pool_id, domain, started, ended, state, skips in (
+    for pool_id, domain, visit_started, visit_ended, state, skips in (
         Visit.objects.filter(started_at__isnull=False)
         .values_list("train__pool_id", "domain__name", "started_at", "ended_at", "state", "skips")
         .order_by("train__pool_id", "started_at", "id")
     ):
         if pool_id in pools:
-            pools[pool_id]["visits"].append([domain, hours(config, started), hours(config, ended), state, skips])
+            pools[pool_id]["visits"].append(
+                [domain, hours(config, visit_started), hours(config, visit_ended), state, skips]
+            )

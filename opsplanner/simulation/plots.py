@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-SVG_NS = "http://www.w3.org/2000/svg"
+from opsplanner.gantt.timeline import SVG_NS, Scale, Tick, bar_rect, nice_ticks
+from opsplanner.gantt.timeline import coordinate as _num  # short: SVG text is full of them
+from opsplanner.gantt.timeline import esc as _esc
+
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 STATE_COLOURS = {"done": "#2ca02c", "failed": "#d62728", "skipped": "#9e9e9e", "running": "#1f77b4"}
 OTHER_STATE_COLOUR = "#8c564b"
@@ -20,7 +23,6 @@ MARK_COLOUR = "#ffd400"
 MAX_POINTS = 1500  # a series longer than this is decimated, keeping each bucket's min and max
 CHAR_WIDTH = 6.5  # rough width of one character at the 11px label font, for layout only
 DASH = "6 4"
-_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(frozen=True)
@@ -45,18 +47,6 @@ class Bar:
     end: float
     state: str = "done"  # done | failed | skipped | running : picks the colour
     label: str = ""  # tooltip (<title>)
-
-
-def _esc(value: object) -> str:
-    """Text safe inside XML content and double-quoted attributes (characters XML cannot hold become U+FFFD)."""
-    text = _INVALID_XML.sub("\ufffd", str(value))
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
-def _num(value: float) -> str:
-    """A coordinate with at most two decimals and no '-0'."""
-    text = f"{value:.2f}".rstrip("0").rstrip(".")
-    return "0" if text in ("-0", "") else text
 
 
 def _usable(value: float) -> bool:
@@ -94,33 +84,6 @@ def _expand(lo: float, hi: float, *, upward_only: bool = False) -> tuple[float, 
         return lo, hi
     pad = abs(hi) * 0.1 or 1.0
     return (lo, hi + 2 * pad) if upward_only else (lo - pad, hi + pad)
-
-
-def _ticks(lo: float, hi: float, *, outward: bool) -> tuple[list[float], int]:
-    """4-8 'nice' ticks (1, 2 or 5 x 10^k apart) and the decimals to print them with.
-
-    Outward ticks cover [lo, hi] (the first at or below lo, the last at or above hi); inward ticks lie inside it.
-    """
-    base = 10.0 ** math.floor(math.log10((hi - lo) / 8))
-    best: tuple[float, float, int, int] | None = None
-    for step in (m * base * 10**k for k in range(3) for m in (1, 2, 5)):
-        if outward:
-            first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-        else:
-            first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
-        count = last - first + 1
-        penalty = (0 if 4 <= count <= 8 else 10 * min(abs(count - 4), abs(count - 8))) + abs(count - 6)
-        if best is None or penalty < best[0]:
-            best = (penalty, step, first, last)
-    assert best is not None
-    _, step, first, last = best
-    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
-    return [round(k * step, decimals) for k in range(first, last + 1)], decimals
-
-
-def _label(value: float, decimals: int) -> str:
-    text = f"{value:.{decimals}f}"
-    return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def _text(x: float, y: float, text: str, *, cls: str, anchor: str = "start", extra: str = "") -> str:
@@ -183,19 +146,41 @@ def _path(points: list[tuple[float, float]], *, step: bool) -> str:
     return " ".join(commands)
 
 
-def _x_axis(ticks: list[float], decimals: int, px: Callable[[float], float], box: tuple[float, ...]) -> list[str]:
+def _x_axis(ticks: list[Tick], px: Scale, box: tuple[float, ...]) -> list[str]:
     """Vertical grid lines with labels below the plot, then the two axis lines; box is (left, top, right, bottom)."""
     left, top, right, bottom = box
     parts = []
-    for value in ticks:
-        x = _num(px(value))
+    for tick in ticks:
+        x = _num(px(tick.at))
         grid = f'<line x1="{x}" x2="{x}" y1="{_num(top)}" y2="{_num(bottom)}" stroke="#ddd"/>'
-        text = _text(px(value), bottom + 15, _label(value, decimals), cls="tick-label", anchor="middle")
+        text = _text(px(tick.at), bottom + 15, tick.label, cls="tick-label", anchor="middle")
         parts.append(f'<g class="x-tick">{grid}{text}</g>')
     parts.append(
         f'<path class="axis" d="M{_num(left)} {_num(top)} V{_num(bottom)} H{_num(right)}" fill="none" stroke="#444"/>'
     )
     return parts
+
+
+@dataclass(frozen=True)
+class _LinePlot:
+    """Where a line chart draws: its plot area and the two scales into it."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+    px: Scale
+    py: Scale
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+
+    @property
+    def right(self) -> float:
+        return self.left + self.width
+
+    @property
+    def bottom(self) -> float:
+        return self.top + self.height
 
 
 def line_chart(
@@ -234,80 +219,113 @@ def line_chart(
     if mark is not None:
         xs.append(float(mark[0]))
         ys.append(float(mark[1]))
+    plot = _line_plot(xs, ys, y_min=y_min, top=top, width=width, height=height)
+    body = [legend, '<g class="axes">', *_y_axis(plot), *_x_axis(plot.x_ticks, plot.px, _box(plot)), "</g>"]
+    body += _hlines(plot, hlines, first_colour=len(series))
+    body += _series_paths(plot, series, cleaned)
+    if mark is not None:
+        body.append(_mark(plot, mark, mark_label))
+    body.append(_text(plot.left + plot.width / 2, height - 8, x_label, cls="axis-label x-label", anchor="middle"))
+    mid = top + plot.height / 2
+    rotate = f' transform="rotate(-90 14 {_num(mid)})"'
+    body.append(_text(14, mid, y_label, cls="axis-label y-label", anchor="middle", extra=rotate))
+    return _document(title, width, height, body)
+
+
+def _box(plot: _LinePlot) -> tuple[float, float, float, float]:
+    return (plot.left, plot.top, plot.right, plot.bottom)
+
+
+def _line_plot(
+    xs: list[float], ys: list[float], *, y_min: float | None, top: float, width: int, height: int
+) -> _LinePlot:
+    """The ranges (widened to whole ticks on y), the ticks, and the plot area left of the y labels."""
     x_lo, x_hi = _expand(min(xs), max(xs))
     y_lo = min(ys) if y_min is None else min(float(y_min), *ys)
     y_lo, y_hi = _expand(y_lo, max(ys), upward_only=y_min is not None)
-    x_ticks, x_decimals = _ticks(x_lo, x_hi, outward=False)
-    y_ticks, y_decimals = _ticks(y_lo, y_hi, outward=True)
+    x_ticks = nice_ticks(x_lo, x_hi, outward=False)
+    y_ticks = nice_ticks(y_lo, y_hi, outward=True)
     if y_min is None:
-        y_lo = y_ticks[0]
+        y_lo = y_ticks[0].at
     else:
-        y_ticks = [t for t in y_ticks if t >= y_lo - 1e-9 * max(1.0, abs(y_lo))]
-    y_hi = y_ticks[-1]
-    y_texts = [_label(t, y_decimals) for t in y_ticks]
-
-    left = 30 + max(len(t) for t in y_texts) * CHAR_WIDTH + 8
+        y_ticks = [t for t in y_ticks if t.at >= y_lo - 1e-9 * max(1.0, abs(y_lo))]
+    y_hi = y_ticks[-1].at
+    left = 30 + max(len(t.label) for t in y_ticks) * CHAR_WIDTH + 8
     plot_w, plot_h = width - left - 20, height - top - 46
-    bottom = top + plot_h
+    return _LinePlot(
+        left=left,
+        top=top,
+        width=plot_w,
+        height=plot_h,
+        px=Scale(x_lo, x_hi, left, plot_w),
+        py=Scale(y_hi, y_lo, top, plot_h),  # upward: y_hi at the top
+        x_ticks=x_ticks,
+        y_ticks=y_ticks,
+    )
 
-    def px(x: float) -> float:
-        return left + (x - x_lo) / (x_hi - x_lo) * plot_w
 
-    def py(y: float) -> float:
-        return top + (y_hi - y) / (y_hi - y_lo) * plot_h
+def _y_axis(plot: _LinePlot) -> list[str]:
+    parts = []
+    for tick in plot.y_ticks:
+        y = _num(plot.py(tick.at))
+        grid = f'<line x1="{_num(plot.left)}" x2="{_num(plot.right)}" y1="{y}" y2="{y}" stroke="#ddd"/>'
+        label = _text(plot.left - 6, plot.py(tick.at) + 4, tick.label, cls="tick-label", anchor="end")
+        parts.append(f'<g class="y-tick">{grid}{label}</g>')
+    return parts
 
-    body = [legend, '<g class="axes">']
-    for value, text in zip(y_ticks, y_texts, strict=True):
-        y = _num(py(value))
-        grid = f'<line x1="{_num(left)}" x2="{_num(left + plot_w)}" y1="{y}" y2="{y}" stroke="#ddd"/>'
-        label = _text(left - 6, py(value) + 4, text, cls="tick-label", anchor="end")
-        body.append(f'<g class="y-tick">{grid}{label}</g>')
-    body += [*_x_axis(x_ticks, x_decimals, px, (left, top, left + plot_w, bottom)), "</g>"]
+
+def _hlines(plot: _LinePlot, hlines: Sequence[HLine], *, first_colour: int) -> list[str]:
+    """Horizontal reference lines, coloured after the series (hlines that cannot be drawn keep their colour)."""
+    parts = []
     for i, h in enumerate(hlines):
         if _usable(float(h.y)):
-            colour, y = PALETTE[(len(series) + i) % len(PALETTE)], _num(py(float(h.y)))
+            colour, y = PALETTE[(first_colour + i) % len(PALETTE)], _num(plot.py(float(h.y)))
             dash = f' stroke-dasharray="{DASH}"' if h.dashed else ""
-            body.append(
-                f'<line class="hline hline-{i}" x1="{_num(left)}" x2="{_num(left + plot_w)}" y1="{y}" y2="{y}" '
+            parts.append(
+                f'<line class="hline hline-{i}" x1="{_num(plot.left)}" x2="{_num(plot.right)}" y1="{y}" y2="{y}" '
                 f'stroke="{colour}" stroke-width="1.5"{dash}><title>{_esc(f"{h.name}: {h.y:g}")}</title></line>'
             )
+    return parts
+
+
+def _series_paths(plot: _LinePlot, series: Sequence[Series], cleaned: list[list[tuple[float, float]]]) -> list[str]:
+    parts = []
     for i, (s, points) in enumerate(zip(series, cleaned, strict=True)):
         if not points:
             continue
         colour = PALETTE[i % len(PALETTE)]
         dash = f' stroke-dasharray="{DASH}"' if s.dashed else ""
-        scaled = [(px(x), py(y)) for x, y in points]
-        body.append(
+        scaled = [(plot.px(x), plot.py(y)) for x, y in points]
+        parts.append(
             f'<path class="series series-{i}" d="{_path(scaled, step=s.step)}" fill="none" stroke="{colour}" '
             f'stroke-width="1.5" stroke-linejoin="round"{dash}><title>{_esc(s.name)}</title></path>'
         )
         if len(points) == 1:
-            body.append(
+            parts.append(
                 f'<circle class="series-point series-{i}" cx="{_num(scaled[0][0])}" cy="{_num(scaled[0][1])}" '
                 f'r="3" fill="{colour}"/>'
             )
-    if mark is not None:
-        cx, cy = px(float(mark[0])), py(float(mark[1]))
-        right_half = cx > left + plot_w / 2
-        label_y = cy - 9 if cy - 9 > top + 10 else cy + 18
-        tooltip = _esc(mark_label or f"({mark[0]:g}, {mark[1]:g})")
-        text = _text(
-            cx - 9 if right_half else cx + 9,
-            label_y,
-            mark_label,
-            cls="mark-label",
-            anchor="end" if right_half else "start",
-            extra=' font-weight="bold" stroke="#fff" stroke-width="3" paint-order="stroke"',
-        )
-        body.append(
-            f'<g class="mark"><circle cx="{_num(cx)}" cy="{_num(cy)}" r="6" fill="{MARK_COLOUR}" stroke="#222" '
-            f'stroke-width="1.5"><title>{tooltip}</title></circle>{text}</g>'
-        )
-    body.append(_text(left + plot_w / 2, height - 8, x_label, cls="axis-label x-label", anchor="middle"))
-    mid = top + plot_h / 2
-    rotate = f' transform="rotate(-90 14 {_num(mid)})"'
-    body.append(_text(14, mid, y_label, cls="axis-label y-label", anchor="middle", extra=rotate))
-    return _document(title, width, height, body)
+    return parts
+
+
+def _mark(plot: _LinePlot, mark: tuple[float, float], mark_label: str) -> str:
+    """The one marked point, its label on the side with room."""
+    cx, cy = plot.px(float(mark[0])), plot.py(float(mark[1]))
+    right_half = cx > plot.left + plot.width / 2
+    label_y = cy - 9 if cy - 9 > plot.top + 10 else cy + 18
+    tooltip = _esc(mark_label or f"({mark[0]:g}, {mark[1]:g})")
+    text = _text(
+        cx - 9 if right_half else cx + 9,
+        label_y,
+        mark_label,
+        cls="mark-label",
+        anchor="end" if right_half else "start",
+        extra=' font-weight="bold" stroke="#fff" stroke-width="3" paint-order="stroke"',
+    )
+    return (
+        f'<g class="mark"><circle cx="{_num(cx)}" cy="{_num(cy)}" r="6" fill="{MARK_COLOUR}" stroke="#222" '
+        f'stroke-width="1.5"><title>{tooltip}</title></circle>{text}</g>'
+    )
 
 
 def _state_class(state: str) -> str:
@@ -339,17 +357,8 @@ def gantt_chart(
         start, end = 0.0, 1.0
     start, end = _expand(min(start, end), max(start, end))
     index = {row: i for i, row in enumerate(shown)}
-    drawn: list[tuple[Bar, float, float]] = []
-    for bar in bars:
-        lo, hi = sorted((float(bar.start), float(bar.end)))
-        overlaps = (lo < end and hi > start) or (lo == hi and start <= lo <= end)  # NaN compares false: dropped
-        if bar.row in index and overlaps:
-            drawn.append((bar, max(lo, start), min(hi, end)))
-
-    states = list(dict.fromkeys(bar.state for bar, _, _ in drawn))
-    states.sort(key=lambda s: (list(STATE_COLOURS).index(s) if s in STATE_COLOURS else len(STATE_COLOURS), s))
-    items = [(state, STATE_COLOURS.get(state, OTHER_STATE_COLOUR), False, "box") for state in states]
-    legend, legend_height = _legend(items, y0=38, width=width)
+    drawn = _clipped_bars(bars, index, start, end)
+    legend, legend_height = _legend(_state_legend(drawn), y0=38, width=width)
     top = 38 + legend_height + 4
     if not shown:
         return _no_data(title, width, top + 100 + (16 if note else 0), legend, top, note)
@@ -359,35 +368,16 @@ def gantt_chart(
     plot_w, plot_h = width - left - 20, len(shown) * row_height
     bottom = top + plot_h
     height = bottom + 40 + (16 if note else 0)
-
-    def px(x: float) -> float:
-        return left + (x - start) / (end - start) * plot_w
-
-    body = [legend, '<g class="rows">']
-    for i, (row, label) in enumerate(zip(shown, labels, strict=True)):
-        y = top + i * row_height
-        if i % 2:
-            body.append(
-                f'<rect x="{_num(left)}" y="{_num(y)}" width="{_num(plot_w)}" height="{row_height}" fill="#f4f4f4"/>'
-            )
-        tooltip = f"<title>{_esc(row)}</title>" if label != row else ""
-        body.append(
-            f'<text class="row-label" x="{_num(left - 6)}" y="{_num(y + row_height / 2 + 4)}" '
-            f'text-anchor="end">{tooltip}{_esc(label)}</text>'
-        )
-    x_ticks, decimals = _ticks(start, end, outward=False)
-    body += ['</g><g class="axes">', *_x_axis(x_ticks, decimals, px, (left, top, left + plot_w, bottom))]
+    px = Scale(start, end, left, plot_w)
+    body = [
+        legend,
+        '<g class="rows">',
+        *_gantt_rows(shown, labels, left=left, top=top, width=plot_w, row_height=row_height),
+    ]
+    box = (left, top, left + plot_w, bottom)
+    body += ['</g><g class="axes">', *_x_axis(nice_ticks(start, end, outward=False), px, box)]
     body.append('</g><g class="bars">')
-    bar_h = max(2, row_height - 4)
-    for bar, lo, hi in drawn:
-        x0 = px(lo)
-        tooltip = bar.label or f"{bar.row} {bar.state} {bar.start:g}\u2013{bar.end:g}"
-        body.append(
-            f'<rect class="bar bar-{_state_class(bar.state)}" x="{_num(x0)}" '
-            f'y="{_num(top + index[bar.row] * row_height + (row_height - bar_h) / 2)}" '
-            f'width="{_num(max(1.0, px(hi) - x0))}" height="{bar_h}" '
-            f'fill="{STATE_COLOURS.get(bar.state, OTHER_STATE_COLOUR)}"><title>{_esc(tooltip)}</title></rect>'
-        )
+    body += _gantt_bars(drawn, px, index, top=top, row_height=row_height)
     body.append("</g>")
     if not drawn:
         body.append(_text(left + plot_w / 2, top + plot_h / 2 + 4, "no data", cls="no-data", anchor="middle"))
@@ -395,3 +385,61 @@ def gantt_chart(
     if note:
         body.append(_text(left, height - 6, note, cls="note", extra=' fill="#666"'))
     return _document(title, width, height, body)
+
+
+def _clipped_bars(
+    bars: Sequence[Bar], index: dict[str, int], start: float, end: float
+) -> list[tuple[Bar, float, float]]:
+    """The bars of shown rows that overlap [start, end], with their ends clipped to it."""
+    drawn: list[tuple[Bar, float, float]] = []
+    for bar in bars:
+        lo, hi = sorted((float(bar.start), float(bar.end)))
+        overlaps = (lo < end and hi > start) or (lo == hi and start <= lo <= end)  # NaN compares false: dropped
+        if bar.row in index and overlaps:
+            drawn.append((bar, max(lo, start), min(hi, end)))
+    return drawn
+
+
+def _state_legend(drawn: list[tuple[Bar, float, float]]) -> list[tuple[str, str, bool, str]]:
+    """The states drawn, known ones first in STATE_COLOURS order, then the others by name."""
+    states = list(dict.fromkeys(bar.state for bar, _, _ in drawn))
+    states.sort(key=lambda s: (list(STATE_COLOURS).index(s) if s in STATE_COLOURS else len(STATE_COLOURS), s))
+    return [(state, STATE_COLOURS.get(state, OTHER_STATE_COLOUR), False, "box") for state in states]
+
+
+def _gantt_rows(
+    shown: list[str], labels: list[str], *, left: float, top: float, width: float, row_height: int
+) -> list[str]:
+    """Every other row shaded, and each row's label (the full name as tooltip when shortened)."""
+    parts = []
+    for i, (row, label) in enumerate(zip(shown, labels, strict=True)):
+        y = top + i * row_height
+        if i % 2:
+            parts.append(
+                f'<rect x="{_num(left)}" y="{_num(y)}" width="{_num(width)}" height="{row_height}" fill="#f4f4f4"/>'
+            )
+        tooltip = f"<title>{_esc(row)}</title>" if label != row else ""
+        parts.append(
+            f'<text class="row-label" x="{_num(left - 6)}" y="{_num(y + row_height / 2 + 4)}" '
+            f'text-anchor="end">{tooltip}{_esc(label)}</text>'
+        )
+    return parts
+
+
+def _gantt_bars(
+    drawn: list[tuple[Bar, float, float]], px: Scale, index: dict[str, int], *, top: float, row_height: int
+) -> list[str]:
+    bar_h = max(2, row_height - 4)
+    return [
+        bar_rect(
+            css=f"bar bar-{_state_class(bar.state)}",
+            x1=px(lo),
+            x2=px(hi),
+            y=top + index[bar.row] * row_height + (row_height - bar_h) / 2,
+            height=bar_h,
+            title=bar.label or f"{bar.row} {bar.state} {bar.start:g}\u2013{bar.end:g}",
+            min_width=1.0,
+            attrs=f' fill="{STATE_COLOURS.get(bar.state, OTHER_STATE_COLOUR)}"',
+        )
+        for bar, lo, hi in drawn
+    ]

@@ -67,7 +67,8 @@ def fleet_in_service(pools: list[dict[str, Any]], end: float) -> list[tuple[floa
     """The sum of the pools' in-service step functions, as (hour, hosts) points from 0 to `end`."""
     if not pools:
         return []
-    level, changes = 0, defaultdict(int)
+    level = 0
+    changes: defaultdict[float, int] = defaultdict(int)
     for pool in pools:
         samples = pool.get("samples") or []
         previous = pool.get("hosts", 0) if samples else pool.get("min_in_service", pool.get("hosts", 0))

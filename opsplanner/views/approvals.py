@@ -32,7 +32,7 @@ PENDING_SHOWN = 100
 RECENTLY_DECIDED = 20
 DECISIONS = {"approve": True, "reject": False}
 # What approving does, per kind, so the decider knows what they are agreeing to.
-EFFECTS = {
+EFFECTS: dict[str, str] = {
     ApprovalKind.EMERGENCY_TRAIN: "starts the emergency train: it ignores opt-out windows and may take hosts "
     "out of service beyond the planned buffer, down to the pool's hard floor",
     ApprovalKind.REONBOARD_UPGRADE: "puts the offboarded upgrade back in its phase and un-withdraws its version",

@@ -13,7 +13,7 @@ from opsplanner import clock
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import ApprovalKind, ApprovalState
 from opsplanner.services.approvals import approval_request, user_is_operator
-from trains.models import Train, TrainState, TrainStop, UpgradeState
+from trains.models import Train, TrainState, TrainStop, Upgrade, UpgradeState
 from trains.services.trains import _domains_in_order, train_set_state
 from trains.services.upgrades import upgrade_create, upgrade_scope_hosts
 
@@ -107,15 +107,16 @@ def on_emergency_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
             kind="train.approved",
         )
         return
-    if train_set_state(
+    cancelled = train_set_state(
         train=train,
         expected={TrainState.AWAITING_APPROVAL},
         new=TrainState.CANCELLED,
         reason=f"approval #{approval.pk} {outcome}",
         actor=actor,
         kind="train.cancelled",
-    ):
-        type(train.upgrade).objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE).update(
+    )
+    if cancelled and train.upgrade_id is not None:  # always set: an emergency train is made with its upgrade
+        Upgrade.objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE).update(
             state=UpgradeState.CANCELLED, state_reason=f"emergency train {train.name} was {outcome}"
         )
     if outcome not in (ApprovalState.REJECTED, ApprovalState.EXPIRED):

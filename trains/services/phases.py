@@ -107,7 +107,7 @@ def _record_picks(upgrade: Upgrade, phase: UpgradePhase, picked: list[int], succ
 
 
 def _covers(phase: UpgradePhase) -> str:
-    return f"domain {phase.domain.name}" if phase.domain_id else f"{phase.percent}% of the scope"
+    return f"domain {phase.domain.name}" if phase.domain is not None else f"{phase.percent}% of the scope"
 
 
 def _hold_reason(upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: int, pending: int, outside: int) -> str:

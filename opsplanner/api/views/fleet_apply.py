@@ -26,7 +26,8 @@ class YAMLTextParser(BaseParser):
 
     media_type = "application/yaml"
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> str:
+    # DRF takes whatever a parser returns as request.data; the stubs only allow mappings.
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> str:  # type: ignore[override]
         return stream.read().decode("utf-8", errors="replace")
 
 
@@ -38,7 +39,11 @@ class FleetChangeSerializer(serializers.Serializer):
     kind = serializers.CharField()
     action = serializers.ChoiceField(choices=["create", "update", "remove"])
     name = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(), help_text="field: [before, after]")
+    # A declared field named "fields": DRF's metaclass moves it out of the class attributes, so the
+    # Serializer.fields property the stubs see is not shadowed at run time.
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(), help_text="field: [before, after]"
+    )
     note = serializers.CharField(allow_blank=True)
 
 

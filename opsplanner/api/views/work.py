@@ -48,12 +48,15 @@ class OperationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         for operation_id, state, n in rows:
             counts.setdefault(operation_id, {})[state] = n
         for operation in operations:
-            operation.task_counts = counts.get(operation.pk, {})
+            # An attribute of this response only: OperationSerializer reads it with getattr.
+            setattr(operation, "task_counts", counts.get(operation.pk, {}))  # noqa: B010
         return operations
 
     def list(self, request: Any) -> Response:
         queryset = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(queryset)
+        if page is None:  # not paginated (never: default_limit is set), as in DRF's ListModelMixin
+            return Response(self.get_serializer(self._with_counts(list(queryset)), many=True).data)
         return self.get_paginated_response(self.get_serializer(self._with_counts(list(page)), many=True).data)
 
     def retrieve(self, request: Any, pk: str | None = None) -> Response:

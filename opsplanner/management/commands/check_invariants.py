@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
@@ -36,7 +38,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--pool", default=None, help="check one pool only")
 
-    def handle(self, *args: object, pool: str | None, **options: object) -> None:
+    def handle(self, *args: object, pool: str | None, **options: Any) -> None:
         target = None
         if pool is not None:
             target = Pool.objects.filter(name=pool).first()

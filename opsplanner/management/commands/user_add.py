@@ -57,7 +57,7 @@ class Command(BaseCommand):
             )
         except ValidationError as error:
             raise refused(error) from None
-        owned = sorted(user.owned_services.values_list("name", flat=True))  # type: ignore[attr-defined]
+        owned = sorted(user.owned_services.values_list("name", flat=True))
         line = f"created user {user.username} with role {options['role']}"
         if owned:
             line += f", owner of {', '.join(owned)}"

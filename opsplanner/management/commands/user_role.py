@@ -38,7 +38,7 @@ class Command(BaseCommand):
             )
         except ValidationError as error:
             raise refused(error) from None
-        owned = sorted(user.owned_services.values_list("name", flat=True))  # type: ignore[attr-defined]
+        owned = sorted(user.owned_services.values_list("name", flat=True))
         line = f"{user.username} now has role {options['role']}"
         if options["role"] == Role.SERVICE_OWNER:
             line += f", owner of {', '.join(owned)}" if owned else ", owning no service yet"

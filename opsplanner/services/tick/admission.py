@@ -14,7 +14,7 @@ import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Concat, Left
@@ -209,19 +209,81 @@ HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 2
 
 
+@dataclass
+class _QueueHead:
+    """The tasks admission examines this tick."""
+
+    candidates: dict[int, TaskRef]  # by id: the head, tasks that need no drain, and whole gangs
+    order: list[TaskRef]  # the head and the in-place tasks in (priority, age) order
+    held: set[int]  # open operations on hold, read only when the head is full
+    full: bool  # the head reached the horizon: tasks may wait behind it
+
+
+@dataclass
+class _Obstacles:
+    """What may keep a candidate from its host, read once for all candidates."""
+
+    host_states: dict[int, str]
+    holders: dict[int, int]  # host -> the operation holding its lease
+    optouts: dict[int, str]
+    incompatible: dict[int, str]  # task -> why its target is incompatible
+    repairs_broken: set[int]  # repairs of hosts that broke in service: no drain, no buffer
+    claimed: dict[int, TaskRef] = field(default_factory=dict)  # host -> the task first in line for it this tick
+
+    def of(self, task: TaskRef) -> tuple[str, str] | None:
+        """Why the task cannot have its host now, or None."""
+        first = self.claimed.get(task.host_id)
+        if first is not None and first.id != task.id:
+            return WaitingCode.QUEUED, f"queued behind operation #{first.operation_id} on this host"
+        if task.host_id in self.holders:
+            return WaitingCode.HOST_HELD, f"host held by operation #{self.holders[task.host_id]}"
+        state = self.host_states.get(task.host_id)
+        if state != HostState.IN_SERVICE and task.id not in self.repairs_broken:
+            return WaitingCode.HOST_STATE, f"host is {state}"
+        if task.host_id in self.optouts and task.source != OperationSource.EMERGENCY:
+            return WaitingCode.OPTOUT, self.optouts[task.host_id]
+        if task.id in self.incompatible:
+            return WaitingCode.INCOMPATIBLE, self.incompatible[task.id]
+        return None
+
+
+@dataclass
+class _Decisions:
+    admitted: list[TaskRef] = field(default_factory=list)
+    waiting: dict[int, tuple[str, str]] = field(default_factory=dict)  # task -> (code, reason)
+
+
 def admit(ctx: TickContext, *, budget: int) -> None:
     """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
     least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back are not examined
     one by one: they get a reason true of all of them (see _write_waiting_beyond)."""
     if not _ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
         return
-    pending = _pending(ctx.pool.pk)
     headroom = pool_headroom(ctx)
     horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
+    head = _examine_head(ctx, horizon=horizon)
+    if not head.candidates:
+        return
+    obstacles = _read_obstacles(ctx, head.candidates)
+    decisions = _judge_queue(head, obstacles, headroom)
+    current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
+    _write_waiting(ctx, decisions.waiting, current)
+    if head.full:
+        _write_waiting_beyond(ctx, examined=frozenset(head.candidates), held=head.held)
+    broken = obstacles.repairs_broken
+    _admit(ctx, [t for t in decisions.admitted if t.id not in broken])
+    _admit_broken_repairs(ctx, [t for t in decisions.admitted if t.id in broken])
+
+
+def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
+    """The first `horizon` pending tasks; when more wait behind them, also every task that needs
+    no drain (work that takes no capacity is never stuck behind work that does); and every gang
+    met, whole (a gang is judged whole, even the part beyond the budget)."""
+    pending = _pending(ctx.pool.pk)
     candidates = task_refs_from_rows(_queue_head(horizon).rows(pool_id=ctx.pool.pk))
-    held: set[int] = set()  # open operations on hold, read only when tasks may wait beyond the horizon
-    head_full = len(candidates) == horizon
-    if head_full:  # work that takes no capacity is never stuck behind work that does
+    held: set[int] = set()
+    full = len(candidates) == horizon
+    if full:
         special = _IN_PLACE_OR_HELD_OPERATIONS.rows()
         in_place = [operation_id for operation_id, needs_drain, _ in special if not needs_drain]
         held = {operation_id for operation_id, _, hold in special if hold}
@@ -229,12 +291,16 @@ def admit(ctx: TickContext, *, budget: int) -> None:
             for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
                 candidates.setdefault(task.id, task)
     if not candidates:
-        return
+        return _QueueHead(candidates={}, order=[], held=held, full=full)
     order = sorted(candidates.values(), key=lambda t: (-t.priority, t.queued_at, t.id))
     gang_ops = {t.operation_id for t in order if t.gang}
-    if gang_ops:  # a gang is judged whole, even the part beyond the budget
+    if gang_ops:
         for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
+    return _QueueHead(candidates=candidates, order=order, held=held, full=full)
+
+
+def _read_obstacles(ctx: TickContext, candidates: dict[int, TaskRef]) -> _Obstacles:
     host_ids = {t.host_id for t in candidates.values()}
     host_states: dict[int, str] = {}
     holders: dict[int, int] = {}
@@ -242,84 +308,74 @@ def admit(ctx: TickContext, *, budget: int) -> None:
         host_states[host_id] = state
         if operation_id is not None:
             holders[host_id] = operation_id
-    optouts = optouts_by_host(now=ctx.now, host_ids=host_ids)
-    incompatible = incompatible_targets(candidates.values())
-    current = {task_id: task.waiting_reason for task_id, task in candidates.items()}
-
     # A repair of a host that broke in service takes it as it is: failed, out of the failure buffer.
     repairs_broken = {
         t.id
         for t in candidates.values()
         if t.source == OperationSource.REPAIR and host_states.get(t.host_id) == HostState.FAILED
     }
-    claimed: dict[int, TaskRef] = {}  # host -> the task first in line for it this tick
-    admitted: list[TaskRef] = []
-    waiting: dict[int, tuple[str, str]] = {}
-    gangs = _group_gangs(candidates.values())
+    return _Obstacles(
+        host_states=host_states,
+        holders=holders,
+        optouts=optouts_by_host(now=ctx.now, host_ids=host_ids),
+        incompatible=incompatible_targets(candidates.values()),
+        repairs_broken=repairs_broken,
+    )
+
+
+def _judge_queue(head: _QueueHead, obstacles: _Obstacles, headroom: Headroom) -> _Decisions:
+    """Each task in order is admitted (taking headroom if it drains) or told why it waits."""
+    decisions = _Decisions()
+    gangs = _group_gangs(head.candidates.values())
     judged_gangs: set[int] = set()
-
-    def obstacle(task: TaskRef) -> tuple[str, str] | None:
-        first = claimed.get(task.host_id)
-        if first is not None and first.id != task.id:
-            return WaitingCode.QUEUED, f"queued behind operation #{first.operation_id} on this host"
-        if task.host_id in holders:
-            return WaitingCode.HOST_HELD, f"host held by operation #{holders[task.host_id]}"
-        state = host_states.get(task.host_id)
-        if state != HostState.IN_SERVICE and task.id not in repairs_broken:
-            return WaitingCode.HOST_STATE, f"host is {state}"
-        if task.host_id in optouts and task.source != OperationSource.EMERGENCY:
-            return WaitingCode.OPTOUT, optouts[task.host_id]
-        if task.id in incompatible:
-            return WaitingCode.INCOMPATIBLE, incompatible[task.id]
-        return None
-
-    for task in order:
+    for task in head.order:
         if task.hold_reason:  # a held operation claims no host: the work behind it goes on
-            waiting[task.id] = (WaitingCode.HELD, f"held: {task.hold_reason}")
-            continue
-        if task.gang:
-            if task.operation_id in judged_gangs:
-                continue
-            judged_gangs.add(task.operation_id)
-            members = gangs[task.operation_id]
-            for member in members:
-                claimed.setdefault(member.host_id, member)
-            blocked = [(m, obstacle(m)) for m in members]
-            blocked = [(m, why) for m, why in blocked if why is not None]
-            need = sum(1 for m in members if m.needs_drain)
-            if blocked:
-                member, (_, why) = blocked[0]
-                reason = f"gang of {len(members)} hosts waits: {why} (host {member.host_id})"
-            elif need > headroom.remaining(emergency=task.override_buffers):
-                room = max(headroom.remaining(emergency=task.override_buffers), 0)
-                reason = f"gang needs {need} hosts at once; {room} may go out now"
-            else:
-                for member in members:
-                    if member.needs_drain:
-                        headroom.take()
-                admitted.extend(members)
-                continue
-            for member in members:
-                waiting[member.id] = (WaitingCode.GANG, reason[:300])
-            continue
+            decisions.waiting[task.id] = (WaitingCode.HELD, f"held: {task.hold_reason}")
+        elif task.gang:
+            if task.operation_id not in judged_gangs:
+                judged_gangs.add(task.operation_id)
+                _judge_gang(gangs[task.operation_id], task.override_buffers, obstacles, headroom, decisions)
+        else:
+            _judge_task(task, obstacles, headroom, decisions)
+    return decisions
 
-        claimed.setdefault(task.host_id, task)
-        why = obstacle(task)
-        drains = task.needs_drain and task.id not in repairs_broken
-        if why is None and drains and headroom.remaining(emergency=task.override_buffers) <= 0:
-            why = headroom.refusal(emergency=task.override_buffers)
-        if why is not None:
-            waiting[task.id] = why
-            continue
-        if drains:
-            headroom.take()
-        admitted.append(task)
 
-    _write_waiting(ctx, waiting, current)
-    if head_full:
-        _write_waiting_beyond(ctx, examined=frozenset(candidates), held=held)
-    _admit(ctx, [t for t in admitted if t.id not in repairs_broken])
-    _admit_broken_repairs(ctx, [t for t in admitted if t.id in repairs_broken])
+def _judge_gang(
+    members: list[TaskRef], emergency: bool, obstacles: _Obstacles, headroom: Headroom, decisions: _Decisions
+) -> None:
+    """A gang is admitted whole or not at all; every member waits for the first obstacle met."""
+    for member in members:
+        obstacles.claimed.setdefault(member.host_id, member)
+    blocked = [(member, obstacle) for member in members if (obstacle := obstacles.of(member)) is not None]
+    need = sum(1 for m in members if m.needs_drain)
+    if blocked:
+        first, (_, why) = blocked[0]
+        reason = f"gang of {len(members)} hosts waits: {why} (host {first.host_id})"
+    elif need > headroom.remaining(emergency=emergency):
+        room = max(headroom.remaining(emergency=emergency), 0)
+        reason = f"gang needs {need} hosts at once; {room} may go out now"
+    else:
+        for member in members:
+            if member.needs_drain:
+                headroom.take()
+        decisions.admitted.extend(members)
+        return
+    for member in members:
+        decisions.waiting[member.id] = (WaitingCode.GANG, reason[:300])
+
+
+def _judge_task(task: TaskRef, obstacles: _Obstacles, headroom: Headroom, decisions: _Decisions) -> None:
+    obstacles.claimed.setdefault(task.host_id, task)
+    why = obstacles.of(task)
+    drains = task.needs_drain and task.id not in obstacles.repairs_broken
+    if why is None and drains and headroom.remaining(emergency=task.override_buffers) <= 0:
+        why = headroom.refusal(emergency=task.override_buffers)
+    if why is not None:
+        decisions.waiting[task.id] = why
+        return
+    if drains:
+        headroom.take()
+    decisions.admitted.append(task)
 
 
 def _group_gangs(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:
@@ -338,8 +394,8 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
         _WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
-    ctx.counts["waiting"] += len(waiting)
-    ctx.counts["waiting_reasons_changed"] += sum(len(ids) for ids in groups.values())
+    ctx.counts.waiting += len(waiting)
+    ctx.counts.waiting_reasons_changed += sum(len(ids) for ids in groups.values())
 
 
 def _write_waiting_beyond(ctx: TickContext, *, examined: frozenset[int], held: set[int]) -> None:
@@ -356,7 +412,7 @@ def _write_waiting_beyond(ctx: TickContext, *, examined: frozenset[int], held: s
         changed += _HELD_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, held=ids)
     else:
         changed = _QUEUED_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason)
-    ctx.counts["waiting_reasons_changed"] += changed
+    ctx.counts.waiting_reasons_changed += changed
 
 
 def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
@@ -419,4 +475,4 @@ def _admit_broken_repairs(ctx: TickContext, tasks: list[TaskRef]) -> None:
         task.drain_key = task.id
     ctx.move_hosts([t.host_id for t in tasks], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started")
     ctx.add_execute_items(tasks)
-    ctx.counts["repairs_started"] += len(tasks)
+    ctx.counts.repairs_started += len(tasks)

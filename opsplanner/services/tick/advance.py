@@ -17,7 +17,7 @@ from fleet.models import ComponentVersion, HostState, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.bulk import insert_missing
-from opsplanner.events import events_copy_rows
+from opsplanner.events import EventRow, events_copy_rows
 from opsplanner.models import (
     OPEN_TASK_STATES,
     VERIFY_CLASSES,
@@ -126,8 +126,8 @@ def expire(ctx: TickContext) -> None:
         limit = int((deadline - created).total_seconds())
         expected = WorkState.READY if item_id in now_ready else state
         _fail_item(ctx, item_id, host_id, f"{kind} did not finish within its deadline of {limit} s", expected=expected)
-    ctx.counts["work_items_retaken"] += len(retaken)
-    ctx.counts["work_items_expired"] += len(give_up) + len(late)
+    ctx.counts.work_items_retaken += len(retaken)
+    ctx.counts.work_items_expired += len(give_up) + len(late)
 
 
 def _fail_item(ctx: TickContext, item_id: int, host_id: int, reason: str, *, expected: str) -> None:
@@ -348,7 +348,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers], ["drain_key"])
     ctx.grant_leases(takers, reason="handover")
     ctx.add_execute_items(takers)
-    ctx.counts["handovers"] += len(takers)
+    ctx.counts.handovers += len(takers)
 
     finishing = [task for task in applied if task.host_id not in successor]
     start_verification(ctx, finishing)
@@ -571,10 +571,13 @@ def operations_close_finished(*, ctx: TickContext | None = None) -> int:
             state=OperationState.COMPLETED, closed_at=now
         )
         stamp, pool_id = (ctx.stamp, ctx.pool.pk) if ctx is not None else (now, None)
-        rows = [(stamp, "operation.completed", None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}") for i in ids]
+        rows = [
+            EventRow(stamp, "operation.completed", None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}")
+            for i in ids
+        ]
         if ctx is None:
             events_copy_rows(rows)
         else:
             ctx.events.extend(rows)  # written with the tick's own, after its task events
-            ctx.counts["operations_completed"] += len(ids)
+            ctx.counts.operations_completed += len(ids)
     return len(ids)

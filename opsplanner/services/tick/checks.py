@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from fleet.models import ComponentVersion
 from fleet.selectors.compatibility import host_incompatibilities
+from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.tick.context import TaskRef
 
 
@@ -20,9 +21,10 @@ def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
     reasons: dict[int, str] = {}
     versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
     for version_id, group in by_target.items():
-        if versions[version_id].withdrawn_at is not None:
+        withdrawn = withdrawn_refusal(versions[version_id])
+        if withdrawn is not None:
             for task in group:
-                reasons[task.id] = f"{versions[version_id]} is withdrawn: {versions[version_id].withdrawn_reason}"
+                reasons[task.id] = withdrawn.message
             continue
         problems = host_incompatibilities([t.host_id for t in group], planned=[versions[version_id]])
         for task in group:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
+import operator
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ from django.db import connection, models
 from fleet.models import ComponentVersion, Host, InstalledVersion, Pool
 from fleet.models.hosts import HOST_TRANSITIONS
 from opsplanner.bulk import copy_rows
-from opsplanner.events import events_copy_rows
+from opsplanner.events import EventRow, events_copy_rows
 from opsplanner.models import TERMINAL_TASK_STATES, HostTask, Lease, Operation, WorkItem, WorkKind, WorkState
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 
@@ -52,6 +54,50 @@ class ConcurrentChange(RuntimeError):
 class IllegalTransition(RuntimeError):
     """A host move HOST_TRANSITIONS does not allow: a bug, not a race. The tick rolls back (with a
     `tick.rolled_back` event naming the move) rather than write it."""
+
+
+@dataclass
+class TickCounts:
+    """What one pool's tick did, counted by name; tasks and hosts by the state they entered."""
+
+    tasks: Counter[str] = field(default_factory=Counter)  # TaskState entered -> tasks
+    hosts: Counter[str] = field(default_factory=Counter)  # HostState entered -> hosts
+    leases_granted: int = 0
+    leases_released: int = 0
+    work_items_created: int = 0
+    work_items_retaken: int = 0
+    work_items_expired: int = 0
+    handovers: int = 0
+    repairs_started: int = 0
+    operations_completed: int = 0
+    waiting: int = 0  # examined tasks left waiting, with their reasons
+    waiting_reasons_changed: int = 0
+
+    @property
+    def tasks_finished(self) -> int:
+        return sum(n for state, n in self.tasks.items() if state in TERMINAL_TASK_STATES)
+
+    @property
+    def hosts_moved(self) -> int:
+        return sum(self.hosts.values())
+
+    def as_dict(self) -> dict[str, int]:
+        """Flat, for logs: every counter, then task_<state> and host_<state> for the states entered."""
+        flat = {
+            attribute.name: getattr(self, attribute.name)
+            for attribute in dataclasses.fields(self)
+            if attribute.name not in ("tasks", "hosts")
+        }
+        flat.update((f"task_{state}", n) for state, n in self.tasks.items())
+        flat.update((f"host_{state}", n) for state, n in self.hosts.items())
+        return flat
+
+    def __getitem__(self, name: str) -> int:
+        """A counter by its flat name (as logged): 0 for one that never counted."""
+        return self.as_dict().get(name, 0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
 
 
 @dataclass
@@ -93,25 +139,28 @@ class _SortableTime(models.Func):
         return self.as_sql(compiler, connection, template="(julianday(%(expressions)s) * 86400.0)", **extra)
 
 
+# TaskRef's fields read from the task's own row (the column names are the fields' names) ...
 TASK_FIELDS = ("id", "host_id", "operation_id", "state", "drain_key", "waiting_reason", "priority", "queued_at")
-OPERATION_FIELDS = (
-    "needs_drain",
-    "kind",
-    "executor",
-    "drainer",
-    "max_attempts",
-    "drain_timeout_s",
-    "estimated_duration_s",
-    "source",
-    "component_version_id",
-    "gang",
-    "hold_reason",
-    "override_buffers",
-)
+# ... and those read from its operation: {TaskRef field: Operation column}. TaskRef is built by
+# name from both (_pick_fields), so reordering any of the three cannot shift a value.
+OPERATION_FIELDS = {
+    "needs_drain": "needs_drain",
+    "kind": "kind",
+    "executor": "executor",
+    "drainer": "drainer",
+    "max_attempts": "max_attempts",
+    "drain_timeout_s": "drain_timeout_s",
+    "estimated_duration_s": "estimated_duration_s",
+    "source": "source",
+    "target_version_id": "component_version_id",
+    "gang": "gang",
+    "hold_reason": "hold_reason",
+    "override_buffers": "override_buffers",
+}
 
 
 def task_rows(queryset: models.QuerySet[HostTask]) -> models.QuerySet[HostTask]:
-    """The queryset as the rows task_refs_from_rows() takes."""
+    """The queryset as the rows task_refs_from_rows() takes: TASK_FIELDS, in that order."""
     return queryset.annotate(queued_at=_SortableTime("created_at")).values_list(*TASK_FIELDS)
 
 
@@ -120,8 +169,22 @@ def task_refs(queryset: models.QuerySet[HostTask]) -> dict[int, TaskRef]:
 
 
 _OPERATIONS = PreparedQuery(
-    lambda *, ids: Operation.objects.filter(pk__any=ids).values_list("id", *OPERATION_FIELDS), ids=IDS
+    lambda *, ids: Operation.objects.filter(pk__any=ids).values_list("id", *OPERATION_FIELDS.values()), ids=IDS
 )
+
+
+def _pick_fields() -> operator.itemgetter[tuple[Any, ...]]:
+    """Picks TaskRef's fields, by name, out of a task's row followed by its operation's: computed
+    once from the names (a tick builds thousands of TaskRefs; a dict per row would cost more)."""
+    columns = (*TASK_FIELDS, *OPERATION_FIELDS)
+    names = tuple(attribute.name for attribute in dataclasses.fields(TaskRef))
+    if sorted(columns) != sorted(names):
+        raise TypeError(f"TaskRef's fields {names} are not the columns read {columns}")
+    return operator.itemgetter(*(columns.index(name) for name in names))
+
+
+_TASKREF_FIELDS = _pick_fields()
+_OPERATION_ID = TASK_FIELDS.index("operation_id")
 
 
 def task_refs_from_rows(rows: list[tuple[Any, ...]]) -> dict[int, TaskRef]:
@@ -129,8 +192,9 @@ def task_refs_from_rows(rows: list[tuple[Any, ...]]) -> dict[int, TaskRef]:
     of operations: a join would send every operation column again with every task)."""
     if not rows:
         return {}
-    operations = {row[0]: row[1:] for row in _OPERATIONS.rows(ids={row[2] for row in rows})}
-    return {row[0]: TaskRef(*row[:5], *operations[row[2]], *row[5:]) for row in rows}
+    operations = {row[0]: row[1:] for row in _OPERATIONS.rows(ids={row[_OPERATION_ID] for row in rows})}
+    refs = (TaskRef(*_TASKREF_FIELDS(row + operations[row[_OPERATION_ID]])) for row in rows)
+    return {ref.id: ref for ref in refs}
 
 
 # The guarded transitions, compiled once per set of columns they write (see opsplanner.prepared).
@@ -199,10 +263,10 @@ def _transition_json(before: str, after: str) -> str:
 class TickContext:
     pool: Pool
     now: dt.datetime
-    # Event rows in the order of EVENT_COLUMNS (data as JSON text), written with COPY by flush().
-    events: list[tuple[Any, ...]] = field(default_factory=list)
+    # Written with COPY by flush().
+    events: list[EventRow] = field(default_factory=list)
     new_items: list[tuple[Any, ...]] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
+    counts: TickCounts = field(default_factory=TickCounts)
     # Operations with a task that reached a terminal state: only these can have finished.
     touched_operations: set[int] = field(default_factory=set)
     _deadlines: dict[float, dt.datetime | str] = field(default_factory=dict)
@@ -232,7 +296,9 @@ class TickContext:
         data: dict[str, Any] | None = None,
     ) -> None:
         self.events.append(
-            (self.stamp, kind, None, ACTOR, subject_type, subject_id, self.pool.pk, host_id, reason, _json(data))
+            EventRow(
+                self.stamp, kind, None, ACTOR, subject_type, subject_id, self.pool.pk, host_id, reason, _json(data)
+            )
         )
 
     # -- guarded transitions, set-based ---------------------------------------------------------
@@ -267,7 +333,7 @@ class TickContext:
             head = _transition_json(before, after) + ', "operation": '
             for task in tasks:
                 append(
-                    (
+                    EventRow(
                         now,
                         "task.state_changed",
                         None,
@@ -280,7 +346,7 @@ class TickContext:
                         f"{head}{task.operation_id:d}}}",
                     )
                 )
-            self.counts[f"task_{after}"] += len(ids)
+            self.counts.tasks[after] += len(ids)
         for task in tasks:
             task.state = new
         if new in TERMINAL_TASK_STATES:
@@ -300,10 +366,10 @@ class TickContext:
         data = _transition_json(expected, new) + "}"
         now, pool_id = self.stamp, self.pool.pk
         self.events.extend(
-            (now, "host.state_changed", None, ACTOR, SUBJECT_HOST, host_id, pool_id, host_id, reason, data)
+            EventRow(now, "host.state_changed", None, ACTOR, SUBJECT_HOST, host_id, pool_id, host_id, reason, data)
             for host_id in ids
         )
-        self.counts[f"host_{new}"] += len(ids)
+        self.counts.hosts[new] += len(ids)
 
     def release_leases(self, task_ids: Iterable[int], *, reason: str) -> None:
         ids = list(task_ids)
@@ -319,7 +385,7 @@ class TickContext:
             self.event(
                 kind="lease.released", subject_type=SUBJECT_LEASE, subject_id=lease_id, host_id=host_id, reason=reason
             )
-        self.counts["leases_released"] += len(leases)
+        self.counts.leases_released += len(leases)
 
     def grant_leases(self, tasks: Iterable[TaskRef], *, reason: str) -> None:
         tasks = list(tasks)
@@ -330,7 +396,7 @@ class TickContext:
         now, pool_id, append = self.stamp, self.pool.pk, self.events.append
         for task in tasks:
             append(
-                (
+                EventRow(
                     now,
                     "lease.granted",
                     None,
@@ -343,7 +409,7 @@ class TickContext:
                     f'{{"task": {task.id:d}, "operation": {task.operation_id:d}}}',
                 )
             )
-        self.counts["leases_granted"] += len(tasks)
+        self.counts.leases_granted += len(tasks)
 
     def _insert_leases(self, tasks: list[TaskRef]) -> dict[int, int]:
         """Insert an active lease per task; return {task id: lease id}. On PostgreSQL one INSERT …
@@ -441,7 +507,7 @@ class TickContext:
 
     def flush(self) -> None:
         copy_rows(WorkItem, WORK_ITEM_COLUMNS, self.new_items)
-        self.counts["work_items_created"] += len(self.new_items)
+        self.counts.work_items_created += len(self.new_items)
         events_copy_rows(self.events)
 
 

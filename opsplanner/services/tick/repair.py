@@ -15,13 +15,39 @@ MAX_REPAIR_ATTEMPTS = 3
 
 def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     """Invariant 4: a failed host is handed to a repair operation (it counts against the failure
-    buffer); after MAX_REPAIR_ATTEMPTS failed repairs it is escalated to a human and stays out."""
+    buffer); after MAX_REPAIR_ATTEMPTS failed repairs it is escalated to a human and stays out.
+    `failed` pairs each failed task with why it failed."""
     if not failed:
         return
+    failed_repairs = _failed_repairs(failed)
+    escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
+    repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
+    _escalate(ctx, escalate, failed_repairs)
+    if not repair:
+        return
+    takers = _create_repairs(ctx, repair)
+    ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
+    ctx.move_tasks(
+        takers,
+        expected=TaskState.PENDING,
+        new=TaskState.RUNNING,
+        admitted_at=ctx.now,
+        reason="handed to repair without returning to service",
+    )
+    ctx.grant_leases(takers, reason="repair handover")
+    ctx.move_hosts(
+        [t.host_id for t in takers], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started"
+    )
+    ctx.add_execute_items(takers)
+    ctx.counts.repairs_started += len(takers)
+
+
+def _failed_repairs(failed: list[tuple[TaskRef, str]]) -> dict[int, int]:
+    """{host: failed repairs}, counted within the current drain (repairs inherit its key), not over
+    the host's life."""
     host_ids = [task.host_id for task, _ in failed]
-    # Failed repairs count within the current drain (repairs inherit its key), not over the host's life.
     drains = {task.drain_key for task, _ in failed if task.drain_key is not None}
-    failed_repairs = dict(
+    return dict(
         HostTask.objects.filter(
             host_id__any=host_ids, drain_key__any=drains, operation__kind=OperationKind.REPAIR, state=TaskState.FAILED
         )
@@ -29,8 +55,9 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
         .annotate(n=Count("id"))
         .values_list("host_id", "n")
     )
-    escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
-    repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
+
+
+def _escalate(ctx: TickContext, escalate: list[tuple[TaskRef, str]], failed_repairs: dict[int, int]) -> None:
     ctx.release_leases([t.id for t, _ in escalate], reason="escalated to a human")
     for task, reason in escalate:
         ctx.move_hosts(
@@ -47,8 +74,11 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
             reason=reason,
             data={"failed_repairs": failed_repairs.get(task.host_id, 0)},
         )
-    if not repair:
-        return
+
+
+def _create_repairs(ctx: TickContext, repair: list[tuple[TaskRef, str]]) -> list[TaskRef]:
+    """A repair operation with one pending task per failed host, in the failed task's drain; the
+    new tasks, in the order of `repair`."""
     hostnames = dict(Host.objects.filter(pk__any=[t.host_id for t, _ in repair]).values_list("id", "hostname"))
     executor = settings.REPAIR_EXECUTOR
     operations = Operation.objects.bulk_create(
@@ -93,18 +123,4 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     # A host that failed outside a drain starts one with its repair: verification and return follow.
     HostTask.objects.filter(pk__any=[t.pk for t in new_tasks], drain_key__isnull=True).update(drain_key=F("id"))
     refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
-    takers = [refs[t.pk] for t in new_tasks]
-    ctx.release_leases([t.id for t, _ in repair], reason="handed to repair")
-    ctx.move_tasks(
-        takers,
-        expected=TaskState.PENDING,
-        new=TaskState.RUNNING,
-        admitted_at=ctx.now,
-        reason="handed to repair without returning to service",
-    )
-    ctx.grant_leases(takers, reason="repair handover")
-    ctx.move_hosts(
-        [t.host_id for t in takers], expected=HostState.FAILED, new=HostState.REPAIR, reason="repair started"
-    )
-    ctx.add_execute_items(takers)
-    ctx.counts["repairs_started"] += len(takers)
+    return [refs[t.pk] for t in new_tasks]

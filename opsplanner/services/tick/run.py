@@ -6,7 +6,6 @@ import logging
 import random
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -15,17 +14,24 @@ from django.db.models import Exists, OuterRef
 
 from fleet.models import Pool
 from opsplanner import clock
-from opsplanner.events import event_row, events_bulk_create
+from opsplanner.events import event_row, events_copy_rows
 from opsplanner.live import LiveBatch, live_batched
 from opsplanner.models import OPEN_TASK_STATES, HostTask, WorkItem, WorkState
 from opsplanner.services.tick.admission import admit
 from opsplanner.services.tick.advance import advance, expire, operations_close_finished
-from opsplanner.services.tick.context import ConcurrentChange, IllegalTransition, TickContext
+from opsplanner.services.tick.context import (
+    WORK_ITEM_COLUMNS,
+    ConcurrentChange,
+    IllegalTransition,
+    TickContext,
+    TickCounts,
+)
 
 log = logging.getLogger(__name__)
 
 ADVANCE_BUDGET = 20_000
 ADMIT_BUDGET = 5_000
+_ADAPTER = WORK_ITEM_COLUMNS.index("adapter")  # in the rows of new work items
 TICK_LANES = 2  # pools ticked at once by fleet_tick, each on its own database connection
 
 
@@ -35,7 +41,8 @@ class TickReport:
     skipped: bool = False
     retried: bool = False
     seconds: float = 0.0
-    counts: Counter[str] = field(default_factory=Counter)
+    ticked: bool = False  # the tick ran to its end (not skipped, not rolled back before its counts)
+    counts: TickCounts = field(default_factory=TickCounts)
     new_simulated_work: bool = False
 
 
@@ -69,8 +76,8 @@ def pool_tick(
             admit(ctx, budget=admit_budget)
             operations_close_finished(ctx=ctx)
             ctx.flush()
-            report.counts = ctx.counts
-            report.new_simulated_work = any(item[5] == "simulated" for item in ctx.new_items)
+            report.ticked, report.counts = True, ctx.counts
+            report.new_simulated_work = any(item[_ADAPTER] == "simulated" for item in ctx.new_items)
             if report.new_simulated_work and kick and settings.KICK_TASKS:
                 transaction.on_commit(_kick_simulator)
     except (ConcurrentChange, IllegalTransition, IntegrityError) as change:
@@ -80,18 +87,18 @@ def pool_tick(
         report.retried = True
         _record_conflict(pool_id, str(change))
     report.seconds = time.perf_counter() - started
-    if report.counts:
+    if report.ticked:
         log.info(
             "pool %s ticked",
             pool_id,
-            extra={"pool_id": pool_id, "seconds": round(report.seconds, 4), "counts": dict(report.counts)},
+            extra={"pool_id": pool_id, "seconds": round(report.seconds, 4), "counts": report.counts.as_dict()},
         )
     return report
 
 
 def _record_conflict(pool_id: int, message: str) -> None:
     """Nothing silent: a rolled-back tick leaves an event (outside the rolled-back transaction)."""
-    events_bulk_create(
+    events_copy_rows(
         [
             event_row(
                 kind="tick.rolled_back",
