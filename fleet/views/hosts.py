@@ -17,11 +17,12 @@ from opsplanner.gantt.rows import gantt_rows
 from opsplanner.gantt.svg import render_svg
 from opsplanner.htmx import render_page
 from opsplanner.live_pages import live_page
-from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, Lease
+from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, Lease, WorkItem
 from opsplanner.permissions import Action
 from opsplanner.web import action_required
 
 RECENT_EVENTS = 50
+RECENT_ITEMS = 12
 
 
 def _host_context(host: Host, window: dict[str, str]) -> dict[str, Any]:
@@ -39,6 +40,8 @@ def _host_context(host: Host, window: dict[str, str]) -> dict[str, Any]:
         "gantt_form": form,
         "gantt_svg": mark_safe(render_svg(gantt)) if gantt else "",
         "events": Event.objects.filter(host_id=host.pk).order_by("-id")[:RECENT_EVENTS],
+        # Which adapter has each item, and what a failed one printed (its report's steps).
+        "work_items": WorkItem.objects.filter(host_id=host.pk).order_by("-id")[:RECENT_ITEMS],
     }
 
 

@@ -21,8 +21,9 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import F, QuerySet
 
+from fleet.models import Host
 from opsplanner import clock
-from opsplanner.events import event_row, events_bulk_create, events_copy_rows
+from opsplanner.events import EventRow, event_row, events_copy_rows
 from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
 
 SUBJECT = "opsplanner.workitem"
@@ -93,7 +94,7 @@ def work_items_claim(
     actor = worker[:150]
     events_copy_rows(
         [
-            (
+            EventRow(
                 now,
                 "work_item.claimed",
                 None,
@@ -122,6 +123,14 @@ def _ready(*, adapter: str, kinds: list[str] | None, pool_id: int | None, host_i
     return ready
 
 
+def claim_host_id(hostname: str) -> int:
+    """The id of the host a claim names; a clear refusal naming it when there is no such host."""
+    host_id = Host.objects.filter(hostname=hostname).values_list("id", flat=True).first()
+    if host_id is None:
+        raise ValidationError({"host": f"There is no host {hostname!r}."}, code="invalid")
+    return host_id
+
+
 _waiters = threading.BoundedSemaphore(MAX_WAITERS)
 
 
@@ -134,6 +143,7 @@ def work_items_claim_waiting(
     pool_id: int | None = None,
     limit: int = 10,
     lease_seconds: int = 300,
+    host_id: int | None = None,
 ) -> list[WorkItem]:
     """A long poll: claim as `work_items_claim`; when nothing is ready, look again every 0.25 to
     0.5 s until something is or `wait_seconds` (real time, at most MAX_WAIT_SECONDS) pass, then
@@ -148,6 +158,7 @@ def work_items_claim_waiting(
         pool_id=pool_id,
         limit=limit,
         lease_seconds=lease_seconds,
+        host_id=host_id,
     )
     items = claim()
     if items or wait_seconds <= 0 or not _waiters.acquire(blocking=False):
@@ -160,7 +171,7 @@ def work_items_claim_waiting(
                 connection.close()  # back to the pool while we sleep
             time.sleep(min(pause, left))
             pause = min(pause * 1.5, POLL_MAX_S)
-            if _ready(adapter=adapter, kinds=kinds, pool_id=pool_id, host_id=None).exists():
+            if _ready(adapter=adapter, kinds=kinds, pool_id=pool_id, host_id=host_id).exists():
                 items = claim()
                 if items:
                     return items
@@ -263,7 +274,7 @@ def work_item_report(
     )
     if changed != 1:  # pragma: no cover - the row lock above makes this unreachable
         raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
-    events_bulk_create(
+    events_copy_rows(
         [
             event_row(
                 kind=f"work_item.{outcome}",
@@ -320,6 +331,7 @@ class ItemAnswer:
     detail: str = ""
     host_id: int | None = None
     lease_expires_at: dt.datetime | None = None
+    adapter: str = ""
 
 
 def _refusal(error: ValidationError) -> tuple[str, str]:
@@ -337,19 +349,19 @@ def _refusal(error: ValidationError) -> tuple[str, str]:
 
 @transaction.atomic
 def work_items_report_batch(
-    *, worker: str, reports: Sequence[ItemReport], adapter: str | None = None
+    *, worker: str, reports: Sequence[ItemReport], adapters: Sequence[str] | None = None
 ) -> list[ItemAnswer]:
     """Report many outcomes in one transaction, each through `work_item_report` in its own savepoint:
     a refused item (unknown, not ours, stale attempt, finished under another key, bad result) is
     answered with its code and leaves the others alone. The rows are locked first, in id order, so
     two batches over the same items never deadlock; an item whose report key is already this one is
-    a duplicate and changes nothing. With `adapter`, items of other adapters do not exist for the
+    a duplicate and changes nothing. With `adapters`, items of other adapters do not exist for the
     caller. Answers are in the order of `reports`."""
     if len(reports) > MAX_BATCH:
         raise ValidationError({"reports": f"Report at most {MAX_BATCH} items at a time."})
     rows = WorkItem.objects.filter(pk__any=sorted({report.item_id for report in reports}))
-    if adapter is not None:
-        rows = rows.filter(adapter=adapter)
+    if adapters is not None:
+        rows = rows.filter(adapter__in=adapters)
     keys = dict(rows.order_by("id").select_for_update().values_list("id", "report_key"))
     answers: list[ItemAnswer] = []
     for report in reports:
@@ -375,27 +387,31 @@ def work_items_report_batch(
             answers.append(ItemAnswer(report.item_id, REFUSED, *_refusal(error)))
             continue
         keys[report.item_id] = report.key
-        answers.append(ItemAnswer(report.item_id, ACCEPTED, host_id=item.host_id))
+        answers.append(ItemAnswer(report.item_id, ACCEPTED, host_id=item.host_id, adapter=item.adapter))
     return answers
 
 
 @transaction.atomic
 def work_items_heartbeat_batch(
-    *, worker: str, attempts: Sequence[tuple[int, int]], lease_seconds: int = 300, adapter: str | None = None
+    *,
+    worker: str,
+    attempts: Sequence[tuple[int, int]],
+    lease_seconds: int = 300,
+    adapters: Sequence[str] | None = None,
 ) -> list[ItemAnswer]:
     """Extend the leases of many items we run, given as (item id, attempt), set-based: the rows are
     locked in id order and those still running for us on that attempt extended by one UPDATE. The
     others are refused as `work_item_heartbeat` refuses one (`not_found`, or `conflict` with the
     reason: taken back, finished, another attempt or claimer), so the adapter stops them. With
-    `adapter`, items of other adapters do not exist for the caller."""
+    `adapters`, items of other adapters do not exist for the caller."""
     if len(attempts) > MAX_BATCH:
         raise ValidationError({"items": f"Heartbeat at most {MAX_BATCH} items at a time."})
     _validate_claim(1, lease_seconds, None)
     expires = clock.now() + dt.timedelta(seconds=lease_seconds)
     ids = sorted({item_id for item_id, _ in attempts})
     found = WorkItem.objects.filter(pk__any=ids)
-    if adapter is not None:
-        found = found.filter(adapter=adapter)
+    if adapters is not None:
+        found = found.filter(adapter__in=adapters)
     rows = {
         row[0]: row[1:]
         for row in found.order_by("id").select_for_update().values_list("id", "state", "claimed_by", "attempts")
@@ -443,17 +459,24 @@ def work_item_report_claim_next(
     if retried:
         return item, None
     (following,) = work_item_claim_next(
-        worker=worker, host_ids=[item.host_id], kinds=kinds, lease_seconds=lease_seconds
+        worker=worker, hosts=[(item.host_id, item.adapter)], kinds=kinds, lease_seconds=lease_seconds
     )
     return item, following
 
 
 def work_item_claim_next(
-    *, worker: str, host_ids: Sequence[int], kinds: list[str] | None = None, lease_seconds: int = 300
+    *,
+    worker: str,
+    hosts: Sequence[tuple[int, str]],
+    kinds: list[str] | None = None,
+    lease_seconds: int = 300,
 ) -> list[WorkItem | None]:
-    """The next ready external item of each host (None where there is none), claimed for `worker`."""
+    """The next ready item of each (host, adapter) (None where there is none), claimed for `worker`:
+    an adapter only ever gets the items of its own kind of adapter."""
     claimed = []
-    for host_id in host_ids:
-        items = work_items_claim(worker=worker, kinds=kinds, host_id=host_id, limit=1, lease_seconds=lease_seconds)
+    for host_id, adapter in hosts:
+        items = work_items_claim(
+            worker=worker, adapter=adapter, kinds=kinds, host_id=host_id, limit=1, lease_seconds=lease_seconds
+        )
         claimed.append(items[0] if items else None)
     return claimed

@@ -6,7 +6,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
+from opsplanner.adapters import (
+    API_ADAPTERS,
+    DRAINER_OVERRIDE_CHOICES,
+    EXECUTOR_OVERRIDE_CHOICES,
+    POOLS_ADAPTER,
+    Adapter,
+)
 from opsplanner.api.serializers.fast import iso
 from opsplanner.models import (
     MAX_PRIORITY,
@@ -140,6 +146,10 @@ class HostTaskSerializer(serializers.ModelSerializer):
 
 class WorkItemSerializer(serializers.ModelSerializer):
     hostname = serializers.CharField(source="host.hostname", read_only=True)
+    # Adapters name the host in their own system by a label (a Slurm node, a Kubernetes node) and
+    # say whose drain it is by the operation.
+    host_labels = serializers.JSONField(source="host.labels", read_only=True)
+    operation = serializers.IntegerField(source="host_task.operation_id", read_only=True)
     attempt = serializers.IntegerField(source="attempts", read_only=True)
 
     class Meta:
@@ -150,6 +160,8 @@ class WorkItemSerializer(serializers.ModelSerializer):
             "verify_class",
             "host",
             "hostname",
+            "host_labels",
+            "operation",
             "host_task",
             "pool_id",
             "adapter",
@@ -169,8 +181,16 @@ class WorkItemSerializer(serializers.ModelSerializer):
 
 
 class ClaimInput(serializers.Serializer):
+    adapter = serializers.ChoiceField(
+        choices=[(a.value, a.label) for a in API_ADAPTERS],
+        default=Adapter.EXTERNAL.value,
+        help_text="whose items: an adapter only ever claims items of its own kind",
+    )
     kinds = serializers.ListField(child=serializers.ChoiceField(choices=WorkKind.choices), required=False)
     pool = serializers.IntegerField(min_value=1, required=False)
+    host = serializers.CharField(
+        max_length=253, required=False, allow_blank=True, help_text="a hostname: claim only that host's items"
+    )
     limit = serializers.IntegerField(min_value=1, max_value=MAX_CLAIM, default=10)
     lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
     worker = serializers.CharField(
@@ -190,10 +210,22 @@ class HeartbeatInput(serializers.Serializer):
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
 
 
+class StepInput(serializers.Serializer):
+    """One command an adapter ran for the item: what it exited with and the tail of its output."""
+
+    name = serializers.CharField(max_length=63, help_text="check, install, reboot, verify:<class>, ...")
+    exit_code = serializers.IntegerField(allow_null=True, help_text="null when it timed out or could not start")
+    output_tail = serializers.CharField(max_length=8192, allow_blank=True, default="", trim_whitespace=False)
+    duration_s = serializers.FloatField(min_value=0)
+    timed_out = serializers.BooleanField(default=False)
+    attempt = serializers.IntegerField(min_value=1, required=False)
+
+
 class ResultInput(serializers.Serializer):
     versions = serializers.DictField(child=serializers.CharField(max_length=64), required=False)
     passed = serializers.BooleanField(required=False)
     details = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    steps = StepInput(many=True, required=False, max_length=20, help_text="the commands run, in order")
 
 
 class ClaimNextInput(serializers.Serializer):

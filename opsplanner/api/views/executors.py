@@ -1,4 +1,8 @@
-"""Executor and drainer endpoints: claim ready external work items, heartbeat, report.
+"""Executor and drainer endpoints: claim ready work items of the API adapters, heartbeat, report.
+
+Every adapter but the built-in simulator (`API_ADAPTERS`: external, agent, ssh, slurm, kubernetes)
+works through these endpoints; a claim names its adapter (and may name one host), and an adapter
+never gets another adapter's items.
 
 The claimer is the authenticated user (plus an optional process name), so one integration cannot
 heartbeat or report another's claims. Claims are safe with many executors at once (SKIP LOCKED);
@@ -24,18 +28,20 @@ from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from opsplanner.adapters import API_ADAPTERS
 from opsplanner.api.idempotency import HEADER, MAX_KEY_LENGTH, check_key, idempotent
 from opsplanner.api.pagination import IdCursorPagination
 from opsplanner.api.serializers import work as s
 from opsplanner.api.views.common import valid
 from opsplanner.filters import WorkItemFilter
-from opsplanner.models import Adapter, WorkItem
+from opsplanner.models import WorkItem
 from opsplanner.permissions import Action, user_roles
 from opsplanner.roles import Role
 from opsplanner.services.work_items import (
     ACCEPTED,
     ItemAnswer,
     ItemReport,
+    claim_host_id,
     work_item_claim_next,
     work_item_heartbeat,
     work_item_report,
@@ -59,6 +65,10 @@ BATCH_IDEMPOTENCY_KEY = OpenApiParameter(
 )
 
 
+# What the work-item serializer reads of an item's relations, in the same query.
+ITEM_RELATED = ("host", "host_task")
+
+
 def worker_name(user: Any, process: str | None) -> str:
     return f"{user.get_username()}/{process}" if process else user.get_username()
 
@@ -77,7 +87,7 @@ def item_report_key(request_key: str, item_id: int, attempt: int, report_key: st
 def loaded(items: Iterable[WorkItem | None]) -> dict[int, WorkItem]:
     """The items again with their hosts (for the serializer), by id: one query."""
     ids = [item.pk for item in items if item is not None]
-    return {item.pk: item for item in WorkItem.objects.filter(pk__in=ids).select_related("host")} if ids else {}
+    return {item.pk: item for item in WorkItem.objects.filter(pk__in=ids).select_related(*ITEM_RELATED)} if ids else {}
 
 
 def answer_rows(answers: Sequence[ItemAnswer]) -> list[dict[str, Any]]:
@@ -89,7 +99,7 @@ def answer_rows(answers: Sequence[ItemAnswer]) -> list[dict[str, Any]]:
 
 
 class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
-    """External work items. Executors see and act on them; operators and viewers may read them all."""
+    """Work items of the API adapters. Executors see and act on them; operators and viewers may read them all."""
 
     serializer_class = s.WorkItemSerializer
     filterset_class = WorkItemFilter
@@ -111,27 +121,30 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
         super().check_permissions(request)
 
     def get_queryset(self) -> QuerySet[WorkItem]:
-        queryset = WorkItem.objects.select_related("host")
+        queryset = WorkItem.objects.select_related(*ITEM_RELATED)
         if Role.EXECUTOR in user_roles(self.request.user) and Role.OPERATOR not in user_roles(self.request.user):
-            queryset = queryset.filter(adapter=Adapter.EXTERNAL)
+            queryset = queryset.filter(adapter__in=API_ADAPTERS)
         return queryset
 
     @extend_schema(request=s.ClaimInput, responses=s.WorkItemSerializer(many=True))
     @action(detail=False, methods=["post"], pagination_class=None, filter_backends=[])
     def claim(self, request: Any) -> Response:
-        """Claim up to `limit` ready items (of these kinds, in this pool) for `lease_seconds`; with
-        `wait_seconds`, wait that long for one when none is ready (a long poll)."""
+        """Claim up to `limit` ready items of one adapter (of these kinds, in this pool, of this host)
+        for `lease_seconds`; with `wait_seconds`, wait that long for one when none is ready (a long poll)."""
         data = valid(s.ClaimInput, request.data)
         items = work_items_claim_waiting(
             worker=worker_name(request.user, data.get("worker")),
             wait_seconds=data["wait_seconds"],
-            adapter=Adapter.EXTERNAL,
+            adapter=data["adapter"],
+            host_id=claim_host_id(data["host"]) if data.get("host") else None,
             kinds=data.get("kinds") or None,
             pool_id=data.get("pool"),
             limit=data["limit"],
             lease_seconds=data["lease_seconds"],
         )
-        claimed = WorkItem.objects.filter(pk__in=[item.pk for item in items]).select_related("host").order_by("id")
+        claimed = (
+            WorkItem.objects.filter(pk__in=[item.pk for item in items]).select_related(*ITEM_RELATED).order_by("id")
+        )
         return Response(s.WorkItemSerializer(claimed, many=True).data)
 
     @extend_schema(request=s.HeartbeatInput, responses=s.HeartbeatAnswer)
@@ -193,7 +206,7 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
         worker = worker_name(request.user, data.get("worker"))
         answers = work_items_report_batch(
             worker=worker,
-            adapter=Adapter.EXTERNAL,
+            adapters=API_ADAPTERS,
             reports=[
                 ItemReport(
                     item_id=r["id"],
@@ -208,10 +221,10 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
         )
         following: list[WorkItem | None] = []
         if data["claim_next"]:
-            hosts = list(dict.fromkeys(a.host_id for a in answers if a.status == ACCEPTED and a.host_id))
+            hosts = list(dict.fromkeys((a.host_id, a.adapter) for a in answers if a.status == ACCEPTED and a.host_id))
             following = work_item_claim_next(
                 worker=worker,
-                host_ids=hosts,
+                hosts=hosts,
                 kinds=data.get("claim_kinds") or None,
                 lease_seconds=data["lease_seconds"],
             )
@@ -230,6 +243,6 @@ class WorkItemViewSet(viewsets.ReadOnlyModelViewSet):
             worker=worker_name(request.user, data.get("worker")),
             attempts=[(item["id"], item["attempt"]) for item in data["items"]],
             lease_seconds=data["lease_seconds"],
-            adapter=Adapter.EXTERNAL,
+            adapters=API_ADAPTERS,
         )
         return Response(s.BatchHeartbeatAnswer({"results": answer_rows(answers)}).data)
