@@ -16,10 +16,18 @@ class HostFilter(StrictFilterSet):
     domain = django_filters.NumberFilter(field_name="domain_id", help_text="domain id")
     state = django_filters.MultipleChoiceFilter(choices=HostState.choices)
     hostname = django_filters.CharFilter(field_name="hostname", lookup_expr="startswith", help_text="prefix")
+    drift = StrictBooleanFilter(
+        method="filter_drift", help_text="hosts whose last version report differed from what OpsPlanner believed"
+    )
 
     class Meta:
         model = Host
-        fields = ["pool", "pool_name", "domain", "state", "hostname"]
+        fields = ["pool", "pool_name", "domain", "state", "hostname", "drift"]
+
+    def filter_drift(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
+        from fleet.selectors.inventory import drift_exists
+
+        return queryset.filter(drift_exists()) if value else queryset.exclude(drift_exists())
 
 
 class DomainFilter(StrictFilterSet):

@@ -23,7 +23,8 @@ from django.db.models import BigIntegerField, Count, DurationField, ExpressionWr
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
-from fleet.models import CapacityReservation, HostState
+from fleet.models import CapacityReservation, HostState, InstalledVersion
+from fleet.models.hosts import RETIRED
 from fleet.selectors.capacity import pool_capacities
 from opsplanner import clock
 from opsplanner.models import (
@@ -109,6 +110,7 @@ def collect() -> list[MetricFamily]:
     now = clock.now()
     since = now - RECENT_WINDOW
     families, pools = _pool_families(now)
+    families.append(_drift_family(pools))
     families += _task_families(pools)
     families += _train_families(pools)
     families += _recent_task_families(pools, since)
@@ -159,6 +161,25 @@ def _pool_families(now: dt.datetime) -> tuple[list[MetricFamily], dict[int, str]
         floor.add(buffers.floor, pool=pool)
         reservation.add(reserved.get(capacity.pool.pk, 0), pool=pool)
     return [hosts, in_service, planned_out, failure_out, planned_buffer, failure_buffer, floor, reservation], pools
+
+
+def _drift_family(pools: dict[int, str]) -> MetricFamily:
+    """Hosts whose last version report differed from what OpsPlanner believed (fleet.services.host_versions):
+    one query, a probe of the partial index on drifted rows."""
+    drift = MetricFamily(
+        "opsplanner_hosts_with_version_drift",
+        "Hosts per pool running a version other than what OpsPlanner believed, as they last reported it.",
+    )
+    counts = dict(
+        InstalledVersion.objects.filter(drift_from__isnull=False)
+        .exclude(host__state=RETIRED)
+        .values("host__pool_id")
+        .annotate(n=Count("host_id", distinct=True))
+        .values_list("host__pool_id", "n")
+    )
+    for pool_id, pool in pools.items():
+        drift.add(counts.get(pool_id, 0), pool=pool)
+    return drift
 
 
 def _task_families(pools: dict[int, str]) -> list[MetricFamily]:

@@ -17,8 +17,9 @@ from django.test import override_settings
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from fleet.models import CapacityReservation, CompatibilityRule, OptOutWindow
+from fleet.models import CapacityReservation, CompatibilityRule, Host, OptOutWindow
 from fleet.services import optout_window_create, reservation_create, service_place
+from fleet.services.host_changes import host_retire
 from opsplanner import clock
 from opsplanner.models import Approval, Event, HostTask, WorkItem
 from opsplanner.roles import Role
@@ -92,6 +93,10 @@ class World:
         self.approval = Approval.objects.get(subject_type="trains.train", subject_id=emergency.pk)
         self.component = self.upgrade.component_version.component
         self.rule = CompatibilityRule.objects.order_by("pk").first()
+        # Hosts no operation names, to retire and report on; and a retired one to restore.
+        self.free_host = Host.objects.get(pool=self.pool_without_train)
+        self.retired_host = make_host(make_domain(self.pool_without_train))
+        host_retire(hostname=self.retired_host.hostname, reason="left the fleet", actor=self.other_operator)
         self.event = Event.objects.order_by("pk").first()
 
     def _window(self, service) -> OptOutWindow:
@@ -156,6 +161,8 @@ OPERATE = _statuses(200, 403, 403, 403)
 OPERATE_CREATE = _statuses(201, 403, 403, 403)
 OWN_SERVICE = _statuses(200, 200, 403, 403)
 OWN_SERVICE_CREATE = _statuses(201, 201, 403, 403)
+OPERATE_NO_CONTENT = _statuses(204, 403, 403, 403)
+OPERATE_OR_EXECUTE = _statuses(200, 403, 403, 200)
 EXECUTE = _statuses(403, 403, 403, 200)
 NOT_A_METHOD = _statuses(405, 403, 403, 403)
 ANY_USER = _statuses(200, 200, 200, 200)
@@ -175,6 +182,19 @@ def reservation_body(w: World) -> dict[str, Any]:
     return {**window_body(w), "pool": w.pool.pk, "min_hosts_in_service": 1}
 
 
+def host_row(w: World) -> dict[str, Any]:
+    return {"hostname": "roles-new-h1", "pool": w.pool.name, "domain": "rack-0001", "sku": "cpu-2s"}
+
+
+RULE = {
+    "job_facing_component": "cuda-runtime",
+    "job_facing_version": "12.4.1",
+    "lower_component": "bios",
+    "max_version": "9",
+}
+POOL = {"name": "roles-pool", "workload_class": "web", "planned_buffer_hosts": 1, "failure_buffer_hosts": 1}
+
+
 def fleet_file_body(w: World) -> dict[str, Any]:
     """A fleet file declaring one new pool with one host (a dry run: nothing is written)."""
     pool = {"name": "roles-fleet", "workload_class": "web", "planned_buffer": 1, "failure_buffer": 1}
@@ -188,18 +208,65 @@ ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
     ("GET /pools/", Call("get", "/api/pools/"), READ),
     ("GET /pools/{id}/", Call("get", "/api/pools/{w.pool.pk}/"), READ),
     ("GET /pools/{id}/forecast/", Call("get", "/api/pools/{w.pool.pk}/forecast/"), READ),
+    ("POST /pools/", Call("post", "/api/pools/", POOL), OPERATE_CREATE),
+    ("PATCH /pools/{id}/", Call("patch", "/api/pools/{w.pool.pk}/", {"description": "east"}), OPERATE),
+    ("DELETE /pools/{id}/", Call("delete", "/api/pools/{w.pool.pk}/"), NOT_A_METHOD),
     ("GET /domains/", Call("get", "/api/domains/"), READ),
     ("GET /domains/{id}/", Call("get", "/api/domains/{w.hosts[0].domain_id}/"), READ),
+    (
+        "POST /domains/",
+        Call("post", "/api/domains/", lambda w: {"pool": w.pool.pk, "name": "rack-new"}),
+        OPERATE_CREATE,
+    ),
+    ("PATCH /domains/{id}/", Call("patch", "/api/domains/{w.hosts[0].domain_id}/", {"position": 9}), OPERATE),
     ("GET /hosts/", Call("get", "/api/hosts/"), READ),
     ("GET /hosts/{id}/", Call("get", "/api/hosts/{w.hosts[0].pk}/"), READ),
     ("DELETE /hosts/{id}/", Call("delete", "/api/hosts/{w.hosts[0].pk}/"), NOT_A_METHOD),
-    ("POST /hosts/", Call("post", "/api/hosts/", {"hostname": "new"}), NOT_A_METHOD),
+    ("PUT /hosts/{id}/", Call("put", "/api/hosts/{w.hosts[0].pk}/", {"sku": "x"}), NOT_A_METHOD),
+    ("POST /hosts/", Call("post", "/api/hosts/", host_row), OPERATE_CREATE),
+    ("PATCH /hosts/{id}/", Call("patch", "/api/hosts/{w.free_host.hostname}/", {"sku": "cpu-4s"}), OPERATE),
+    ("POST /hosts/bulk/", Call("post", "/api/hosts/bulk/", lambda w: {"hosts": [host_row(w)]}), OPERATE_CREATE),
+    ("POST /hosts/{id}/retire/", Call("post", "/api/hosts/{w.free_host.hostname}/retire/", REASON), OPERATE),
+    ("POST /hosts/{id}/restore/", Call("post", "/api/hosts/{w.retired_host.hostname}/restore/", REASON), OPERATE),
+    (
+        "POST /hosts/{id}/versions/",
+        Call("post", "/api/hosts/{w.free_host.hostname}/versions/", {"versions": {"bios": "2.14.0"}}),
+        OPERATE_OR_EXECUTE,
+    ),
     ("GET /components/", Call("get", "/api/components/"), READ),
     ("GET /components/{id}/", Call("get", "/api/components/{w.component.pk}/"), READ),
+    ("POST /components/", Call("post", "/api/components/", {"name": "psu-fw", "layer": "lower_level"}), OPERATE_CREATE),
+    ("PATCH /components/{id}/", Call("patch", "/api/components/{w.component.pk}/", {"needs_reboot": False}), OPERATE),
+    (
+        "POST /components/{id}/versions/",
+        Call("post", "/api/components/{w.component.pk}/versions/", {"version": "570.1"}),
+        OPERATE_CREATE,
+    ),
+    (
+        "POST /components/{id}/versions/{version}/withdraw/",
+        Call("post", "/api/components/{w.component.pk}/versions/535.183.01/withdraw/", REASON),
+        OPERATE,
+    ),
     ("GET /compatibility-rules/", Call("get", "/api/compatibility-rules/"), READ),
     ("GET /compatibility-rules/{id}/", Call("get", "/api/compatibility-rules/{w.rule.pk}/"), READ),
+    ("POST /compatibility-rules/", Call("post", "/api/compatibility-rules/", RULE), OPERATE_CREATE),
+    ("DELETE /compatibility-rules/{id}/", Call("delete", "/api/compatibility-rules/{w.rule.pk}/"), OPERATE_NO_CONTENT),
     ("GET /services/", Call("get", "/api/services/"), READ),
     ("GET /services/{id}/", Call("get", "/api/services/{w.owned_service.pk}/"), READ),
+    ("POST /services/", Call("post", "/api/services/", {"name": "roles-svc"}), OPERATE_CREATE),
+    ("PATCH /services/{id}/", Call("patch", "/api/services/{w.owned_service.pk}/", {"description": "x"}), OPERATE),
+    (
+        "POST /services/{id}/placements/",
+        Call("post", "/api/services/{w.owned_service.pk}/placements/", lambda w: {"hosts": [w.hosts[0].hostname]}),
+        OWN_SERVICE,
+    ),
+    (
+        "POST /services/{id}/placements/remove/",
+        Call(
+            "post", "/api/services/{w.owned_service.pk}/placements/remove/", lambda w: {"hosts": [w.hosts[0].hostname]}
+        ),
+        OWN_SERVICE,
+    ),
     ("GET /optout-windows/", Call("get", "/api/optout-windows/"), READ),
     ("GET /optout-windows/{id}/", Call("get", "/api/optout-windows/{w.window.pk}/"), READ),
     ("POST /optout-windows/", Call("post", "/api/optout-windows/", window_body), OWN_SERVICE_CREATE),

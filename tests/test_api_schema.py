@@ -45,6 +45,7 @@ from fleet.models import (
     Service,
 )
 from fleet.services import optout_window_create, reservation_create, service_place
+from fleet.services.host_changes import host_retire
 from opsplanner import clock
 from opsplanner.models import AdvisorRun, Approval, Event, HostTask, Operation, WorkItem
 from opsplanner.roles import Role
@@ -144,8 +145,15 @@ schema = schemathesis.openapi.from_wsgi("/api/schema/", InTransactionApp())
 # Real rows for generated references ------------------------------------------------------------
 
 
+_IDS: dict[type[Model], list[int]] = {}
+
+
 def _ids(model: type[Model]) -> list[int]:
-    return list(model.objects.order_by("pk").values_list("pk", flat=True)[:8])
+    """Read once for the module (the world's rows): an example that retires a host or deletes a rule
+    must not change what the next examples draw from (hypothesis needs the same strategy)."""
+    if model not in _IDS:
+        _IDS[model] = list(model._base_manager.order_by("pk").values_list("pk", flat=True)[:8])
+    return _IDS[model]
 
 
 @schema.hook
@@ -261,6 +269,10 @@ class World:
         AdvisorRun.objects.filter(pk=self.advisor_run.pk).update(
             state="failed", failure_reason="schema test", finished_at=clock.now()
         )
+        # Hosts no operation names (to change, retire and report on), and a retired one to restore.
+        self.free_host = Host.objects.get(pool=self.pool_without_train)
+        self.retired_host = make_host(make_domain(self.pool_without_train))
+        host_retire(hostname=self.retired_host.hostname, reason="left the fleet", actor=other_operator)
         self.event = Event.objects.order_by("pk").first()
 
 
@@ -331,6 +343,7 @@ class Valid:
     id: Callable[[World], int] | None = None
     body: Callable[[World], dict[str, Any]] | dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)  # path parameters other than `{id}`
 
 
 REASON = {"reason": "schema conformance test"}
@@ -351,7 +364,41 @@ def _window(w: World) -> dict[str, Any]:
     }
 
 
+def _host_row(hostname: str) -> Callable[[World], dict[str, Any]]:
+    return lambda w: {"hostname": hostname, "pool": w.pool.name, "domain": "rack-0001", "sku": "cpu-2s"}
+
+
+INVENTORY_WRITES = [
+    Valid("POST", "/api/pools/", body={"name": "schema-pool", "workload_class": "web", "planned_buffer_hosts": 1,
+                                        "failure_buffer_fraction": "0.05", "executor": "ssh"}),
+    Valid("PATCH", "/api/pools/{id}/", lambda w: w.pool.pk, {"description": "east", "drainer": "external"}),
+    Valid("POST", "/api/domains/", body=lambda w: {"pool": w.pool.pk, "name": "rack-new", "kind": "row"}),
+    Valid("PATCH", "/api/domains/{id}/", lambda w: w.hosts[0].domain_id, {"position": 7}),
+    Valid("POST", "/api/hosts/", body=_host_row("schema-new-h1")),
+    Valid("PATCH", "/api/hosts/{id}/", lambda w: w.free_host.pk, {"sku": "cpu-4s", "labels": {"row": 3}}),
+    Valid("POST", "/api/hosts/bulk/", body=lambda w: {"hosts": [_host_row("schema-new-h2")(w)]}),
+    Valid("POST", "/api/hosts/{id}/retire/", lambda w: w.free_host.pk, REASON),
+    Valid("POST", "/api/hosts/{id}/restore/", lambda w: w.retired_host.pk, REASON),
+    Valid("POST", "/api/hosts/{id}/versions/", lambda w: w.free_host.pk, {"versions": {"bios": "2.14.0"}}),
+    Valid("POST", "/api/components/", body={"name": "psu-fw", "layer": "lower_level"}),
+    Valid("PATCH", "/api/components/{id}/", lambda w: w.component.pk, {"display_name": "GPU driver"}),
+    Valid("POST", "/api/components/{id}/versions/", lambda w: w.component.pk, {"version": "570.1"}),
+    Valid("POST", "/api/components/{id}/versions/{version}/withdraw/", lambda w: w.component.pk, REASON,
+          params={"version": "535.183.01"}),
+    Valid("POST", "/api/compatibility-rules/", body={"job_facing_component": "cuda-runtime",
+                                                    "job_facing_version": "12.4.1", "lower_component": "bios",
+                                                    "min_version": "2.0"}),
+    Valid("DELETE", "/api/compatibility-rules/{id}/", lambda w: w.rule.pk),
+    Valid("POST", "/api/services/", body={"name": "schema-svc", "owners": []}),
+    Valid("PATCH", "/api/services/{id}/", lambda w: w.service.pk, {"description": "trainer"}),
+    Valid("POST", "/api/services/{id}/placements/", lambda w: w.service.pk,
+          lambda w: {"hosts": [w.hosts[2].hostname], "running_jobs": 2}),
+    Valid("POST", "/api/services/{id}/placements/remove/", lambda w: w.service.pk,
+          lambda w: {"hosts": [w.hosts[0].hostname]}),
+]  # fmt: skip
+
 VALID = [
+    *INVENTORY_WRITES,
     Valid("GET", "/api/auth/me/"),
     Valid("POST", "/api/fleet/apply/", body=FLEET_FILE),
     Valid("POST", "/api/auth/login/"),
@@ -463,7 +510,7 @@ def test_a_valid_request_succeeds_and_answers_as_the_schema_says(
     operation = schema[valid.path][valid.method]
     body = valid.body(world) if callable(valid.body) else valid.body
     case = operation.Case(
-        path_parameters={"id": valid.id(world)} if valid.id else None,
+        path_parameters={"id": valid.id(world), **valid.params} if valid.id else None,
         headers=valid.headers,
         **({"body": body, "media_type": "application/json"} if body is not None else {}),
     )

@@ -12,12 +12,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.fleetfile.live import live_inventory_read
+from fleet.fleetfile.live import LiveInventory, live_inventory_read
 from fleet.fleetfile.plan import Change, FleetPlan, fleet_plan
 from fleet.fleetfile.safety import plan_refusals
-from fleet.fleetfile.schema import FleetSpec
+from fleet.fleetfile.schema import FleetFileInvalid, FleetSpec, Problem
 from fleet.fleetfile.writers import FleetWriter
 from fleet.models import Pool
+from fleet.models.hosts import RETIRED
 from opsplanner.events import Actor
 
 
@@ -31,18 +32,27 @@ class FleetApplyRefused(ValidationError):
 
 @transaction.atomic
 def fleet_apply(
-    *, spec: FleetSpec, prune: bool = False, dry_run: bool = False, actor: Actor = None, reason: str = ""
+    *,
+    spec: FleetSpec,
+    prune: bool = False,
+    dry_run: bool = False,
+    actor: Actor = None,
+    reason: str = "",
+    new_hosts_only: bool = False,
 ) -> FleetPlan:
     """Plan the file against the live inventory and, unless dry_run, write the plan.
 
     Every pool row is locked first (FOR NO KEY UPDATE, in id order): the tick skips a locked pool,
     so no lease is granted between the checks and the writes. Raises FleetFileInvalid (owners that
-    are not users) or FleetApplyRefused; either way nothing is written."""
+    are not users; with new_hosts_only, hosts that exist already, retired ones too) or
+    FleetApplyRefused; either way nothing is written."""
     list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
     live = live_inventory_read(
         usernames={owner for service in spec.services for owner in service.owners},
         service_names={service.name for service in spec.services},
     )
+    if new_hosts_only:
+        _only_new_hosts(spec, live)
     plan = fleet_plan(spec, live, prune=prune)
     plan.dry_run = dry_run
     _note_offboards(plan)
@@ -54,6 +64,25 @@ def fleet_apply(
     FleetWriter(plan, live, actor=actor, reason=reason).write()
     plan.applied = True
     return plan
+
+
+def _only_new_hosts(spec: FleetSpec, live: LiveInventory) -> None:
+    """Creating hosts (bulk API, CSV import): a host that exists is an error at its place, not a change."""
+    problems = [
+        existing_host_problem(host.index, host.hostname, retired=live.hosts[host.hostname].state == RETIRED)
+        for host in spec.hosts
+        if host.hostname in live.hosts
+    ]
+    if problems:
+        raise FleetFileInvalid(problems)
+
+
+def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Problem:
+    if retired:
+        return Problem(
+            f"hosts[{index}].hostname", f"host {hostname} is retired: restore it (POST /api/hosts/{hostname}/restore/)"
+        )
+    return Problem(f"hosts[{index}].hostname", f"host {hostname} exists already")
 
 
 def _note_offboards(plan: FleetPlan) -> None:

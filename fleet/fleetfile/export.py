@@ -36,23 +36,34 @@ def fleet_export_document(*, pool: str | None = None) -> dict[str, Any]:
             raise ValidationError(f"There is no pool {pool}.", code="not_found")
     pool_rows = list(pools)
     pool_names = {p.id: p.name for p in pool_rows}
-    domains: dict[int, list[dict[str, Any]]] = {}
-    domain_names: dict[int, str] = {}
-    for pk, pool_id, name, kind, position in (
-        MaintenanceDomain.objects.filter(pool_id__in=pool_names).order_by("pool_id", "position", "name")
-        .values_list("id", "pool_id", "name", "kind", "position")
-    ):  # fmt: skip
-        domains.setdefault(pool_id, []).append({"name": name, "kind": kind, "position": position})
-        domain_names[pk] = name
+    pool_documents, domain_names = _pools_and_domains(pool_rows)
     hosts, host_ids = _hosts(pool_names, domain_names)
     return {
         "version": FORMAT_VERSION,
-        "pools": [_pool(p, domains.get(p.id, [])) for p in pool_rows],
+        "pools": pool_documents,
         "components": _components(),
         "compatibility": _rules(),
         "hosts": hosts,
         "services": _services(host_ids),
     }
+
+
+def pools_section(names: set[str]) -> list[dict[str, Any]]:
+    """The named live pools with their domains, as a fleet file declares them (two queries): the
+    pools a hosts-only source (bulk API, CSV import) refers to, so that applying it changes no pool."""
+    return _pools_and_domains(list(Pool.objects.filter(name__in=sorted(names)).order_by("name")))[0]
+
+
+def _pools_and_domains(pool_rows: list[Pool]) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    domains: dict[int, list[dict[str, Any]]] = {}
+    domain_names: dict[int, str] = {}
+    for pk, pool_id, name, kind, position in (
+        MaintenanceDomain.objects.filter(pool_id__in=[p.id for p in pool_rows]).order_by("pool_id", "position", "name")
+        .values_list("id", "pool_id", "name", "kind", "position")
+    ):  # fmt: skip
+        domains.setdefault(pool_id, []).append({"name": name, "kind": kind, "position": position})
+        domain_names[pk] = name
+    return [_pool(p, domains.get(p.id, [])) for p in pool_rows], domain_names
 
 
 def _pool(pool: Pool, domains: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,6 +74,8 @@ def _pool(pool: Pool, domains: list[dict[str, Any]]) -> dict[str, Any]:
     out["failure_buffer"] = _buffer(pool.failure_buffer_hosts, pool.failure_buffer_fraction)
     if pool.hard_floor_hosts is not None:
         out["hard_floor"] = pool.hard_floor_hosts
+    out["executor"] = pool.executor
+    out["drainer"] = pool.drainer
     out["domains"] = domains
     return out
 

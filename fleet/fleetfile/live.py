@@ -31,6 +31,8 @@ class LivePool(NamedTuple):
     failure_buffer_hosts: int | None
     failure_buffer_fraction: Decimal | None
     hard_floor_hosts: int | None
+    executor: str
+    drainer: str
 
 
 class LiveDomain(NamedTuple):

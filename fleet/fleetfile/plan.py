@@ -150,6 +150,8 @@ def _pool_wanted(pool: PoolSpec) -> dict[str, Any]:
         "planned_buffer": buffer_text(pool.planned_buffer_hosts, pool.planned_buffer_fraction),
         "failure_buffer": buffer_text(pool.failure_buffer_hosts, pool.failure_buffer_fraction),
         "hard_floor": pool.hard_floor_hosts,
+        "executor": pool.executor,
+        "drainer": pool.drainer,
     }
 
 
@@ -165,6 +167,8 @@ def _plan_pools(plan: FleetPlan, spec: FleetSpec, live: LiveInventory) -> None:
                 "planned_buffer": buffer_text(current.planned_buffer_hosts, current.planned_buffer_fraction),
                 "failure_buffer": buffer_text(current.failure_buffer_hosts, current.failure_buffer_fraction),
                 "hard_floor": current.hard_floor_hosts,
+                "executor": current.executor,
+                "drainer": current.drainer,
             }
             changed = {k: (before[k], v) for k, v in _pool_wanted(pool).items() if before[k] != v}
             if changed:

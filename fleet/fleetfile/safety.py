@@ -62,10 +62,17 @@ def _moves(plan: FleetPlan) -> list[tuple[Change, str]]:
 
 
 def _busy_hosts(plan: FleetPlan) -> list[str]:
-    moves = _moves(plan)
+    return busy_host_refusals(
+        [(change.live.id, change.live.hostname, change.live.state, verb) for change, verb in _moves(plan)]
+    )
+
+
+def busy_host_refusals(moves: list[tuple[int, str, str, str]]) -> list[str]:
+    """One refusal per (host id, hostname, state, what would be done) whose host holds a lease, is
+    out of service or is named by an open operation: the one rule for the fleet file and the API."""
     if not moves:
         return []
-    ids = [change.live.id for change, _ in moves]
+    ids = [host_id for host_id, _, _, _ in moves]
     leases = dict(Lease.objects.filter(active=True, host_id__any=ids).values_list("host_id", "operation_id"))
     tasks: dict[int, int] = {}
     for host_id, operation_id in (
@@ -81,17 +88,16 @@ def _busy_hosts(plan: FleetPlan) -> list[str]:
         )
     }
     refusals = []
-    for change, verb in moves:
-        host = change.live
-        if host.id in leases:
-            why = f"it is held by {operations[leases[host.id]]}"
-        elif host.state != HostState.IN_SERVICE:
-            why = f"it is {host.state}, out of service"
-        elif host.id in tasks:
-            why = f"it is named by open {operations[tasks[host.id]]}"
+    for host_id, hostname, state, verb in moves:
+        if host_id in leases:
+            why = f"it is held by {operations[leases[host_id]]}"
+        elif state != HostState.IN_SERVICE:
+            why = f"it is {state}, out of service"
+        elif host_id in tasks:
+            why = f"it is named by open {operations[tasks[host_id]]}"
         else:
             continue
-        refusals.append(f"host {host.hostname}: {verb}: {why}")
+        refusals.append(f"host {hostname}: {verb}: {why}")
     return refusals
 
 
@@ -101,31 +107,43 @@ def _buffers(plan: FleetPlan, live: LiveInventory) -> list[str]:
     totals = _new_totals(plan, live)
     for change in plan.of("pool", "update"):
         pool, current = change.spec, change.live
-        counts = live.counts.get(current.id, {})
-        in_service = counts.get(HostState.IN_SERVICE, 0)
-        planned_out = sum(counts.get(s, 0) for s in PLANNED_OUT_STATES)
-        failure_out = sum(counts.get(s, 0) for s in FAILURE_OUT_STATES)
         wanted = Pool(
+            name=pool.name,
             planned_buffer_hosts=pool.planned_buffer_hosts,
             planned_buffer_fraction=pool.planned_buffer_fraction,
             failure_buffer_hosts=pool.failure_buffer_hosts,
             failure_buffer_fraction=pool.failure_buffer_fraction,
-        ).buffers_for(totals.get(current.id, 0))
-        if "planned_buffer" in change.fields and wanted.planned < planned_out:
-            refusals.append(
-                f"pool {pool.name}: the planned buffer would be {wanted.planned} hosts, "
-                f"below the {planned_out} hosts out for planned work now"
-            )
-        if "failure_buffer" in change.fields and wanted.failure < failure_out:
-            refusals.append(
-                f"pool {pool.name}: the failure buffer would be {wanted.failure} hosts, "
-                f"below the {failure_out} hosts out broken now"
-            )
-        floor = wanted.floor if pool.hard_floor_hosts is None else pool.hard_floor_hosts
-        if "hard_floor" in change.fields and floor > in_service:
-            refusals.append(
-                f"pool {pool.name}: the hard floor would be {floor} hosts, above the {in_service} hosts in service now"
-            )
+            hard_floor_hosts=pool.hard_floor_hosts,
+        )
+        counts = live.counts.get(current.id, {})
+        refusals += buffer_refusals(wanted, counts, totals.get(current.id, 0), set(change.fields))
+    return refusals
+
+
+def buffer_refusals(wanted: Pool, counts: dict[str, int], total: int, changed: set[str]) -> list[str]:
+    """Refusals of a pool's new buffers (`planned_buffer`, `failure_buffer`, `hard_floor` in
+    changed) against its hosts by state now: no buffer below what is out for it, no hard floor above
+    what is in service. The one rule for the fleet file and the API."""
+    refusals = []
+    in_service = counts.get(HostState.IN_SERVICE, 0)
+    planned_out = sum(counts.get(s, 0) for s in PLANNED_OUT_STATES)
+    failure_out = sum(counts.get(s, 0) for s in FAILURE_OUT_STATES)
+    sizes = wanted.buffers_for(total)
+    if "planned_buffer" in changed and sizes.planned < planned_out:
+        refusals.append(
+            f"pool {wanted.name}: the planned buffer would be {sizes.planned} hosts, "
+            f"below the {planned_out} hosts out for planned work now"
+        )
+    if "failure_buffer" in changed and sizes.failure < failure_out:
+        refusals.append(
+            f"pool {wanted.name}: the failure buffer would be {sizes.failure} hosts, "
+            f"below the {failure_out} hosts out broken now"
+        )
+    floor = sizes.floor if wanted.hard_floor_hosts is None else wanted.hard_floor_hosts
+    if "hard_floor" in changed and floor > in_service:
+        refusals.append(
+            f"pool {wanted.name}: the hard floor would be {floor} hosts, above the {in_service} hosts in service now"
+        )
     return refusals
 
 

@@ -19,6 +19,7 @@ from fleet.fleetfile.reader import Problem, Reader
 from fleet.fleetfile.yamlfast import yaml_load
 from fleet.models import ComponentLayer, DomainKind, WorkloadClass
 from fleet.versions import version_sort_key
+from opsplanner.adapters import DRAINERS, EXECUTORS, Adapter
 
 FORMAT_VERSION = 1
 MAX_HOSTS_COUNT = 2_147_483_647
@@ -56,6 +57,8 @@ class PoolSpec:
     hard_floor_hosts: int | None
     domains: tuple[DomainSpec, ...]
     index: int
+    executor: str = Adapter.SIMULATED.value
+    drainer: str = Adapter.SIMULATED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +181,19 @@ def _each(reader: Reader, top: dict[str, Any], key: str, parse: Callable[[Reader
 
 # Pools and domains -------------------------------------------------------------------------------
 
-POOL_KEYS = {"name", "workload_class", "description", "planned_buffer", "failure_buffer", "hard_floor", "domains"}
+POOL_KEYS = {
+    "name",
+    "workload_class",
+    "description",
+    "planned_buffer",
+    "failure_buffer",
+    "hard_floor",
+    "executor",
+    "drainer",
+    "domains",
+}
+EXECUTOR_NAMES = [a.value for a in EXECUTORS]
+DRAINER_NAMES = [a.value for a in DRAINERS]
 
 
 def _pool(reader: Reader, raw: Any, place: str, index: int) -> PoolSpec | None:
@@ -201,10 +216,12 @@ def _pool(reader: Reader, raw: Any, place: str, index: int) -> PoolSpec | None:
         for index, item in enumerate(reader.sequence(data.get("domains", []), f"{place}.domains"))
     ]
     description = reader.text(data.get("description", ""), f"{place}.description", 10_000, blank=True)
+    executor = reader.choice(data.get("executor", Adapter.SIMULATED.value), f"{place}.executor", EXECUTOR_NAMES)
+    drainer = reader.choice(data.get("drainer", Adapter.SIMULATED.value), f"{place}.drainer", DRAINER_NAMES)
     if name is not None:
         raw = data.get("domains") if isinstance(data.get("domains"), list) else []
         reader.pools[name] = {str(d.get("name") if isinstance(d, dict) else d) for d in raw}
-    if None in (name, workload, planned, failure, description):
+    if None in (name, workload, planned, failure, description, executor, drainer):
         return None
     return PoolSpec(
         name=name,
@@ -217,6 +234,8 @@ def _pool(reader: Reader, raw: Any, place: str, index: int) -> PoolSpec | None:
         hard_floor_hosts=hard_floor,
         domains=tuple(d for d in domains if d is not None),
         index=index,
+        executor=executor,
+        drainer=drainer,
     )
 
 

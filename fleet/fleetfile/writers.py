@@ -26,7 +26,7 @@ from fleet.models import (
 from fleet.versions import version_sort_key
 from opsplanner import clock
 from opsplanner.bulk import insert_missing
-from opsplanner.events import Actor, actor_fields, events_copy_rows
+from opsplanner.events import Actor, EventRow, actor_fields, events_copy_rows
 
 CHUNK = 20_000
 REASON = "applied from the fleet file"
@@ -62,7 +62,7 @@ class FleetWriter:
         self.actor_id, self.actor = actor_fields(actor)
         self.actor_obj = actor
         self.reason = reason or REASON
-        self.events: list[tuple[Any, ...]] = []
+        self.events: list[EventRow] = []
         self.pool_ids = {name: p.id for name, p in live.pools.items()}
         self.domain_ids = {key: d.id for key, d in live.domains.items()}
 
@@ -79,7 +79,7 @@ class FleetWriter:
     ) -> None:
         payload = json.dumps(data if data is not None else _data(change), default=str, sort_keys=True)
         self.events.append(
-            (
+            EventRow(
                 self.now,
                 kind,
                 self.actor_id,
@@ -106,8 +106,8 @@ class FleetWriter:
             events_copy_rows(self.events[start : start + CHUNK * 5])
         counts = self.plan.counts()
         events_copy_rows(
-            [(self.now, "fleet.applied", self.actor_id, self.actor, "fleet.fleetfile", None, None, None, self.reason,
-              json.dumps({"counts": counts, "prune": self.plan.prune}))]
+            [EventRow(self.now, "fleet.applied", self.actor_id, self.actor, "fleet.fleetfile", None, None, None,
+                      self.reason, json.dumps({"counts": counts, "prune": self.plan.prune}))]
         )  # fmt: skip
 
     def _insert(self, model: type[Model], columns: Sequence[str], rows: list[tuple[Any, ...]], what: str) -> None:
@@ -172,17 +172,16 @@ class FleetWriter:
     def _offboard(self, updated: list[Change]) -> None:
         """Upgrades to a version the file withdraws are offboarded by their own service (pending work
         cancelled, hosts running it rolled back); the file's reason is written after it."""
-        from trains.models import Upgrade, UpgradeState
-        from trains.services.upgrades import upgrade_offboard
+        from fleet.services.catalogue import version_upgrades_offboard
 
-        withdrawn = {c.live.id: c for c in updated if c.fields.get("withdrawn") == (False, True)}
-        if not withdrawn:
-            return
-        for upgrade in Upgrade.objects.filter(component_version_id__in=list(withdrawn), state=UpgradeState.ACTIVE):
-            why = withdrawn[upgrade.component_version_id].spec[1].withdrawn_reason
-            upgrade_offboard(
-                upgrade=upgrade, reason=f"version withdrawn by the fleet file: {why}", actor=self.actor_obj
-            )
+        for change in updated:
+            if change.fields.get("withdrawn") == (False, True):
+                why = change.spec[1].withdrawn_reason
+                version_upgrades_offboard(
+                    version_ids=[change.live.id],
+                    reason=f"version withdrawn by the fleet file: {why}",
+                    actor=self.actor_obj,
+                )
 
     # Pools and domains ---------------------------------------------------------------------------
 
@@ -194,6 +193,8 @@ class FleetWriter:
         "failure_buffer_hosts",
         "failure_buffer_fraction",
         "hard_floor_hosts",
+        "executor",
+        "drainer",
     )
 
     def _pools(self) -> None:

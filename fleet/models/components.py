@@ -90,6 +90,17 @@ class InstalledVersion(models.Model):
         help_text="what the host ran before: the version a rollback restores",
     )
     installed_at = models.DateTimeField(default=clock.now)
+    # Drift: the host reported running something other than what OpsPlanner believed. The version it
+    # reported is recorded (trains see it); drift_from keeps what was believed until a report matches.
+    drift_from = models.ForeignKey(
+        ComponentVersion,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="what OpsPlanner believed when the host last reported something else (none: no drift)",
+    )
+    drift_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host_id", "component_id"]
@@ -98,9 +109,18 @@ class InstalledVersion(models.Model):
                 fields=["host", "component"],
                 name="installed_version_one_per_host_component",
                 violation_error_message="This host already has a version of that component.",
-            )
+            ),
+            models.CheckConstraint(
+                condition=Q(drift_from__isnull=True, drift_at__isnull=True)
+                | Q(drift_from__isnull=False, drift_at__isnull=False),
+                name="installed_version_drift_complete",
+            ),
         ]
-        indexes = [models.Index(fields=["component", "version"], name="installed_comp_version_idx")]
+        indexes = [
+            models.Index(fields=["component", "version"], name="installed_comp_version_idx"),
+            # Few rows drift: the hosts list's ?drift=true and the metric probe only those.
+            models.Index(fields=["host"], condition=Q(drift_from__isnull=False), name="installed_drift_host_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.host_id}: {self.version}"

@@ -31,6 +31,9 @@ def pool_create(
     failure_buffer_hosts: int | None = None,
     failure_buffer_fraction: Decimal | None = None,
     description: str = "",
+    hard_floor_hosts: int | None = None,
+    executor: str = "simulated",
+    drainer: str = "simulated",
     actor: Actor = None,
 ) -> Pool:
     pool = validated_save(
@@ -42,6 +45,9 @@ def pool_create(
             planned_buffer_fraction=planned_buffer_fraction,
             failure_buffer_hosts=failure_buffer_hosts,
             failure_buffer_fraction=failure_buffer_fraction,
+            hard_floor_hosts=hard_floor_hosts,
+            executor=executor,
+            drainer=drainer,
         )
     )
     event_record(kind="pool.created", subject=pool, actor=actor, pool_id=pool.pk, data={"name": name})

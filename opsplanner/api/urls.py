@@ -6,15 +6,15 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from opsplanner.api.views import advisor, auth, executors, fleet, fleet_apply, trains, work
+from opsplanner.api.views import advisor, auth, executors, fleet, fleet_apply, inventory, trains, work
 
 router = DefaultRouter()
-router.register("pools", fleet.PoolViewSet, basename="pool")
-router.register("domains", fleet.DomainViewSet, basename="domain")
-router.register("hosts", fleet.HostViewSet, basename="host")
-router.register("components", fleet.ComponentViewSet, basename="component")
-router.register("compatibility-rules", fleet.CompatibilityRuleViewSet, basename="compatibility-rule")
-router.register("services", fleet.ServiceViewSet, basename="service")
+router.register("pools", inventory.PoolViewSet, basename="pool")
+router.register("domains", inventory.DomainViewSet, basename="domain")
+router.register("hosts", inventory.HostViewSet, basename="host")
+router.register("components", inventory.ComponentViewSet, basename="component")
+router.register("compatibility-rules", inventory.CompatibilityRuleViewSet, basename="compatibility-rule")
+router.register("services", inventory.ServiceViewSet, basename="service")
 router.register("optout-windows", fleet.OptOutWindowViewSet, basename="optout-window")
 router.register("reservations", fleet.ReservationViewSet, basename="reservation")
 router.register("operations", work.OperationViewSet, basename="operation")

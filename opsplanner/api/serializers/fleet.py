@@ -4,35 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
 from rest_framework import serializers
 
 from fleet.models import (
-    FAILURE_OUT_STATES,
-    PLANNED_OUT_STATES,
     CapacityReservation,
     CompatibilityRule,
     Component,
     ComponentVersion,
     Host,
-    HostState,
     MaintenanceDomain,
     OptOutWindow,
     Pool,
     Service,
 )
 from fleet.models.services import _TimeWindow
+from fleet.selectors.inventory import pools_with_usage  # noqa: F401 (moved there; imported from here too)
 from opsplanner.api.serializers.fast import iso
-
-
-def pools_with_usage(queryset: QuerySet[Pool]) -> QuerySet[Pool]:
-    """Host counts by state as annotations: the buffer usage of every listed pool in one query."""
-    return queryset.annotate(
-        n_total=Count("hosts"),
-        n_in_service=Count("hosts", filter=Q(hosts__state=HostState.IN_SERVICE)),
-        n_planned_out=Count("hosts", filter=Q(hosts__state__in=PLANNED_OUT_STATES)),
-        n_failure_out=Count("hosts", filter=Q(hosts__state__in=FAILURE_OUT_STATES)),
-    )
 
 
 class PoolSerializer(serializers.ModelSerializer):
@@ -50,6 +37,8 @@ class PoolSerializer(serializers.ModelSerializer):
             "failure_buffer_hosts",
             "failure_buffer_fraction",
             "hard_floor_hosts",
+            "executor",
+            "drainer",
             "created_at",
             "usage",
         ]
@@ -95,6 +84,7 @@ class HostSerializer(serializers.ModelSerializer):
             "state_changed_at",
             "sku",
             "gpu_count",
+            "labels",
             "created_at",
         ]
 
@@ -112,6 +102,7 @@ class HostSerializer(serializers.ModelSerializer):
             "state_changed_at": iso(host.state_changed_at),
             "sku": host.sku,
             "gpu_count": host.gpu_count,
+            "labels": host.labels,
             "created_at": iso(host.created_at),
         }
 
@@ -121,6 +112,9 @@ class InstalledSerializer(serializers.Serializer):
     version = serializers.CharField()
     previous_version = serializers.CharField(allow_null=True)
     installed_at = serializers.DateTimeField()
+    drift_from = serializers.CharField(
+        allow_null=True, help_text="what OpsPlanner believed when the host last reported something else"
+    )
 
 
 class HolderSerializer(serializers.Serializer):
@@ -144,9 +138,9 @@ class HostDetailSerializer(HostSerializer):
         return f"/api/events/?host={host.pk}"
 
     def get_versions(self, host: Host) -> list[dict[str, Any]]:
-        rows = host.installed_versions.select_related("component", "version", "previous_version").order_by(
-            "component__name"
-        )
+        rows = host.installed_versions.select_related(
+            "component", "version", "previous_version", "drift_from"
+        ).order_by("component__name")
         return InstalledSerializer(
             [
                 {
@@ -154,6 +148,7 @@ class HostDetailSerializer(HostSerializer):
                     "version": row.version.version,
                     "previous_version": row.previous_version.version if row.previous_version_id else None,
                     "installed_at": row.installed_at,
+                    "drift_from": row.drift_from.version if row.drift_from_id else None,
                 }
                 for row in rows
             ],

@@ -23,6 +23,7 @@ from fleet.models import (
     Pool,
     Service,
 )
+from fleet.selectors.inventory import domains_with_sizes, pools_with_usage
 from fleet.services import optout_window_cancel, optout_window_create, reservation_create
 from fleet.services.owners import reservation_cancel
 from opsplanner.api.errors import Conflict
@@ -43,7 +44,7 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = s.PoolSerializer
 
     def get_queryset(self) -> QuerySet[Pool]:
-        return s.pools_with_usage(Pool.objects.order_by("name"))
+        return pools_with_usage(Pool.objects.order_by("name"))
 
     @extend_schema(responses=ForecastSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -59,7 +60,7 @@ class DomainViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = DomainFilter
 
     def get_queryset(self) -> QuerySet[MaintenanceDomain]:
-        return MaintenanceDomain.objects.select_related("pool").annotate(n_hosts=Count("hosts")).order_by("id")
+        return domains_with_sizes(MaintenanceDomain.objects.select_related("pool")).order_by("id")
 
 
 class HostViewSet(viewsets.ReadOnlyModelViewSet):

@@ -1,0 +1,211 @@
+"""Single changes to pools, domains, components, versions, compatibility rules, services and
+placements (creations are in fleet.services.inventory and fleet.services.owners). Each is one
+transaction, validated, with an event; the fleet file's rules are asked, not written again: buffers
+(`fleet.fleetfile.safety.buffer_refusals`), the withdrawn refusal
+(`opsplanner.services.compatibility.withdrawn_refusal`) and offboarding upgrades to a withdrawn version."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count
+
+from fleet.fleetfile.safety import buffer_refusals
+from fleet.models import (
+    CompatibilityRule,
+    Component,
+    ComponentVersion,
+    Host,
+    MaintenanceDomain,
+    Pool,
+    Service,
+    ServicePlacement,
+)
+from fleet.services.audit import inventory_record_delete, inventory_record_save
+from opsplanner import clock
+from opsplanner.events import Actor, event_record
+from opsplanner.services.compatibility import withdrawn_refusal
+
+POOL_FIELDS = (
+    "workload_class",
+    "description",
+    "planned_buffer_hosts",
+    "planned_buffer_fraction",
+    "failure_buffer_hosts",
+    "failure_buffer_fraction",
+    "hard_floor_hosts",
+    "executor",
+    "drainer",
+)
+# Which pool fields make up each buffer rule of fleet.fleetfile.safety.
+BUFFER_RULES = {
+    "planned_buffer": ("planned_buffer_hosts", "planned_buffer_fraction"),
+    "failure_buffer": ("failure_buffer_hosts", "failure_buffer_fraction"),
+    "hard_floor": ("hard_floor_hosts",),
+}
+
+
+@transaction.atomic
+def pool_update(*, pool_id: int, changes: Mapping[str, Any], actor: Actor = None, reason: str = "") -> Pool:
+    """Change a pool's fields (POOL_FIELDS). A buffer given as hosts drops its fraction and the
+    other way round. Refused (conflict) when a buffer would fall below what is out for it now, or
+    the hard floor rise above what is in service (the numbers are named)."""
+    unknown = set(changes) - set(POOL_FIELDS)
+    if unknown:
+        raise ValueError(f"not pool fields: {sorted(unknown)}")
+    pool = Pool.objects.select_for_update(no_key=True).get(pk=pool_id)
+    for name, value in changes.items():
+        setattr(pool, name, value)
+    for kind in ("planned", "failure"):
+        hosts, fraction = f"{kind}_buffer_hosts", f"{kind}_buffer_fraction"
+        if hosts in changes and fraction not in changes and changes[hosts] is not None:
+            setattr(pool, fraction, None)
+        if fraction in changes and hosts not in changes and changes[fraction] is not None:
+            setattr(pool, hosts, None)
+    pool.full_clean()
+    counts = dict(
+        Host.objects.filter(pool_id=pool_id).values("state").annotate(n=Count("id")).values_list("state", "n")
+    )
+    changed = {rule for rule, fields in BUFFER_RULES.items() if set(fields) & set(changes)}
+    refusals = buffer_refusals(pool, counts, sum(counts.values()), changed)
+    if refusals:
+        raise ValidationError([ValidationError(refusal, code="conflict") for refusal in refusals])
+    inventory_record_save(obj=pool, actor=actor, fields=POOL_FIELDS, reason=reason or "pool changed")
+    return pool
+
+
+@transaction.atomic
+def domain_update(
+    *, domain_id: int, kind: str | None = None, position: int | None = None, actor: Actor = None, reason: str = ""
+) -> MaintenanceDomain:
+    domain = MaintenanceDomain.objects.select_related("pool").get(pk=domain_id)
+    domain.kind = domain.kind if kind is None else kind
+    domain.position = domain.position if position is None else position
+    inventory_record_save(obj=domain, actor=actor, fields=["kind", "position"], reason=reason or "domain changed")
+    return domain
+
+
+@transaction.atomic
+def component_update(
+    *,
+    component_id: int,
+    display_name: str | None = None,
+    needs_reboot: bool | None = None,
+    needs_drain: bool | None = None,
+    actor: Actor = None,
+    reason: str = "",
+) -> Component:
+    """Change how a component installs; its name and layer stay (rules and trains refer to them)."""
+    component = Component.objects.get(pk=component_id)
+    for name, value in (("display_name", display_name), ("needs_reboot", needs_reboot), ("needs_drain", needs_drain)):
+        if value is not None:
+            setattr(component, name, value)
+    fields = ["display_name", "needs_reboot", "needs_drain"]
+    inventory_record_save(obj=component, actor=actor, fields=fields, reason=reason or "component changed")
+    return component
+
+
+def version_upgrades_offboard(*, version_ids: Iterable[int], reason: str, actor: Actor) -> int:
+    """Offboard every active upgrade to these versions through the upgrade's own service (its
+    pending work cancelled with the reason, hosts running it rolled back). Returns how many.
+    The one rule for withdrawing a version, by the fleet file or the API."""
+    from trains.models import Upgrade, UpgradeState
+    from trains.services.upgrades import upgrade_offboard
+
+    upgrades = Upgrade.objects.filter(component_version_id__in=list(version_ids), state=UpgradeState.ACTIVE)
+    return sum(bool(upgrade_offboard(upgrade=upgrade, reason=reason, actor=actor)) for upgrade in upgrades)
+
+
+@transaction.atomic
+def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = None) -> ComponentVersion:
+    """Withdraw a version: no upgrade may target it, and its active upgrades are offboarded (their
+    pending work cancelled with the reason). A withdrawn version is refused with why it was withdrawn."""
+    if not reason.strip():
+        raise ValidationError({"reason": "Say why the version is withdrawn."})
+    version = ComponentVersion.objects.select_for_update().select_related("component").get(pk=version_id)
+    refusal = withdrawn_refusal(version)
+    if refusal is not None:
+        raise ValidationError(refusal.message, code="conflict")
+    offboarded = version_upgrades_offboard(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
+    ComponentVersion.objects.filter(pk=version.pk).update(withdrawn_at=clock.now(), withdrawn_reason=reason[:500])
+    version.refresh_from_db()
+    event_record(
+        kind="component_version.withdrawn",
+        subject=version,
+        actor=actor,
+        reason=reason,
+        data={"component": version.component.name, "version": version.version, "offboarded_upgrades": offboarded},
+    )
+    return version
+
+
+@transaction.atomic
+def compatibility_rule_delete(*, rule_id: int, actor: Actor = None, reason: str = "") -> None:
+    rule = CompatibilityRule.objects.get(pk=rule_id)
+    inventory_record_delete(obj=rule, actor=actor, reason=reason or "compatibility rule removed")
+
+
+@transaction.atomic
+def service_update(
+    *,
+    service_id: int,
+    display_name: str | None = None,
+    description: str | None = None,
+    owners: Iterable[Any] | None = None,
+    actor: Actor = None,
+    reason: str = "",
+) -> Service:
+    service = Service.objects.get(pk=service_id)
+    if display_name is not None:
+        service.display_name = display_name
+    if description is not None:
+        service.description = description
+    m2m = {"owners": list(owners)} if owners is not None else None
+    fields = ["display_name", "description"]
+    inventory_record_save(obj=service, actor=actor, fields=fields, m2m=m2m, reason=reason or "service changed")
+    return service
+
+
+@transaction.atomic
+def service_placements_set(
+    *, service: Service, hosts: Iterable[Host], running_jobs: int, actor: Actor = None
+) -> dict[str, int]:
+    """Place service on hosts with running_jobs each: new placements are added, existing ones get
+    the new count. Event `service.placed` with how many were added and changed."""
+    if running_jobs < 0:
+        raise ValidationError({"running_jobs": "Running jobs cannot be negative."})
+    host_ids = sorted({host.pk for host in hosts})
+    if not host_ids:
+        raise ValidationError({"hosts": "Name at least one host."})
+    existing = dict(
+        ServicePlacement.objects.filter(service=service, host_id__in=host_ids).values_list("host_id", "running_jobs")
+    )
+    ServicePlacement.objects.bulk_create(
+        [
+            ServicePlacement(service=service, host_id=pk, running_jobs=running_jobs)
+            for pk in host_ids
+            if pk not in existing
+        ]
+    )
+    changed = [pk for pk, jobs in existing.items() if jobs != running_jobs]
+    ServicePlacement.objects.filter(service=service, host_id__in=changed).update(running_jobs=running_jobs)
+    counts = {"added": len(host_ids) - len(existing), "changed": len(changed)}
+    if counts["added"] or counts["changed"]:
+        data = {"hosts_added": counts["added"], "hosts_changed": counts["changed"], "running_jobs": running_jobs}
+        event_record(kind="service.placed", subject=service, actor=actor, data=data)
+    return counts
+
+
+@transaction.atomic
+def service_placements_remove(*, service: Service, hosts: Iterable[Host], actor: Actor = None) -> int:
+    """Take service off hosts; hosts it is not on are left alone. Event `service.unplaced`."""
+    host_ids = sorted({host.pk for host in hosts})
+    if not host_ids:
+        raise ValidationError({"hosts": "Name at least one host."})
+    removed, _ = ServicePlacement.objects.filter(service=service, host_id__in=host_ids).delete()
+    if removed:
+        event_record(kind="service.unplaced", subject=service, actor=actor, data={"hosts_removed": removed})
+    return removed
