@@ -30,6 +30,7 @@ from opsplanner.roles import Role
 from tests.api_helpers import token_client
 from tests.trains_builders import make_user
 from trains.models import Cycle, Train, TrainStop, Upgrade, UpgradePhase, Visit
+from trains.selectors_forecast import FORECAST_QUERIES
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +153,7 @@ LIST_QUERIES = {
     "events": ("page_size", CURSOR),
     "trains": ("limit", LIMIT_OFFSET + 1),  # stops
     "visits": ("limit", LIMIT_OFFSET),
-    "upgrades": ("limit", LIMIT_OFFSET + 1),  # phases
+    "upgrades": ("limit", LIMIT_OFFSET + 1 + FORECAST_QUERIES),  # phases, the forecast
 }
 
 

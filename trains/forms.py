@@ -4,7 +4,7 @@ their refusals are shown next to the field they are about."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
@@ -13,7 +13,7 @@ from django.db import transaction
 from fleet.models import Component, ComponentVersion, Pool
 from fleet.versions import MAX_VERSION_LENGTH
 from opsplanner.scopes import MAX_SCOPE_LENGTH
-from trains.models.upgrades import PhaseSelection
+from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.trains import train_create, train_update
 from trains.services.upgrades import upgrade_create, upgrade_offboard
 
@@ -195,6 +195,13 @@ class TrainForm(ServiceForm):
         help_text="How long one domain's visit is expected to take, for the SLO check and the forecast.",
     )
     visit_concurrency = _concurrency_field()
+    visit_overhead_s = _seconds(
+        "Visit overhead (seconds)",
+        maximum=MAX_VISIT_ESTIMATE_S,
+        required=False,
+        help_text="Drain, checks and return of one visit besides the upgrades' own work; sizes what a visit takes "
+        "(empty: half the visit estimate).",
+    )
     domain_order = _domain_order_field(required=False)
     priority = forms.IntegerField(
         min_value=0, max_value=1000, initial=200, help_text="Higher goes first where operations overlap (0 to 1000)."
@@ -258,8 +265,8 @@ class PhaseRowForm(forms.Form):
     soak_s = forms.IntegerField(label="Soak (s)", min_value=0, max_value=MAX_SOAK_S, required=False, initial=0)
     selection = forms.ChoiceField(choices=PhaseSelection.choices, required=False, initial=PhaseSelection.FIXED)
 
-    def __init__(self, *args: Any, position: int, **kwargs: Any) -> None:
-        super().__init__(*args, prefix=f"phase-{position}", **kwargs)
+    def __init__(self, data: Any = None, *, position: int, **kwargs: Any) -> None:
+        super().__init__(data, prefix=f"phase-{position}", **kwargs)
         for name, field in self.fields.items():
             field.widget.attrs["aria-label"] = f"Phase {position + 1} {field.label or name}"
 
@@ -319,12 +326,34 @@ class UpgradeForm(ServiceForm):
     hosts_per_visit = forms.IntegerField(
         min_value=1, max_value=MAX_COUNT, required=False, help_text="The bound a multi-cycle upgrade needs."
     )
+    priority = forms.IntegerField(
+        min_value=0,
+        max_value=1000,
+        initial=DEFAULT_UPGRADE_PRIORITY,
+        required=False,
+        help_text=f"Higher goes first when a visit cannot take every pending upgrade (0 to 1000; empty: "
+        f"{DEFAULT_UPGRADE_PRIORITY}).",
+    )
+    deadline = forms.DateTimeField(
+        label="Deadline (UTC)",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Optional: every host by then. It goes ahead of upgrades of the same priority; an alert says "
+        "what would meet it if the forecast misses it.",
+    )
+    duration_s = forms.IntegerField(
+        label="Time per host (seconds)",
+        min_value=1,
+        max_value=MAX_SOAK_S,
+        required=False,
+        help_text="Expected time to apply it on one host; empty: the default estimate, corrected by measured visits.",
+    )
 
     SERVICE_FIELDS: ClassVar[dict[str, str]] = {"component_version": "version", "phases": NON_FIELD_ERRORS}
 
     def __init__(self, data: Any = None, *, versions: list[tuple[str, list[tuple[str, str]]]]) -> None:
         super().__init__(data)
-        self.fields["version"].choices = [("", "Choose a version"), *versions]
+        cast(forms.ChoiceField, self.fields["version"]).choices = [("", "Choose a version"), *versions]
         self.phase_rows = [PhaseRowForm(data, position=i) for i in range(PHASE_ROWS)]
 
     def is_valid(self) -> bool:
@@ -350,6 +379,9 @@ class UpgradeForm(ServiceForm):
                 max_failure_rate=None if rate is None else float(rate),
                 multi_cycle=data["multi_cycle"],
                 hosts_per_visit=data["hosts_per_visit"],
+                priority=DEFAULT_UPGRADE_PRIORITY if data["priority"] is None else data["priority"],
+                deadline=data["deadline"],
+                duration_s=data["duration_s"],
                 actor=actor,
             )
         )

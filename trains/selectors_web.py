@@ -27,6 +27,8 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
+from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
+from trains.services.budget import factor_from
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
 
@@ -100,8 +102,9 @@ def trains_shown(
     return list(trains.exclude(ended).order_by("pool__name", "emergency", "name"))
 
 
-def _visit_seconds(train_ids: list[int]) -> dict[int, list[float]]:
-    """Per train, the lengths of its recent visits that drained hosts, newest first (one query)."""
+def _visit_seconds(train_ids: list[int]) -> tuple[dict[int, list[float]], dict[int, float]]:
+    """Per train, the lengths of its recent visits that drained hosts, newest first, and how long
+    they took against their planned cost (one query)."""
     ranked = (
         Visit.objects.filter(train_id__in=train_ids, state=VisitState.DONE, started_at__isnull=False)
         .exclude(plan__hosts=[])
@@ -110,9 +113,15 @@ def _visit_seconds(train_ids: list[int]) -> dict[int, list[float]]:
         .order_by("train_id", "rank")
     )
     lengths: dict[int, list[float]] = defaultdict(list)
-    for train_id, started, ended in ranked.values_list("train_id", "started_at", "ended_at"):
-        lengths[train_id].append((ended - started).total_seconds())
-    return lengths
+    ratios: dict[int, list[float]] = defaultdict(list)
+    for train_id, started, ended, cost in ranked.values_list("train_id", "started_at", "ended_at", "plan__cost_s"):
+        if started is None or ended is None:  # a done visit has both
+            continue
+        seconds = (ended - started).total_seconds()
+        lengths[train_id].append(seconds)
+        if isinstance(cost, int | float) and cost > 0:
+            ratios[train_id].append(seconds / cost)
+    return lengths, {train_id: factor_from(values) for train_id, values in ratios.items()}
 
 
 def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> dict[int, TrainForecast]:
@@ -120,13 +129,25 @@ def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> 
     return _read_trains(trains, now or clock.now())[0]
 
 
+def trains_forecasts_with_visits(
+    trains: list[Train], *, now: dt.datetime | None = None
+) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
+    """The forecasts, and the visits of each train's open cycle by domain (five queries)."""
+    return _read_trains(trains, now or clock.now())
+
+
 def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
     """The forecasts, and the visits of each train's open cycle by domain."""
     ids = [t.pk for t in trains]
     if not ids:
         return {}, {}
-    cycles = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, ended_at__isnull=True)}
-    recent = _visit_seconds(ids)
+    # The latest cycle of each train: the open one, or the number the next cycle follows.
+    latest = {
+        c.train_id: c
+        for c in Cycle.objects.filter(train_id__in=ids).order_by("train_id", "-number").distinct("train_id")
+    }
+    cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
+    recent, factors = _visit_seconds(ids)
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
     for train_id, domain_id, at in (
         Visit.objects.filter(train_id__in=ids, state=VisitState.DONE)
@@ -148,6 +169,8 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
         forecasts[train.pk] = forecast_from_rows(
             train, cycles.get(train.pk), seconds, last[train.pk], visits[train.pk], stops[train.pk], now
         )
+        forecasts[train.pk].last_cycle_number = latest[train.pk].number if train.pk in latest else 0
+        forecasts[train.pk].factor = factors.get(train.pk, 1.0)
     return forecasts, visits
 
 
@@ -213,6 +236,7 @@ class UpgradeRow:
     upgrade: Upgrade
     phases: list[PhaseRow]
     reonboard: Approval | None  # a pending request to re-onboard it
+    forecast: UpgradeForecast | None = None  # when it reaches every host (active upgrades)
 
     @property
     def reonboard_state(self) -> str:
@@ -262,10 +286,12 @@ def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
 
 
 def upgrade_rows(upgrades: list[Upgrade]) -> list[UpgradeRow]:
-    """Upgrades with their phases' counts and any pending re-onboarding request (three queries)."""
+    """Upgrades with their phases' counts, any pending re-onboarding request, and the forecast of
+    the active ones (a fixed number of queries: selectors_forecast.upgrades_forecasts)."""
     ids = [u.pk for u in upgrades]
     if not ids:
         return []
+    forecasts = upgrades_forecasts(upgrades)
     phases: dict[int, list[UpgradePhase]] = defaultdict(list)
     for phase in phases_with_counts(ids):
         phases[phase.upgrade_id].append(phase)
@@ -291,6 +317,7 @@ def upgrade_rows(upgrades: list[Upgrade]) -> list[UpgradeRow]:
                 for p in phases[upgrade.pk]
             ],
             reonboard=pending.get(upgrade.pk),
+            forecast=forecasts.get(upgrade.pk),
         )
         for upgrade in upgrades
     ]

@@ -1,6 +1,7 @@
 from trains.models.trains import (
     LIVE_TRAIN_STATES,
     STOPPED_TRAIN_STATES,
+    BudgetCode,
     Cycle,
     Train,
     TrainState,
@@ -13,6 +14,7 @@ from trains.models.upgrades import Upgrade, UpgradePhase, UpgradeState, VisitOpe
 __all__ = [
     "LIVE_TRAIN_STATES",
     "STOPPED_TRAIN_STATES",
+    "BudgetCode",
     "Cycle",
     "Train",
     "TrainState",

@@ -22,6 +22,13 @@ class TrainState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class BudgetCode(models.TextChoices):
+    """Why a train's visits cannot keep its cycle SLO (empty: they can)."""
+
+    NONE = "", "Fits"
+    UPGRADE_TOO_LONG = "upgrade_too_long", "An upgrade alone needs more than a visit's budget"
+
+
 STOPPED_TRAIN_STATES = frozenset({TrainState.PAUSED, TrainState.AUTOSTOPPED})
 LIVE_TRAIN_STATES = frozenset({TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED})
 
@@ -50,6 +57,15 @@ class Train(models.Model):
     visit_estimate_s = models.PositiveIntegerField(
         default=3600, validators=[MinValueValidator(1)], help_text="expected length of one visit, for the forecast"
     )
+    visit_overhead_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="drain, checks and return of one visit, besides the upgrades' own work (sizes the visits); "
+        "empty: half the visit estimate",
+    )
+    budget_code = models.CharField(max_length=20, choices=BudgetCode.choices, blank=True, default=BudgetCode.NONE)
+    budget_reason = models.CharField(max_length=500, blank=True, default="")
     priority = models.PositiveSmallIntegerField(default=200, validators=[MaxValueValidator(1000)])
     executor = models.CharField(
         max_length=16, choices=EXECUTOR_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
@@ -82,6 +98,11 @@ class Train(models.Model):
             ),
             models.CheckConstraint(condition=Q(visit_concurrency__gte=1), name="train_visit_concurrency_positive"),
             models.CheckConstraint(condition=Q(cycle_slo_s__gte=F("visit_estimate_s")), name="train_slo_fits_a_visit"),
+            models.CheckConstraint(
+                condition=Q(budget_code="", budget_reason="") | (~Q(budget_code="") & ~Q(budget_reason="")),
+                name="train_budget_code_has_reason",
+                violation_error_message="A budget overrun has a code and a reason (and only an overrun has them).",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -12,6 +12,8 @@ from fleet.models import ComponentVersion, MaintenanceDomain, Pool
 from opsplanner import clock
 from opsplanner.models import Operation
 
+DEFAULT_UPGRADE_PRIORITY = 100
+
 
 class UpgradeState(models.TextChoices):
     ACTIVE = "active", "Active"
@@ -42,6 +44,23 @@ class Upgrade(models.Model):
     )
     failure_rate_min_hosts = models.PositiveIntegerField(default=5, help_text="hosts finished before the rate counts")
     multi_cycle = models.BooleanField(default=False, help_text="applied to a bounded number of hosts per visit")
+    priority = models.PositiveSmallIntegerField(
+        default=DEFAULT_UPGRADE_PRIORITY,
+        validators=[MaxValueValidator(1000)],
+        help_text="higher goes first when a visit cannot take every pending upgrade",
+    )
+    deadline = models.DateTimeField(
+        null=True, blank=True, help_text="every host by then; ahead of upgrades of the same priority without one"
+    )
+    deadline_alerted_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the forecast first said the deadline cannot be met"
+    )
+    duration_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="expected time to apply it on one host; empty: the default estimate, corrected by measured visits",
+    )
     hosts_per_visit = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

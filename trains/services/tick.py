@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef
 
-from fleet.models import PLANNED_OUT_STATES, Host, HostState
+from fleet.models import PLANNED_OUT_STATES, Host
 from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
-from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind, OperationSource, TaskState
+from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
 from opsplanner.services.approvals import approvals_expire
-from opsplanner.services.operations import operation_submit
 from opsplanner.services.optouts import optouts_by_domain
 from trains.models import (
     Cycle,
@@ -34,12 +33,13 @@ from trains.models import (
     UpgradePhase,
     UpgradeState,
     Visit,
-    VisitOperation,
     VisitState,
 )
 from trains.selectors import train_forecast
+from trains.services.budget import VisitSizing, train_budget_check, train_sizing
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
+from trains.services.upgrade_forecast import upgrades_deadline_check
 from trains.services.upgrades import (
     hosts_below_target,
     phase_host_sets,
@@ -49,6 +49,7 @@ from trains.services.upgrades import (
     upgrades_phase_failures,
     upgrades_phases,
 )
+from trains.services.visits import UpgradePlan, late_joiner_candidates, visit_start, visits_join_late
 
 log = logging.getLogger(__name__)
 ACTOR = "train-scheduler"
@@ -71,25 +72,6 @@ def trains_tick() -> list[TrainTickReport]:
     ]
 
 
-@dataclass
-class _Plan:
-    """Per active upgrade: the hosts its current phase allows; which of them still need it is
-    asked of the database only where it matters (a domain being visited, a cycle to open)."""
-
-    upgrade: Upgrade
-    phase: UpgradePhase
-    allowed: set[int]
-    _has_pending: bool | None = None
-
-    def pending_among(self, host_ids: set[int]) -> set[int]:
-        return set(hosts_below_target(self.upgrade, self.allowed & host_ids).values_list("id", flat=True))
-
-    def has_pending(self) -> bool:
-        if self._has_pending is None:
-            self._has_pending = hosts_below_target(self.upgrade, self.allowed).exists()
-        return self._has_pending
-
-
 @transaction.atomic
 def train_tick(*, train_id: int) -> TrainTickReport:
     report = TrainTickReport(train_id=train_id)
@@ -106,9 +88,12 @@ def train_tick(*, train_id: int) -> TrainTickReport:
     active = _upgrades_policy_step(train, report)
     _finish_visits(train, now, report)
     _autostop_step(train, now, report)
+    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
+    if train.state == TrainState.RUNNING:
+        _late_joiners_step(train, running, active, now, report)
     # Completion, graduation and the hosts still pending matter when a visit could start; while
     # every visit slot is taken (most ticks of a busy train) they wait for the next free slot.
-    if train.state != TrainState.RUNNING or _visit_slot_free(train):
+    if train.state != TrainState.RUNNING or len(running) < train.visit_concurrency:
         plans = _upgrades_progress_step(train, active, now, report)
         if train.state == TrainState.RUNNING:
             _start_visits(train, plans, now, report)
@@ -116,8 +101,20 @@ def train_tick(*, train_id: int) -> TrainTickReport:
     return report
 
 
-def _visit_slot_free(train: Train) -> bool:
-    return Visit.objects.filter(train=train, state=VisitState.RUNNING).count() < train.visit_concurrency
+def _late_joiners_step(
+    train: Train, running: list[Visit], active: list[_Active], now: dt.datetime, report: TrainTickReport
+) -> None:
+    """Upgrades created while a visit runs join its hosts still drained (trains/services/visits.py);
+    no query unless a visit has such an upgrade it has not considered yet."""
+    candidates = late_joiner_candidates(running, [a.upgrade for a in active])
+    if not candidates:
+        return
+    late = {u.pk for upgrades in candidates.values() for u in upgrades}
+    plans = _upgrades_progress_step(train, [a for a in active if a.upgrade.pk in late], now, report)
+    for visit_id, upgrade_id, hosts in visits_join_late(
+        train=train, running=running, candidates=candidates, plans=plans, sizing=train_sizing(train)
+    ):
+        report.events.append(f"upgrade {upgrade_id} joined visit {visit_id} on {hosts} hosts")
 
 
 # --- 1. upgrades ------------------------------------------------------------------------------------
@@ -167,7 +164,7 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
 
 def _upgrades_progress_step(
     train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport
-) -> list[_Plan]:
+) -> list[UpgradePlan]:
     """Complete the upgrades every host has, graduate phases; the plans of the others."""
     scopes: dict[str, list[int]] = {}
     plans = []
@@ -184,12 +181,12 @@ def _upgrades_progress_step(
             continue
         sets = phase_host_sets(phases, scope)
         if phase is phases[-1]:  # nothing wider to open: the upgrade completes when its scope is done
-            plans.append(_Plan(upgrade=upgrade, phase=phase, allowed=sets[phase.position]))
+            plans.append(UpgradePlan(upgrade=upgrade, phase=phase, allowed=sets[phase.position]))
             continue
         allowed = phase_evidence_step(
             train=train, upgrade=upgrade, phases=phases, sets=sets, scope=scope, successes=entry.successes, now=now
         )
-        plan = _Plan(upgrade=upgrade, phase=phase, allowed=allowed)
+        plan = UpgradePlan(upgrade=upgrade, phase=phase, allowed=allowed)
         if _graduates(upgrade, phase, entry.successes, now):
             following = phases[phase.position + 1]
             if phase_graduate(
@@ -201,7 +198,7 @@ def _upgrades_progress_step(
                 f"now {following.name}",
             ):
                 report.events.append(f"upgrade {upgrade.pk} graduated to phase {following.position}")
-                plan = _Plan(
+                plan = UpgradePlan(
                     upgrade=upgrade, phase=following, allowed=phase_allowed_hosts(phases, following.position, sets)
                 )
         plans.append(plan)
@@ -349,7 +346,7 @@ def _autostop_step(train: Train, now: dt.datetime, report: TrainTickReport) -> N
 
 
 # --- 4. visits starting -----------------------------------------------------------------------------
-def _open_cycle(train: Train, plans: list[_Plan], now: dt.datetime) -> Cycle | None:
+def _open_cycle(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cycle | None:
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is not None:
         return cycle
@@ -375,7 +372,7 @@ def _open_cycle(train: Train, plans: list[_Plan], now: dt.datetime) -> Cycle | N
     return cycle
 
 
-def _start_visits(train: Train, plans: list[_Plan], now: dt.datetime, report: TrainTickReport) -> None:
+def _start_visits(train: Train, plans: list[UpgradePlan], now: dt.datetime, report: TrainTickReport) -> None:
     cycle = _open_cycle(train, plans, now)
     if cycle is None:
         return
@@ -386,15 +383,31 @@ def _start_visits(train: Train, plans: list[_Plan], now: dt.datetime, report: Tr
         report.events.append(f"cycle {cycle.number} done")
         return
     optouts = {} if train.emergency else optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
+    sizing = None
     for visit in planned:
         if running >= train.visit_concurrency:
             break
         if visit.domain_id in optouts:
             _skip(train, visit, optouts[visit.domain_id], now)
             continue
-        if _start_visit(train, visit, plans, now):
+        if sizing is None:  # read once per tick, and only when a visit starts
+            sizing = train_sizing(train)
+            _budget_step(train, plans, sizing, now)
+        selection = visit_start(train=train, visit=visit, plans=plans, sizing=sizing, now=now)
+        if selection is None:
+            continue
+        if selection.taken:
             running += 1
+        else:
+            _end_visit(visit, now, "nothing pending in this domain")
         report.events.append(f"visit {visit.pk} started")
+
+
+def _budget_step(train: Train, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime) -> None:
+    """Say at once when an upgrade alone cannot fit a visit; alert on deadlines the forecast misses."""
+    if not train.emergency:
+        train_budget_check(train=train, upgrades=[p.upgrade for p in plans], sizing=sizing)
+        upgrades_deadline_check(pool_id=train.pool_id, now=now)
 
 
 def _skip(train: Train, visit: Visit, reason: str, now: dt.datetime) -> None:
@@ -410,67 +423,6 @@ def _skip(train: Train, visit: Visit, reason: str, now: dt.datetime) -> None:
         pool_id=train.pool_id,
         data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id},
     )
-
-
-def _start_visit(train: Train, visit: Visit, plans: list[_Plan], now: dt.datetime) -> bool:
-    """Record the plan, create one operation per upgrade over the domain's hosts; True when the
-    visit drains hosts, False when there was nothing to do there (the visit is done at once)."""
-    in_service = set(
-        Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
-    )
-    steps = []
-    for plan in plans:
-        hosts = sorted(plan.pending_among(in_service))
-        if plan.upgrade.multi_cycle and plan.upgrade.hosts_per_visit:
-            hosts = hosts[: plan.upgrade.hosts_per_visit]
-        if hosts:
-            steps.append((plan, hosts))
-    if not Visit.objects.filter(pk=visit.pk, state=VisitState.PLANNED).update(
-        state=VisitState.RUNNING,
-        started_at=now,
-        skip_reason="",
-        plan={
-            "hosts": sorted({h for _, hosts in steps for h in hosts}),
-            "upgrades": [
-                {"upgrade": p.upgrade.pk, "target": str(p.upgrade.component_version), "phase": p.phase.name,
-                 "hosts": len(hosts)}
-                for p, hosts in steps
-            ],
-        },
-    ):  # fmt: skip
-        return False
-    visit.state, visit.started_at, visit.train = VisitState.RUNNING, now, train
-    source = OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN
-    for plan, hosts in steps:
-        version = plan.upgrade.component_version
-        operation = operation_submit(
-            kind=OperationKind.UPGRADE,
-            scope=f"train {train.name}, domain {visit.domain.name}: {len(hosts)} hosts",
-            host_ids=hosts,
-            component=version.component.name,
-            version=version.version,
-            reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) on visit {visit.pk} of train {train.name}",
-            priority=train.priority,
-            source=source,
-            override_buffers=train.emergency,
-            executor=train.executor,
-            drainer=train.drainer,
-            actor=ACTOR,
-        )
-        VisitOperation.objects.create(visit=visit, upgrade=plan.upgrade, operation=operation, phase=plan.phase.position)
-    event_record(
-        kind="train.visit_started",
-        subject=visit,
-        actor=ACTOR,
-        pool_id=train.pool_id,
-        reason="emergency" if train.emergency else "",
-        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "emergency": train.emergency,
-              "hosts": sum(len(h) for _, h in steps), "upgrades": [p.upgrade.pk for p, _ in steps]},
-    )  # fmt: skip
-    if not steps:
-        _end_visit(visit, now, "nothing pending in this domain")
-        return False
-    return True
 
 
 def _end_cycle(train: Train, cycle: Cycle, now: dt.datetime) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySe
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
-from fleet.models import Host, HostState, InstalledVersion, MaintenanceDomain, Pool
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, MaintenanceDomain, Pool
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
@@ -33,8 +34,9 @@ from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_cancel, operation_submit
-from trains.models import Upgrade, UpgradePhase, UpgradeState
-from trains.models.upgrades import PhaseSelection
+from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState
+from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
+from trains.services.budget import train_budget_check
 
 SUBJECT = "trains.upgrade"
 ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
@@ -159,18 +161,17 @@ def upgrade_create(
     multi_cycle: bool = False,
     hosts_per_visit: int | None = None,
     emergency: bool = False,
+    priority: int = DEFAULT_UPGRADE_PRIORITY,
+    deadline: dt.datetime | None = None,
+    duration_s: int | None = None,
     actor: Actor = None,
 ) -> Upgrade:
-    """Create an upgrade for the pool's train, or refuse with the reason (nothing is written)."""
-    if not reason or not reason.strip():
-        raise ValidationError({"reason": "Say why this upgrade is needed."})
-    target = version_of(component, version)
-    if target.withdrawn_at is not None:
-        raise ValidationError({"version": f"{target} is withdrawn: {target.withdrawn_reason}"})
-    if multi_cycle and not hosts_per_visit:
-        raise ValidationError({"hosts_per_visit": "A multi-cycle upgrade needs a number of hosts per visit."})
-    if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
-        raise ValidationError({"max_failure_rate": "The failure rate is between 0 and 1."})
+    """Create an upgrade for the pool's train, or refuse with the reason (nothing is written). The
+    train says at once if the upgrade cannot fit one of its visits, or if a deadline cannot be met."""
+    target = _checked_request(
+        reason=reason, component=component, version=version, multi_cycle=multi_cycle,
+        hosts_per_visit=hosts_per_visit, max_failure_rate=max_failure_rate,
+    )  # fmt: skip
     specs = _phase_specs(phases)
     scope = (scope or f"pool {pool.name}").strip()
     _, label = actor_fields(actor)
@@ -185,11 +186,57 @@ def upgrade_create(
         failure_rate_min_hosts=failure_rate_min_hosts,
         multi_cycle=multi_cycle,
         hosts_per_visit=hosts_per_visit,
+        priority=priority,
+        deadline=deadline,
+        duration_s=duration_s,
         requested_by=actor_user(actor),
         requester=label,
         created_at=clock.now(),
     )
     upgrade.full_clean()
+    if deadline is not None and deadline <= upgrade.created_at:
+        raise ValidationError({"deadline": "The deadline is in the past."})
+    scope_ids = _checked_scope(pool, scope, target)
+    upgrade.save()
+    UpgradePhase.objects.bulk_create(_phase_rows(upgrade, specs, scope_ids))
+    event_record(
+        kind="upgrade.created",
+        subject=upgrade,
+        actor=actor,
+        reason=upgrade.reason,
+        pool_id=pool.pk,
+        data={"target": str(target), "scope": scope, "hosts": len(scope_ids), "phases": [s.name for s in specs],
+              "emergency": emergency, "priority": priority, "deadline": deadline.isoformat() if deadline else None},
+    )  # fmt: skip
+    if not emergency:
+        _train_says_at_once(pool)
+    return upgrade
+
+
+def _checked_request(
+    *,
+    reason: str,
+    component: str,
+    version: str,
+    multi_cycle: bool,
+    hosts_per_visit: int | None,
+    max_failure_rate: float | None,
+) -> ComponentVersion:
+    """The target version, once the request's own fields make sense together."""
+    if not reason or not reason.strip():
+        raise ValidationError({"reason": "Say why this upgrade is needed."})
+    target = version_of(component, version)
+    if target.withdrawn_at is not None:
+        raise ValidationError({"version": f"{target} is withdrawn: {target.withdrawn_reason}"})
+    if multi_cycle and not hosts_per_visit:
+        raise ValidationError({"hosts_per_visit": "A multi-cycle upgrade needs a number of hosts per visit."})
+    if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
+        raise ValidationError({"max_failure_rate": "The failure rate is between 0 and 1."})
+    return target
+
+
+def _checked_scope(pool: Pool, scope: str, target: ComponentVersion) -> list[int]:
+    """The scope's hosts, all in the pool, none left incompatible by the target."""
     scope_ids = sorted(resolve_scope(parse_scope(scope)))
     outside = Host.objects.filter(pk__any=scope_ids).exclude(pool=pool).count()
     if outside:
@@ -197,12 +244,19 @@ def upgrade_create(
     refusal = target_refusal(scope_ids, target)
     if refusal is not None:
         raise refusal.error("version")
-    upgrade.save()
-    domains = {d.name: d for d in MaintenanceDomain.objects.filter(pool=pool)}
+    return scope_ids
+
+
+def _phase_rows(upgrade: Upgrade, specs: list[PhaseSpec], scope_ids: list[int]) -> list[UpgradePhase]:
+    """The phases as rows, each able to show its evidence (a domain phase has hosts in scope; a
+    phase can reach its successes)."""
+    domains = {d.name: d for d in MaintenanceDomain.objects.filter(pool=upgrade.pool)}
     rows = []
     for position, spec in enumerate(specs):
         if spec.domain and spec.domain not in domains:
-            raise ValidationError({"phases": f"Phase {spec.name}: pool {pool.name} has no domain {spec.domain}."})
+            raise ValidationError(
+                {"phases": f"Phase {spec.name}: pool {upgrade.pool.name} has no domain {spec.domain}."}
+            )
         rows.append(
             UpgradePhase(
                 upgrade=upgrade,
@@ -216,9 +270,8 @@ def upgrade_create(
                 started_at=upgrade.created_at if position == 0 else None,
             )
         )
-    sets = phase_host_sets(rows, scope_ids)
     before: set[int] = set()
-    for phase, allowed in zip(rows, sets, strict=True):
+    for phase, allowed in zip(rows, phase_host_sets(rows, scope_ids), strict=True):
         new = len(allowed - before)
         if phase.domain_id and new == 0:
             raise ValidationError({"phases": f"Phase {phase.name}: domain {phase.domain.name} has no host in scope."})
@@ -231,22 +284,24 @@ def upgrade_create(
                 {"phases": f"Phase {phase.name} {verb} {offered} hosts; it cannot wait for {wanted} successes."}
             )
         before = allowed
-    UpgradePhase.objects.bulk_create(rows)
-    event_record(
-        kind="upgrade.created",
-        subject=upgrade,
-        actor=actor,
-        reason=upgrade.reason,
-        pool_id=pool.pk,
-        data={
-            "target": str(target),
-            "scope": scope,
-            "hosts": len(scope_ids),
-            "phases": [s.name for s in specs],
-            "emergency": emergency,
-        },
+    return rows
+
+
+def _train_says_at_once(pool: Pool) -> None:
+    """The pool's train checks at once that every active upgrade fits one of its visits, and the
+    forecast that every deadline is met (alerts otherwise), rather than when a cycle misses."""
+    from trains.services.upgrade_forecast import upgrades_deadline_check
+
+    train = Train.objects.filter(pool=pool, emergency=False, state__in=LIVE_TRAIN_STATES).select_related("pool").first()
+    if train is None:
+        return
+    active = list(
+        Upgrade.objects.filter(pool=pool, emergency=False, state=UpgradeState.ACTIVE).select_related(
+            "component_version"
+        )
     )
-    return upgrade
+    train_budget_check(train=train, upgrades=active)
+    upgrades_deadline_check(pool_id=pool.pk, now=clock.now())
 
 
 def upgrade_tasks(upgrade: Upgrade, *, phase: int | None = None) -> QuerySet[HostTask]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from typing import Any, cast
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 from opsplanner.scopes import MAX_SCOPE_LENGTH
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit
-from trains.models.upgrades import PhaseSelection
+from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
+from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 
 
 class TrainSerializer(serializers.ModelSerializer):
@@ -29,6 +34,9 @@ class TrainSerializer(serializers.ModelSerializer):
             "visit_concurrency",
             "cycle_slo_s",
             "visit_estimate_s",
+            "visit_overhead_s",
+            "budget_code",
+            "budget_reason",
             "priority",
             "executor",
             "drainer",
@@ -48,6 +56,13 @@ class TrainInput(serializers.Serializer):
     visit_estimate_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, default=3600)
     domain_order = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=10_000)
     visit_concurrency = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    visit_overhead_s = serializers.IntegerField(
+        min_value=1,
+        max_value=30 * 24 * 3600,
+        required=False,
+        allow_null=True,
+        help_text="drain, checks and return of one visit; empty: half the visit estimate",
+    )
     priority = serializers.IntegerField(min_value=0, max_value=1000, default=200)
     auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, required=False)
     executor = serializers.ChoiceField(choices=EXECUTOR_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
@@ -125,15 +140,37 @@ class UpgradePhaseSerializer(serializers.ModelSerializer):
         ]
 
 
+class UpgradeForecastSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(choices=ForecastCode.choices)
+    cycle = serializers.IntegerField(allow_null=True, help_text="the cycle by which every host has it")
+    at = serializers.DateTimeField(allow_null=True, help_text="around when that cycle reaches its last host")
+    deadline_met = serializers.BooleanField(allow_null=True, help_text="null: the upgrade has no deadline")
+    text = serializers.CharField()
+
+
+class UpgradeListSerializer(serializers.ListSerializer):
+    """Forecasts every upgrade of the page at once (a fixed number of queries, whatever the page)."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        upgrades = list(data.all() if hasattr(data, "all") else data)
+        # The child reads its root's context: one forecast for the whole page.
+        cast(dict[str, Any], self._context)["forecasts"] = upgrades_forecasts(upgrades)
+        return super().to_representation(upgrades)
+
+
 class UpgradeSerializer(serializers.ModelSerializer):
     component = serializers.CharField(source="component_version.component.name", read_only=True)
     version = serializers.CharField(source="component_version.version", read_only=True)
     phases = UpgradePhaseSerializer(many=True, read_only=True)
     held_code = serializers.SerializerMethodField(help_text="why the phase in force cannot graduate; empty if it can")
     held_reason = serializers.SerializerMethodField(help_text="what holds the phase in force and what would unblock it")
+    forecast = serializers.SerializerMethodField(
+        help_text="when the upgrade reaches every host of its scope, from its place in the backlog"
+    )
 
     class Meta:
         model = Upgrade
+        list_serializer_class = UpgradeListSerializer
         fields = [
             "id",
             "pool",
@@ -150,13 +187,24 @@ class UpgradeSerializer(serializers.ModelSerializer):
             "failure_rate_min_hosts",
             "multi_cycle",
             "hosts_per_visit",
+            "priority",
+            "deadline",
+            "duration_s",
             "requester",
             "created_at",
             "finished_at",
             "held_code",
             "held_reason",
+            "forecast",
             "phases",
         ]
+
+    @extend_schema_field(UpgradeForecastSerializer)
+    def get_forecast(self, upgrade: Upgrade) -> dict:
+        forecasts = self.context.get("forecasts")
+        if forecasts is None or upgrade.pk not in forecasts:  # one upgrade (a detail, a create)
+            forecasts = upgrades_forecasts([upgrade])
+        return UpgradeForecastSerializer(asdict(forecasts[upgrade.pk])).data
 
     def _phase_in_force(self, upgrade: Upgrade) -> UpgradePhase | None:
         phases = upgrade.phases.all()  # prefetched by the viewset
@@ -192,3 +240,8 @@ class UpgradeInput(serializers.Serializer):
     failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=1_000_000, default=5)
     multi_cycle = serializers.BooleanField(default=False)
     hosts_per_visit = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    priority = serializers.IntegerField(min_value=0, max_value=1000, default=DEFAULT_UPGRADE_PRIORITY)
+    deadline = serializers.DateTimeField(required=False, help_text="every host by then; moves the upgrade ahead")
+    duration_s = serializers.IntegerField(
+        min_value=1, max_value=30 * 24 * 3600, required=False, help_text="expected time to apply it on one host"
+    )

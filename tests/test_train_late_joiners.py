@@ -1,0 +1,99 @@
+"""Late joiners: an upgrade created while a visit runs is applied to the visit's hosts that are
+still drained or not yet started, in the same drain, when it fits the visit's budget."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.test.utils import CaptureQueriesContext
+
+from fleet.models import Host, HostState, Pool
+from opsplanner.models import Event, HostTask
+from opsplanner.services.tick import pool_tick
+from tests.builders import make_fleet
+from tests.driving import drive_trains, instant_simulator
+from tests.trains_builders import make_train
+from trains.models import Train, Upgrade, UpgradeState, Visit, VisitOperation, VisitState
+from trains.services.tick import train_tick
+from trains.services.upgrades import upgrade_create
+
+pytestmark = pytest.mark.django_db
+
+
+def drains_per_host(pool: Pool) -> Counter[int]:
+    return Counter(HostTask.objects.filter(pool_id=pool.pk, drain_key=F("id")).values_list("host_id", flat=True))
+
+
+def a_visit_draining(**train_fields: object) -> tuple[Pool, list[Host], Train, Visit]:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool, **train_fields)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+    train_tick(train_id=train.pk)
+    pool_tick(pool_id=pool.pk, kick=False)
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    assert Host.objects.filter(pk__in=visit.plan["hosts"], state=HostState.DRAINING).count() == 2
+    return pool, hosts, train, visit
+
+
+def test_an_upgrade_created_mid_visit_joins_the_drained_hosts_in_the_same_drain() -> None:
+    pool, hosts, train, visit = a_visit_draining()
+
+    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver fix")
+    report = train_tick(train_id=train.pk)
+
+    assert f"upgrade {late.pk} joined visit {visit.pk} on 2 hosts" in report.events
+    link = VisitOperation.objects.get(visit=visit, upgrade=late)
+    assert set(link.operation.tasks.values_list("host_id", flat=True)) == set(visit.plan["hosts"])
+    visit.refresh_from_db()
+    assert visit.plan["upgrades"][-1]["joined"] is True
+    assert Event.objects.filter(kind="train.visit_joined", subject_id=visit.pk, data__upgrade=late.pk).exists()
+    # Joining twice is not joining again.
+    train_tick(train_id=train.pk)
+    assert VisitOperation.objects.filter(visit=visit, upgrade=late).count() == 1
+
+    drive_trains(pool, until=lambda: not Upgrade.objects.filter(pool=pool, state=UpgradeState.ACTIVE).exists())
+
+    assert drains_per_host(pool) == {host.pk: 1 for host in hosts}
+    for host_id in visit.plan["hosts"]:  # both upgrades in the one drain
+        keys = set(HostTask.objects.filter(host_id=host_id).values_list("drain_key", flat=True))
+        assert len(keys) == 1
+        assert HostTask.objects.filter(host_id=host_id).count() == 2
+
+
+def busy_tick_queries(train: Train) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert train_tick(train_id=train.pk).events == []
+    return len(captured)
+
+
+def test_an_upgrade_created_mid_visit_that_does_not_fit_its_budget_waits_and_is_considered_once() -> None:
+    # A budget for one upgrade per visit: 600 s overhead + 1200 s work against 3600 / 2 = 1800 s.
+    pool, _, train, visit = a_visit_draining(cycle_slo_s=3600, visit_overhead_s=600)
+    quiet = busy_tick_queries(train)
+
+    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="fix", duration_s=1200)
+    train_tick(train_id=train.pk)
+
+    assert not VisitOperation.objects.filter(visit=visit, upgrade=late).exists()
+    assert not Event.objects.filter(kind="train.visit_joined").exists()
+    visit.refresh_from_db()
+    assert visit.plan["late_seen"] == [late.pk]
+    # Considered once: the busy ticks after it cost what they cost before it came.
+    assert busy_tick_queries(train) == quiet
+
+
+def test_a_late_upgrade_skips_hosts_of_the_visit_already_on_their_way_back() -> None:
+    pool, _, train, visit = a_visit_draining()
+    leaving, staying = sorted(visit.plan["hosts"])
+    # One host's work is applied and it is being verified: it no longer takes work in this drain.
+    HostTask.objects.filter(host_id=leaving, operation__visit_link__visit=visit).update(state="verifying")
+
+    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver fix")
+    train_tick(train_id=train.pk)
+
+    link = VisitOperation.objects.get(visit=visit, upgrade=late)
+    assert list(link.operation.tasks.values_list("host_id", flat=True)) == [staying]

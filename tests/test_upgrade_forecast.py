@@ -1,0 +1,206 @@
+"""Per-upgrade forecast and deadline: each upgrade reaches every host "by cycle N, around <date>"
+from its place in the backlog (API and upgrades page); a deadline that cannot be met raises an alert
+that says what would meet it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from rest_framework.test import APIClient
+
+from fleet.models import Pool
+from opsplanner import clock
+from opsplanner.models import Event
+from opsplanner.roles import Role
+from tests.builders import make_fleet
+from tests.driving import instant_simulator
+from tests.trains_builders import make_train, make_user
+from trains.models import Train, Upgrade
+from trains.selectors_forecast import FORECAST_QUERIES, ForecastCode, UpgradeForecast, upgrades_forecasts
+from trains.services.tick import train_tick
+from trains.services.upgrade_forecast import DeadlineFix
+from trains.services.upgrades import upgrade_create
+
+pytestmark = pytest.mark.django_db
+
+# Three domains, one visit at a time, a 5400 s cycle: 1800 s a visit, which fits one upgrade of
+# 1200 s work plus 600 s overhead. A cycle with work in every domain lasts 3 x 1800 s = 1.5 h.
+CYCLE = dt.timedelta(seconds=5400)
+
+
+def one_upgrade_per_visit() -> tuple[Pool, Train]:
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2)
+    return pool, make_train(pool, cycle_slo_s=5400, visit_overhead_s=600)
+
+
+def create(pool: Pool, component: str, version: str, **fields: object) -> Upgrade:
+    fields = {"reason": "rollout", "duration_s": 1200, **fields}
+    return upgrade_create(pool=pool, component=component, version=version, **fields)  # type: ignore[arg-type]
+
+
+def forecast_of(upgrade: Upgrade) -> UpgradeForecast:
+    return upgrades_forecasts([Upgrade.objects.get(pk=upgrade.pk)])[upgrade.pk]
+
+
+def test_the_forecast_per_upgrade_moves_when_a_higher_priority_upgrade_arrives() -> None:
+    pool, _ = one_upgrade_per_visit()
+    before = clock.now()
+    bios = create(pool, "bios", "2.16.0")
+
+    alone = forecast_of(bios)
+    assert (alone.code, alone.cycle) == (ForecastCode.SCHEDULED, 1)
+    assert before + CYCLE <= alone.at <= clock.now() + CYCLE
+    assert alone.text.startswith("reaches every host by cycle 1, around ")
+
+    driver = create(pool, "gpu-driver", "560.35.03", priority=500)
+
+    behind = forecast_of(bios)
+    assert behind.cycle == 2
+    assert behind.at >= alone.at + CYCLE
+    assert forecast_of(driver).cycle == 1
+
+
+def test_the_forecast_counts_the_open_cycle_and_what_its_visits_already_took() -> None:
+    pool, train = one_upgrade_per_visit()
+    bios = create(pool, "bios", "2.16.0")
+    driver = create(pool, "gpu-driver", "560.35.03")
+    train_tick(train_id=train.pk)  # cycle 1 opens; its first visit takes bios (the older one)
+
+    assert forecast_of(bios).cycle == 1
+    assert forecast_of(driver).cycle == 2
+
+
+def test_an_upgrade_without_a_running_train_says_it_is_not_scheduled() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=1)
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+
+    assert forecast_of(upgrade).code == ForecastCode.NO_TRAIN
+
+
+def test_a_deadline_a_higher_priority_would_meet_raises_an_alert_saying_so() -> None:
+    pool, _ = one_upgrade_per_visit()
+    create(pool, "gpu-driver", "560.35.03", priority=500)
+
+    late = create(pool, "bios", "2.16.0", deadline=clock.now() + CYCLE + dt.timedelta(minutes=30))
+
+    alert = Event.objects.get(kind="alert.upgrade_deadline_at_risk", subject_id=late.pk)
+    assert alert.data["fix"] == DeadlineFix.RAISE_PRIORITY
+    assert alert.data["forecast_cycle"] == 2
+    assert "raising its priority to 1000 (now 100) would meet it" in alert.reason
+    assert forecast_of(late).deadline_met is False
+    # One alert per upgrade, not one per check.
+    train_tick(train_id=Train.objects.get(pool=pool).pk)
+    assert Event.objects.filter(kind="alert.upgrade_deadline_at_risk").count() == 1
+
+
+def test_a_deadline_the_trains_pace_cannot_meet_names_an_emergency_train() -> None:
+    pool, _ = one_upgrade_per_visit()
+
+    rushed = create(pool, "bios", "2.16.0", deadline=clock.now() + dt.timedelta(minutes=30))
+
+    alert = Event.objects.get(kind="alert.upgrade_deadline_at_risk", subject_id=rushed.pk)
+    assert alert.data["fix"] == DeadlineFix.EMERGENCY_TRAIN
+    assert "emergency train" in alert.reason
+
+
+def test_a_deadline_that_is_met_raises_nothing_and_the_forecast_says_so() -> None:
+    pool, _ = one_upgrade_per_visit()
+
+    relaxed = create(pool, "bios", "2.16.0", deadline=clock.now() + dt.timedelta(days=2))
+
+    assert not Event.objects.filter(kind="alert.upgrade_deadline_at_risk").exists()
+    forecast = forecast_of(relaxed)
+    assert forecast.deadline_met is True
+    assert "meets its deadline" in forecast.text
+
+
+def test_the_api_shows_each_upgrades_forecast_and_takes_a_priority_and_deadline() -> None:
+    pool, _ = one_upgrade_per_visit()
+    client = APIClient()
+    client.force_authenticate(make_user(Role.OPERATOR))
+    deadline = (clock.now() + dt.timedelta(days=3)).isoformat()
+
+    created = client.post(
+        "/api/upgrades/",
+        {"pool": pool.pk, "component": "bios", "version": "2.16.0", "reason": "rollout", "priority": 300,
+         "deadline": deadline, "duration_s": 1200},
+        format="json",
+    )  # fmt: skip
+    listed = client.get("/api/upgrades/")
+
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert (body["priority"], body["duration_s"]) == (300, 1200)
+    assert body["forecast"]["code"] == "scheduled"
+    assert body["forecast"]["cycle"] == 1
+    assert body["forecast"]["deadline_met"] is True
+    listed_forecast = listed.json()["results"][0]["forecast"]
+    assert (listed_forecast["code"], listed_forecast["cycle"]) == ("scheduled", 1)
+
+
+def test_the_upgrades_page_shows_the_forecast() -> None:
+    from django.test import Client
+
+    pool, _ = one_upgrade_per_visit()
+    upgrade = create(pool, "bios", "2.16.0")
+    client = Client()
+    client.force_login(make_user(Role.VIEWER))
+
+    page = client.get("/trains/upgrades/").content.decode()
+
+    assert f'data-forecast="{ForecastCode.SCHEDULED}"' in page
+    assert forecast_of(upgrade).text in page
+
+
+def test_forecasting_six_upgrades_of_a_pool_with_a_train_costs_the_queries_of_two() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.trains_builders import nic_firmware
+
+    pool, train = one_upgrade_per_visit()
+    nic_firmware()
+    targets = [("bios", "2.16.0"), ("gpu-driver", "560.35.03"), ("nic-firmware", "22.4")]
+    for component, version in targets[:2]:
+        create(pool, component, version)
+    train_tick(train_id=train.pk)  # an open cycle with a running visit: every part of the read is used
+
+    def queries() -> int:
+        upgrades = list(Upgrade.objects.filter(pool=pool))
+        with CaptureQueriesContext(connection) as captured:
+            forecasts = upgrades_forecasts(upgrades)
+        assert {f.code for f in forecasts.values()} == {ForecastCode.SCHEDULED}
+        return len(captured)
+
+    for_two = queries()
+    for _ in range(2):
+        for component, version in targets:
+            create(pool, component, version, scope=f"pool {pool.name}")
+    assert queries() == for_two == FORECAST_QUERIES
+
+
+def test_the_upgrade_form_takes_a_priority_a_deadline_and_a_time_per_host() -> None:
+    from django.test import Client
+
+    from tests.test_web_trains_forms import error_of, upgrade_form
+
+    pool, _ = one_upgrade_per_visit()
+    client = Client()
+    client.force_login(make_user(Role.OPERATOR))
+    deadline = clock.now() + dt.timedelta(days=2)
+
+    response = client.post(
+        "/trains/upgrades/new/",
+        upgrade_form(pool.name, priority="700", deadline=f"{deadline:%Y-%m-%dT%H:%M}", duration_s="900"),
+    )
+    past = client.post("/trains/upgrades/new/", upgrade_form(pool.name, deadline="2001-01-01T00:00"))
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    upgrade = Upgrade.objects.get(pool=pool)
+    assert (upgrade.priority, upgrade.duration_s) == (700, 900)
+    assert upgrade.deadline == deadline.replace(second=0, microsecond=0)
+    assert past.status_code == 400
+    assert "The deadline is in the past." in error_of(past, "deadline")

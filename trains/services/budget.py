@@ -1,0 +1,221 @@
+"""Visits sized to the promise: each visit of a train has a time budget (its share of the cycle SLO),
+and takes the pending upgrades that fit in it, by priority, then deadline, then age; the rest waits
+for the next cycle (still one drain per host per cycle).
+
+The cost model of one visit: hosts of a domain work in parallel, as many at once as the visit's
+share of the planned buffer allows (waves), and each host applies its upgrades one after another in
+one drain (handover). So a visit costs waves x (overhead + the sum of the upgrades' work), corrected
+by how long the train's recent visits really took against what they were planned to take.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber
+
+from fleet.models import Host
+from fleet.selectors.capacity import pool_capacity
+from opsplanner.events import event_record
+from trains.models import BudgetCode, Train, TrainStop, Upgrade, Visit, VisitState
+
+MEASURED_VISITS = 10  # recent visits that correct the estimates
+MIN_MEASURED = 3  # fewer than this and the estimates stand as they are
+FACTOR_BOUNDS = (0.25, 10.0)  # one odd visit cannot make the budget absurd
+ACTOR = "train-scheduler"
+
+T = TypeVar("T")
+
+
+def upgrade_order_key(upgrade: Upgrade) -> tuple[int, float, float, int]:
+    """The order a visit takes upgrades in: priority (higher first), then deadline (sooner first,
+    none last), then age."""
+    deadline = upgrade.deadline.timestamp() if upgrade.deadline else math.inf
+    return (-upgrade.priority, deadline, upgrade.created_at.timestamp(), upgrade.pk)
+
+
+def train_overhead_s(train: Train) -> int:
+    """Drain, checks and return of one visit: as set, else half the train's visit estimate."""
+    return train.visit_overhead_s if train.visit_overhead_s is not None else max(1, train.visit_estimate_s // 2)
+
+
+def train_default_work_s(train: Train) -> int:
+    """An upgrade without a duration of its own: what is left of the train's visit estimate after the
+    overhead (a visit of one such upgrade takes the estimate), at least a second."""
+    return max(1, train.visit_estimate_s - train_overhead_s(train))
+
+
+@dataclass(frozen=True)
+class VisitSizing:
+    """What sizes a train's visits: the budget, the overhead, the hosts one visit may have out at
+    once, and the measured correction of the estimates."""
+
+    budget_s: float
+    overhead_s: int
+    hosts_at_once: int
+    factor: float
+    domains: int
+    largest_domain: int
+    default_work_s: int = 1
+
+    def work_s(self, upgrade: Upgrade) -> int:
+        """The time one host takes to apply the upgrade (before the measured correction)."""
+        return upgrade.duration_s or self.default_work_s
+
+    def waves(self, hosts: int) -> int:
+        return max(1, math.ceil(hosts / self.hosts_at_once)) if hosts else 0
+
+    def cost_s(self, hosts: int, works: Sequence[float]) -> float:
+        """The expected length of a visit over `hosts` hosts applying `works` one after another."""
+        if not hosts or not works:
+            return 0.0
+        return self.waves(hosts) * (self.overhead_s + sum(works)) * self.factor
+
+
+def train_sizing(train: Train) -> VisitSizing:
+    """The sizing of the train's visits (four queries)."""
+    domain_ids = list(TrainStop.objects.filter(train=train).values_list("domain_id", flat=True))
+    return sizing_for(
+        train,
+        domains=len(domain_ids),
+        largest_domain=_largest_domain(domain_ids),
+        planned_buffer=pool_capacity(train.pool).buffers.planned,
+        factor=measured_factor(train),
+    )
+
+
+def sizing_for(train: Train, *, domains: int, largest_domain: int, planned_buffer: int, factor: float) -> VisitSizing:
+    """The sizing from what was read: each visit's share of the SLO, and of the planned buffer (an
+    emergency train may take whole domains whatever the buffer, down to the hard floor)."""
+    at_once = largest_domain if train.emergency else planned_buffer // train.visit_concurrency
+    return VisitSizing(
+        budget_s=train.cycle_slo_s * train.visit_concurrency / max(1, domains),
+        overhead_s=train_overhead_s(train),
+        hosts_at_once=max(1, at_once),
+        factor=factor,
+        domains=max(1, domains),
+        largest_domain=largest_domain,
+        default_work_s=train_default_work_s(train),
+    )
+
+
+def _largest_domain(domain_ids: list[int]) -> int:
+    counts = Host.objects.filter(domain_id__in=domain_ids).values("domain_id").annotate(n=Count("id"))
+    return max((row["n"] for row in counts), default=0)
+
+
+def measured_factor(train: Train) -> float:
+    """How long the train's recent visits took against the cost they were planned at (one query);
+    1 until enough visits were measured."""
+    ranked = (
+        Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
+        .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
+        .filter(rank__lte=MEASURED_VISITS)
+    )
+    return factor_from(
+        [
+            (ended - started).total_seconds() / float(cost)
+            for started, ended, cost in ranked.values_list("started_at", "ended_at", "plan__cost_s")
+            if started is not None and ended is not None  # a done visit has both
+        ]
+    )
+
+
+def factor_from(ratios: list[float]) -> float:
+    """The correction from measured visits (real length over planned cost); 1 until enough."""
+    if len(ratios) < MIN_MEASURED:
+        return 1.0
+    low, high = FACTOR_BOUNDS
+    return min(high, max(low, sum(ratios) / len(ratios)))
+
+
+@dataclass
+class Selection:
+    """The upgrades a visit takes (in order) and the ones it leaves for the next cycle."""
+
+    taken: list = field(default_factory=list)
+    left: list = field(default_factory=list)
+    cost_s: float = 0.0
+    over_budget: bool = False  # the first upgrade alone did not fit: taken anyway, and said
+
+
+def select_within_budget(
+    candidates: Sequence[T], *, sizing: VisitSizing, hosts_of: Callable[[T], set[int]], work_of: Callable[[T], float]
+) -> Selection:
+    """First fit in the given order: each candidate joins the visit if the visit still fits the
+    budget with it. The first one is taken even alone over the budget (the train says so), so a
+    backlog never stops moving."""
+    selection = Selection()
+    hosts: set[int] = set()
+    works: list[float] = []
+    for candidate in candidates:
+        more_hosts = hosts | hosts_of(candidate)
+        cost = sizing.cost_s(len(more_hosts), [*works, work_of(candidate)])
+        if cost <= sizing.budget_s or not selection.taken:
+            selection.over_budget = selection.over_budget or cost > sizing.budget_s
+            selection.taken.append(candidate)
+            hosts, works, selection.cost_s = more_hosts, [*works, work_of(candidate)], cost
+        else:
+            selection.left.append(candidate)
+    return selection
+
+
+# --- the train says at once when one upgrade cannot fit a visit ---------------------------------------
+def overrun_reason(train: Train, upgrade: Upgrade, sizing: VisitSizing) -> str:
+    """Empty when the upgrade alone fits a visit of its largest domain; else the numbers and what
+    budget, buffer or domain size would fit."""
+    work = sizing.work_s(upgrade) * sizing.factor
+    hosts = sizing.largest_domain
+    cost = sizing.cost_s(hosts, [sizing.work_s(upgrade)])
+    if cost <= sizing.budget_s:
+        return ""
+    waves = sizing.waves(hosts)
+    per_wave = (sizing.overhead_s + sizing.work_s(upgrade)) * sizing.factor
+    needed_slo = math.ceil(cost * sizing.domains / train.visit_concurrency)
+    fixes = [f"a cycle SLO of at least {needed_slo} s (now {train.cycle_slo_s} s)"]
+    if waves > 1 and per_wave <= sizing.budget_s:
+        fits = max(1, int(sizing.budget_s // per_wave))  # waves that fit the budget
+        fixes.append(f"a planned buffer of at least {math.ceil(hosts / fits) * train.visit_concurrency} hosts")
+        fixes.append(f"domains of at most {fits * sizing.hosts_at_once} hosts")
+    return (
+        f"upgrade #{upgrade.pk} ({upgrade.component_version}) needs {cost:.0f} s per visit "
+        f"({waves} wave(s) of {sizing.overhead_s} s overhead + {work:.0f} s work on domains of up to {hosts} hosts, "
+        f"{sizing.hosts_at_once} at once) against a budget of {sizing.budget_s:.0f} s "
+        f"({train.cycle_slo_s} s over {sizing.domains} domains); it would fit with " + " or ".join(fixes)
+    )
+
+
+def train_budget_check(*, train: Train, upgrades: Sequence[Upgrade], sizing: VisitSizing | None = None) -> str:
+    """Record on the train (code and reason) whether its active upgrades each fit one visit, with an
+    alert when that changes to no; clear it when they fit again. Runs in the caller's transaction."""
+    sizing = sizing or train_sizing(train)
+    reasons = [r for r in (overrun_reason(train, u, sizing) for u in upgrades) if r]
+    reason = "; ".join(reasons)[:500]
+    code = BudgetCode.UPGRADE_TOO_LONG if reason else BudgetCode.NONE
+    if (code, reason) == (train.budget_code, train.budget_reason):
+        return reason
+    Train.objects.filter(pk=train.pk).update(budget_code=code, budget_reason=reason)
+    train.budget_code, train.budget_reason = code, reason
+    if reason:
+        event_record(
+            kind="alert.train_visit_over_budget",
+            subject=train,
+            actor=ACTOR,
+            reason=f"train {train.name} cannot keep its {train.cycle_slo_s} s cycle: {reason}",
+            pool_id=train.pool_id,
+            data={"train": train.pk, "budget_s": round(sizing.budget_s), "upgrades": [u.pk for u in upgrades]},
+        )
+    else:
+        event_record(
+            kind="train.visit_budget_fits",
+            subject=train,
+            actor=ACTOR,
+            reason=f"every active upgrade fits a visit of {sizing.budget_s:.0f} s again",
+            pool_id=train.pool_id,
+            data={"train": train.pk},
+        )
+    return reason

@@ -1,0 +1,264 @@
+"""Starting a visit and letting late upgrades join it.
+
+A visit takes, within its budget (trains/services/budget.py), the pending upgrades of its domain in
+(priority, deadline, age) order; per component only the newest pending upgrade is applied to a host
+(an older one counts the host as superseded there, not pending), and the newest takes the best place
+in the queue of the upgrades it supersedes. An upgrade created while a visit runs joins the visit's
+hosts that are still drained or not yet started, in the same drain, when it fits the budget.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from fleet.models import Host, HostState, Pool
+from opsplanner.events import event_record
+from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
+from opsplanner.services.operations import operation_submit
+from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
+from trains.services.budget import Selection, VisitSizing, select_within_budget, upgrade_order_key
+from trains.services.upgrades import hosts_below_target
+
+ACTOR = "train-scheduler"
+# A host whose visit task is in one of these is still drained for the visit (or not yet started):
+# a task pending for it is handed over in the same drain. Verifying hosts are on their way back.
+JOINABLE_TASK_STATES = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING]
+
+
+@dataclass
+class UpgradePlan:
+    """Per active upgrade: the hosts its current phase allows; which of them still need it is
+    asked of the database only where it matters (a domain being visited, a cycle to open)."""
+
+    upgrade: Upgrade
+    phase: UpgradePhase
+    allowed: set[int]
+    _has_pending: bool | None = None
+
+    def pending_among(self, host_ids: set[int]) -> set[int]:
+        return set(hosts_below_target(self.upgrade, self.allowed & host_ids).values_list("id", flat=True))
+
+    def has_pending(self) -> bool:
+        if self._has_pending is None:
+            self._has_pending = hosts_below_target(self.upgrade, self.allowed).exists()
+        return self._has_pending
+
+
+@dataclass
+class Step:
+    """One upgrade on some hosts of a visit; `superseded` counts the hosts an older upgrade of the
+    same component would have taken that get this one directly."""
+
+    plan: UpgradePlan
+    hosts: set[int]
+    work_s: int
+    superseded: dict[int, int] = field(default_factory=dict)  # older upgrade id -> hosts
+
+
+def _sort_key(upgrade: Upgrade) -> str:
+    return upgrade.component_version.sort_key
+
+
+def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> list[Step]:
+    """The pending work among `host_ids`, one step per upgrade, newest version per component and
+    host, in the order a visit takes them (a newer release inherits the best place it supersedes)."""
+    pending = [(plan, plan.pending_among(host_ids)) for plan in plans]
+    by_component: dict[int, list[tuple[UpgradePlan, set[int]]]] = defaultdict(list)
+    for plan, hosts in pending:
+        if hosts:
+            by_component[plan.upgrade.component_version.component_id].append((plan, hosts))
+    steps: list[tuple[tuple, Step]] = []
+    for entries in by_component.values():
+        entries.sort(key=lambda e: _sort_key(e[0].upgrade), reverse=True)  # newest first
+        claimed: dict[int, int] = {}  # host -> the newer upgrade that takes it
+        for plan, hosts in entries:
+            own = hosts - claimed.keys()
+            step = Step(plan=plan, hosts=own, work_s=sizing.work_s(plan.upgrade))
+            for host in own:
+                claimed[host] = plan.upgrade.pk
+            if own:
+                steps.append((upgrade_order_key(plan.upgrade), step))
+            superseded_by: dict[int, int] = defaultdict(int)
+            for host in hosts & claimed.keys() - own:
+                superseded_by[claimed[host]] += 1
+            for newer_id, count in superseded_by.items():
+                newer = next(s for _, s in steps if s.plan.upgrade.pk == newer_id)
+                newer.superseded[plan.upgrade.pk] = count
+    # A newer release takes the best queue place of what it supersedes.
+    keys = {id(step): key for key, step in steps}
+    for _, step in steps:
+        for older in (p for p, _ in pending if p.upgrade.pk in step.superseded):
+            keys[id(step)] = min(keys[id(step)], upgrade_order_key(older.upgrade))
+    return [step for _, step in sorted(steps, key=lambda ks: keys[id(ks[1])])]
+
+
+def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
+    return select_within_budget(steps, sizing=sizing, hosts_of=lambda s: s.hosts, work_of=lambda s: s.work_s)
+
+
+def visit_start(
+    *, train: Train, visit: Visit, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime
+) -> Selection | None:
+    """Record the plan, create one operation per upgrade taken over the domain's hosts; what the
+    visit took and left (taken empty: nothing to do there), or None when another tick started it."""
+    in_service = set(
+        Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
+    )
+    steps = domain_steps(plans, in_service, sizing)
+    for step in steps:
+        bound = step.plan.upgrade.hosts_per_visit if step.plan.upgrade.multi_cycle else None
+        if bound:
+            step.hosts = set(sorted(step.hosts)[:bound])
+    selection = _select(steps, sizing)
+    taken: list[Step] = selection.taken
+    if not Visit.objects.filter(pk=visit.pk, state=VisitState.PLANNED).update(
+        state=VisitState.RUNNING, started_at=now, skip_reason="", plan=_plan_record(selection, sizing)
+    ):
+        return None
+    visit.state, visit.started_at, visit.train = VisitState.RUNNING, now, train
+    for step in taken:
+        _submit_step(train, visit, step, joined=False)
+    event_record(
+        kind="train.visit_started",
+        subject=visit,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=_start_reason(train, selection, sizing),
+        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "emergency": train.emergency,
+              "hosts": sum(len(s.hosts) for s in taken), "upgrades": [s.plan.upgrade.pk for s in taken],
+              "left": [s.plan.upgrade.pk for s in selection.left], "budget_s": round(sizing.budget_s),
+              "cost_s": round(selection.cost_s)},
+    )  # fmt: skip
+    return selection
+
+
+def _start_reason(train: Train, selection: Selection, sizing: VisitSizing) -> str:
+    if train.emergency:
+        return "emergency"
+    if selection.left:
+        return (
+            f"{len(selection.taken)} upgrades fit the {sizing.budget_s:.0f} s budget; {len(selection.left)} wait "
+            "for the next cycle"
+        )
+    return "over budget: its first upgrade alone does not fit" if selection.over_budget else ""
+
+
+def _entry(step: Step, *, joined: bool) -> dict:
+    upgrade = step.plan.upgrade
+    entry = {"upgrade": upgrade.pk, "target": str(upgrade.component_version), "phase": step.plan.phase.name,
+             "hosts": len(step.hosts), "work_s": step.work_s}  # fmt: skip
+    if step.superseded:
+        entry["supersedes"] = {str(k): v for k, v in step.superseded.items()}
+    if joined:
+        entry["joined"] = True
+    return entry
+
+
+def _plan_record(selection: Selection, sizing: VisitSizing) -> dict:
+    taken: list[Step] = selection.taken
+    return {
+        "hosts": sorted({h for step in taken for h in step.hosts}),
+        "upgrades": [_entry(step, joined=False) for step in taken],
+        "left": [{"upgrade": s.plan.upgrade.pk, "hosts": len(s.hosts)} for s in selection.left],
+        "budget_s": round(sizing.budget_s),
+        "cost_s": round(selection.cost_s),
+    }
+
+
+def _submit_step(train: Train, visit: Visit, step: Step, *, joined: bool) -> None:
+    plan, hosts = step.plan, sorted(step.hosts)
+    version = plan.upgrade.component_version
+    operation = operation_submit(
+        kind=OperationKind.UPGRADE,
+        scope=f"train {train.name}, domain {visit.domain.name}: {len(hosts)} hosts",
+        host_ids=hosts,
+        component=version.component.name,
+        version=version.version,
+        reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) {'joined' if joined else 'on'} visit {visit.pk} "
+        f"of train {train.name}",
+        priority=train.priority,
+        source=OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN,
+        override_buffers=train.emergency,
+        estimated_duration_s=step.work_s,
+        executor=train.executor,
+        drainer=train.drainer,
+        actor=ACTOR,
+    )
+    VisitOperation.objects.create(visit=visit, upgrade=plan.upgrade, operation=operation, phase=plan.phase.position)
+
+
+# --- late joiners -----------------------------------------------------------------------------------
+def late_joiner_candidates(running: list[Visit], upgrades: list[Upgrade]) -> dict[int, list[Upgrade]]:
+    """Per running visit, the upgrades created after it started that it has not considered yet
+    (its plan records what it took and what it looked at): no query."""
+    candidates: dict[int, list[Upgrade]] = {}
+    for visit in running:
+        seen = {e["upgrade"] for e in visit.plan.get("upgrades", [])} | set(visit.plan.get("late_seen", []))
+        fresh = [u for u in upgrades if visit.started_at and u.created_at > visit.started_at and u.pk not in seen]
+        if fresh:
+            candidates[visit.pk] = fresh
+    return candidates
+
+
+def visits_join_late(
+    *,
+    train: Train,
+    running: list[Visit],
+    candidates: dict[int, list[Upgrade]],
+    plans: list[UpgradePlan],
+    sizing: VisitSizing,
+) -> list[tuple[int, int, int]]:
+    """Let the candidates (with their `plans`) join the running visits they were created during;
+    (visit, upgrade, hosts) for each join. Holds the pool row meanwhile (a pool tick skips the pool)
+    so no host of the visit is handed back or returned while its new task is written; when a pool
+    tick holds it, the join waits for the next train tick. Each visit considers an upgrade once."""
+    if Pool.objects.select_for_update(no_key=True, skip_locked=True).filter(pk=train.pool_id).first() is None:
+        return []
+    by_upgrade = {plan.upgrade.pk: plan for plan in plans}
+    joins = []
+    for visit in running:
+        upgrades = candidates.get(visit.pk, [])
+        if upgrades:
+            fresh = [by_upgrade[u.pk] for u in upgrades if u.pk in by_upgrade]
+            joins += _join_visit(train, visit, fresh, sizing, seen=[u.pk for u in upgrades])
+    return joins
+
+
+def _join_visit(
+    train: Train, visit: Visit, plans: list[UpgradePlan], sizing: VisitSizing, *, seen: list[int]
+) -> list[tuple[int, int, int]]:
+    drained = set(
+        HostTask.objects.filter(operation__visit_link__visit=visit, state__in=JOINABLE_TASK_STATES).values_list(
+            "host_id", flat=True
+        )
+    )
+    plan_record = dict(visit.plan)
+    plan_record["late_seen"] = sorted({*plan_record.get("late_seen", []), *seen})
+    hosts = set(plan_record.get("hosts", []))
+    works = [float(e.get("work_s", 0)) for e in plan_record.get("upgrades", [])]
+    joins = []
+    for step in domain_steps(plans, drained, sizing) if drained else []:
+        cost = sizing.cost_s(len(hosts | step.hosts), [*works, step.work_s])
+        if cost > sizing.budget_s:
+            continue  # it waits for the next cycle, like any work that does not fit
+        _submit_step(train, visit, step, joined=True)
+        hosts |= step.hosts
+        works.append(step.work_s)
+        plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]
+        plan_record["cost_s"] = round(cost)
+        joins.append((visit.pk, step.plan.upgrade.pk, len(step.hosts)))
+        event_record(
+            kind="train.visit_joined",
+            subject=visit,
+            actor=ACTOR,
+            pool_id=train.pool_id,
+            reason=f"upgrade #{step.plan.upgrade.pk} ({step.plan.upgrade.component_version}) created during the "
+            f"visit joins {len(step.hosts)} hosts still drained or not yet started, in the same drain",
+            data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id,
+                  "upgrade": step.plan.upgrade.pk, "hosts": len(step.hosts), "cost_s": round(cost)},
+        )  # fmt: skip
+    Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record)
+    visit.plan = plan_record
+    return joins
