@@ -13,7 +13,18 @@ from pathlib import Path
 
 from bench.common import Figure
 
-BENCHMARKS = ["seed", "tick", "host_ops", "api", "gantt", "simulate", "reliability", "embedded_soak", "fleet_apply"]
+BENCHMARKS = [
+    "seed",
+    "tick",
+    "host_ops",
+    "api",
+    "gantt",
+    "simulate",
+    "reliability",
+    "embedded_soak",
+    "fleet_apply",
+    "sim_meta",
+]
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
 

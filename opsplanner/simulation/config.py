@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 POLICIES = ("trains", "rolling", "lockstep")
+MAX_COMPONENTS = 200
 # Virtual time starts on a fixed Monday so the same seed gives the same report, byte for byte.
 EPOCH = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)
 
@@ -38,6 +39,9 @@ class SimulationConfig:
     execute_minutes: float = 30.0
     verify_minutes: float = 10.0
     undrain_minutes: float = 5.0
+    execute_spread: float = 0.0  # per upgrade, the log-normal spread of its execution time around execute_minutes
+    slow_host_fraction: float = 0.02  # the share of hosts whose drain takes slow_host_factor times longer
+    slow_host_factor: float = 3.0
     host_failures_per_day: float = 0.0005  # per host
     upgrade_failure_rate: float = 0.005  # per host and upgrade
     verify_failure_rate: float = 0.002  # per check
@@ -47,14 +51,18 @@ class SimulationConfig:
     rolling_concurrency: int | None = None  # hosts at once per upgrade; default: the planned buffer
     policies: tuple[str, ...] = ("trains",)
     seed: int = 1
+    scenario: str = "default"  # the named preset the other values came from (opsplanner/simulation/scenarios.py)
+    # A what-if on the live fleet: the snapshot file the lanes build their world from, and when time starts.
+    live_snapshot: str = ""
+    start_at: str = ""  # ISO 8601; empty: EPOCH
 
     @property
     def start(self) -> dt.datetime:
-        return EPOCH
+        return dt.datetime.fromisoformat(self.start_at) if self.start_at else EPOCH
 
     @property
     def end(self) -> dt.datetime:
-        return EPOCH + dt.timedelta(days=self.days)
+        return self.start + dt.timedelta(days=self.days)
 
     @property
     def hosts_per_pool(self) -> int:
@@ -111,6 +119,12 @@ class SimulationConfig:
             at_least(name, 0, " minutes")
         for name in ("upgrade_failure_rate", "verify_failure_rate", "failure_buffer_fraction"):
             fraction(name, 0.5)
+        fraction("slow_host_fraction")
+        at_least("slow_host_factor", 1, " times")
+        at_least("execute_spread", 0)
+        if "execute_spread" not in problems and self.execute_spread > 3:
+            problems["execute_spread"] = "execute spread must be at most 3 (a factor of e³ either way)."
+        problems.update(_scenario_and_start_errors(self))
         if problems:
             return problems
         if self.hosts > 200_000:
@@ -135,8 +149,8 @@ class SimulationConfig:
             )
         if self.job_hosts_min > self.job_hosts_max:
             problems["job_hosts_min"] = "The smallest job cannot be larger than the largest."
-        if self.components > 20:
-            problems["components"] = "Simulate at most 20 components."
+        if self.components > MAX_COMPONENTS:
+            problems["components"] = f"Simulate at most {MAX_COMPONENTS} components."
         if self.rolling_concurrency is not None and (
             not isinstance(self.rolling_concurrency, int) or self.rolling_concurrency < 1
         ):
@@ -155,6 +169,22 @@ class SimulationConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _scenario_and_start_errors(config: SimulationConfig) -> dict[str, str]:
+    from opsplanner.simulation.scenarios import SCENARIOS
+
+    problems: dict[str, str] = {}
+    if config.scenario not in SCENARIOS:
+        problems["scenario"] = f"Scenarios are {', '.join(SCENARIOS)}; got {config.scenario!r}."
+    if config.start_at:
+        try:
+            start = dt.datetime.fromisoformat(config.start_at)
+        except ValueError:
+            start = None
+        if start is None or start.tzinfo is None:
+            problems["start_at"] = f"start at must be an ISO 8601 time with its zone; got {config.start_at!r}."
+    return problems
 
 
 def config_fields() -> list[dataclasses.Field[Any]]:

@@ -14,6 +14,7 @@ from fleet.models import HostState
 from opsplanner.models import Event
 from opsplanner.simulation.config import SimulationConfig
 from opsplanner.simulation.engine import RunLog
+from opsplanner.simulation.rollout_measures import rollout_measures_add
 
 
 def hours(config: SimulationConfig, at: dt.datetime | None) -> float | None:
@@ -25,6 +26,7 @@ def run_measure(config: SimulationConfig, log: RunLog) -> dict[str, Any]:
     _capacity(config, log, pools)
     _drains_and_interruptions(log, pools)
     _trains(config, pools)
+    rollout_measures_add(config, log, pools)
     for rollout in log.policy.rollouts():
         pool = next(p for p in pools.values() if p["name"] == rollout.pool)
         pool["rollouts"].append(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import Q
 
@@ -22,6 +23,11 @@ from opsplanner import clock
 from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind
 from opsplanner.services.operations import operation_submit
 from opsplanner.simulation.config import Arrival, SimulationConfig
+from opsplanner.simulation.scenarios import (
+    simulated_hardware_apply,
+    upgrade_duration_register,
+    upgrade_execute_seconds,
+)
 from opsplanner.simulation.world import World
 
 ACTOR = "simulator"
@@ -48,10 +54,20 @@ class Policy:
         self.world = world
 
     def setup(self) -> None:
-        """Called once, before virtual time starts."""
+        """Called once, before virtual time starts: the scenario's simulated hardware."""
+        simulated_hardware_apply(self.config)
 
     def arrive(self, arrival: Arrival) -> None:
         raise NotImplementedError
+
+    def upgrade_known(self, arrival: Arrival) -> int | None:
+        """The simulated executor learns how long this upgrade takes on a host (the scenario's spread);
+        that time, as the release would announce it (None without a spread: the default estimate).
+        Without it, the execution deadline (three times the estimate) fails every long upgrade."""
+        upgrade_duration_register(self.config, arrival.component, arrival.version)
+        if not self.config.execute_spread:
+            return None
+        return max(1, round(upgrade_execute_seconds(self.config, arrival.component, arrival.version)))
 
     def step(self, pool_ids: set[int] | None) -> bool:
         """Act for these pools (None: all) at the current instant; True when it changed something."""
@@ -68,7 +84,13 @@ class TrainsPolicy(Policy):
     def setup(self) -> None:
         from trains.services.trains import train_create
 
+        super().setup()
         for pool in Pool.objects.filter(pk__in=self.world.pool_ids()).order_by("name"):
+            live = self.world.trains.get(pool.pk)
+            if live:  # a what-if on the live fleet: its own trains, as configured there
+                for spec in live:
+                    train_create(pool=pool, auto_resume_after_s=3600, actor=ACTOR, **spec)
+                continue
             train_create(
                 pool=pool,
                 name=f"train-{pool.name}",
@@ -82,6 +104,7 @@ class TrainsPolicy(Policy):
     def arrive(self, arrival: Arrival) -> None:
         from trains.services.upgrades import upgrade_create
 
+        duration_s = self.upgrade_known(arrival)
         pool = Pool.objects.get(pk=self.world.pool(arrival.pool).id)
         upgrade_create(
             pool=pool,
@@ -92,6 +115,7 @@ class TrainsPolicy(Policy):
             max_failures=self.config.hosts_per_pool,
             max_failure_rate=0.1,
             failure_rate_min_hosts=50,
+            duration_s=duration_s,
             actor=ACTOR,
         )
 
@@ -144,15 +168,18 @@ class RollingPolicy(Policy):
         super().__init__(config, world)
         self.queues = {p.number: _PoolQueue(pool_id=p.id, name=p.name) for p in world.pools}
         self.done: list[Rollout] = []
+        self.durations: dict[tuple[str, str], int] = {}  # the announced execution times (a spread scenario)
 
     def concurrency(self, pool_hosts: int) -> int:
         return self.config.rolling_concurrency or self.config.planned_buffer_hosts
 
     def arrive(self, arrival: Arrival) -> None:
+        duration_s = self.upgrade_known(arrival)
         queue = self.queues[arrival.pool]
-        queue.waiting.append(
-            Rollout(pool=queue.name, component=arrival.component, version=arrival.version, arrived=clock.now())
-        )
+        rollout = Rollout(pool=queue.name, component=arrival.component, version=arrival.version, arrived=clock.now())
+        queue.waiting.append(rollout)
+        if duration_s is not None:
+            self.durations[(rollout.component, rollout.version)] = duration_s
 
     def step(self, pool_ids: set[int] | None) -> bool:
         changed = False
@@ -201,10 +228,15 @@ class RollingPolicy(Policy):
             reason=f"{self.label}: {rollout.component} {rollout.version}",
             priority=200,
             gang=self.gang,
+            **self._estimate(rollout),
             actor=ACTOR,
         )
         queue.operations.append(operation.pk)
         return True
+
+    def _estimate(self, rollout: Rollout) -> dict[str, Any]:
+        seconds = self.durations.get((rollout.component, rollout.version))
+        return {} if seconds is None else {"estimated_duration_s": seconds}
 
     def rollouts(self) -> list[Rollout]:
         unfinished = [r for q in self.queues.values() for r in ([q.current] if q.current else []) + list(q.waiting)]

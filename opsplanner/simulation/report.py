@@ -19,6 +19,7 @@ from django.utils.safestring import mark_safe
 
 from opsplanner.simulation.config import SimulationConfig
 from opsplanner.simulation.plots import Bar, HLine, Series, gantt_chart, line_chart
+from opsplanner.simulation.rollout_measures import rollout_summary
 
 DASH = "\u2014"
 WIDTH = 120  # the text report's widest line
@@ -133,6 +134,7 @@ def _measure(config: SimulationConfig, policy: str, pools: list[dict[str, Any]],
         "offboardings": total("offboardings"),
         "hours_below_floor": _r(total("hours_below_floor"), 2),
         "min_in_service": minimum,
+        **rollout_summary(config, pools),
     }
 
 
@@ -227,6 +229,10 @@ MEASURES: list[tuple[str, str, Callable[[Row], str]]] = [
     ("cycle_slo_hours", "cycle SLO h", _get("cycle_slo_hours")),
     ("cycle_lower_bound_hours", "cycle lower bound h", _get("cycle_lower_bound_hours")),
     ("cycles_missed_slo", "cycles that missed their SLO", _get("cycles_missed_slo")),
+    ("cycles_missed_keepable", "of them, SLO at or above the lower bound", _get("cycles_missed_keepable")),
+    ("reach_24h_mean", "hosts reached per upgrade at 24 h (mean share)", _get("reach_24h_mean", 3)),
+    ("reach_72h_mean", "hosts reached per upgrade at 72 h (mean share)", _get("reach_72h_mean", 3)),
+    ("reach_7d_mean", "hosts reached per upgrade at 7 days (mean share)", _get("reach_7d_mean", 3)),
     ("autostops", "autostops", _get("autostops")),
     ("offboardings", "offboardings", _get("offboardings")),
     ("hours_below_floor", "hours below floor", _get("hours_below_floor")),

@@ -130,6 +130,18 @@ def _scratch_tables_unlogged(name: str) -> None:
         raise RuntimeError(f"{logged[0]} tables of scratch database {name} could not be made unlogged")
 
 
+def lane_analyze() -> None:
+    """Refresh the planner's statistics of the lane's tables (on the current connection, a scratch
+    database): autovacuum may be off, and a month of simulated work leaves tables of millions of rows
+    the planner still thinks empty; the end-of-run invariant check then took minutes instead of seconds.
+    Call it before `check_invariants` at the end of a run."""
+    from opsplanner.simulation.engine import scratch_database_check
+
+    scratch_database_check()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
 def scratch_databases_drop(urls: list[str]) -> None:
     for url in urls:
         if url.startswith("sqlite:///"):

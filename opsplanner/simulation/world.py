@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleet.models import (
     Component,
@@ -46,6 +47,8 @@ class World:
     components: list[str] = field(default_factory=list)
     jobs: dict[int, list[int]] = field(default_factory=dict)  # service id -> its hosts
     optout_hours: float = 0.0
+    # pool id -> the live trains to recreate (a what-if on the live fleet); empty: one train from the config
+    trains: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def pool_ids(self) -> list[int]:
         return [pool.id for pool in self.pools]
@@ -61,7 +64,12 @@ def component_names(count: int) -> list[str]:
 
 def workload_draw(config: SimulationConfig) -> Workload:
     """The upgrades that arrive (a Poisson stream per pool, components in turn, versions rising) and
-    the hosts that break (a Poisson stream over the fleet)."""
+    the hosts that break (a Poisson stream over the fleet). A what-if on the live fleet: its pending
+    upgrades and the failures of its hosts."""
+    if config.live_snapshot:
+        from opsplanner.simulation.from_live import live_workload
+
+        return live_workload(config)
     arrivals: list[Arrival] = []
     names = component_names(config.components)
     seconds = config.days * 86_400
@@ -103,7 +111,11 @@ def world_create(
 ) -> World:
     """Write the fleet (or only the pools numbered in `pools`: a shard). A lock-step fleet lets its
     planned buffer hold the whole pool (that is what lock-step means); every other policy gets the
-    buffers of the configuration."""
+    buffers of the configuration. A what-if on the live fleet writes its snapshot instead."""
+    if config.live_snapshot:
+        from opsplanner.simulation.from_live import live_world_create
+
+        return live_world_create(config, lockstep=lockstep)
     now = config.start
     world = World(components=component_names(config.components))
     _components(world, workload, now)

@@ -2,6 +2,8 @@
 
     manage.py simulate --hosts 10000 --pools 10 --days 30 --policies trains,rolling,lockstep
     manage.py simulate --advise --hosts 1000 --domain-sizes 10,25,50,100 --interruption-cost 50
+    manage.py simulate --scenario meta --hosts 10000 --pools 10 --days 30 --policies trains,rolling
+    manage.py simulate --from-live --pool gpu-east --days 7   (what the live pool's pending work does)
 
 Each run happens in scratch databases (never the live one); see opsplanner/simulation/runner.py.
 """
@@ -22,6 +24,10 @@ from opsplanner.progress import Progress
 from opsplanner.simulation.advisor import AdvisorRequest, advice, advice_svg
 from opsplanner.simulation.config import POLICIES, SimulationConfig, config_fields
 from opsplanner.simulation.runner import default_lanes, jobs_run, scratch_databases, scratch_databases_drop, shard_jobs
+from opsplanner.simulation.scenarios import SCENARIOS, scenario_config, scenario_describe
+
+# Set by the what-if on the live fleet, never on the command line.
+INTERNAL_FIELDS = ("live_snapshot", "start_at")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -36,15 +42,20 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = SimulationConfig()
+        # No parser defaults for the knobs: a scenario fills in what the command line leaves out.
         for field in config_fields():
+            if field.name in INTERNAL_FIELDS:
+                continue
             option = "--" + field.name.replace("_", "-")
             default = getattr(defaults, field.name)
             if field.name == "policies":
-                parser.add_argument(option, default=",".join(default), help=f"some of {', '.join(POLICIES)}")
+                parser.add_argument(option, default=None, help=f"some of {', '.join(POLICIES)} (default trains)")
             elif field.name == "rolling_concurrency":
                 parser.add_argument(option, type=int, default=None, help="hosts at once (default: the planned buffer)")
+            elif field.name == "scenario":
+                parser.add_argument(option, default="default", help="; ".join(map(scenario_describe, SCENARIOS)))
             else:
-                parser.add_argument(option, type=type(default), default=default, help=f"default {default}")
+                parser.add_argument(option, type=type(default), default=None, help=f"default {default}")
         parser.add_argument("--lanes", type=int, default=default_lanes(), help="processes in parallel")
         parser.add_argument("--out", type=Path, default=None, help="report directory (default var/simulations/…)")
         parser.add_argument("--keep-databases", action="store_true", help="keep the scratch databases afterwards")
@@ -53,6 +64,10 @@ class Command(BaseCommand):
         parser.add_argument("--interruption-cost", type=float, default=100.0, help="advisor: cost of one interruption")
         parser.add_argument("--capacity-hour-cost", type=float, default=1.0, help="advisor: cost of a host-hour")
         parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+        parser.add_argument(
+            "--from-live", action="store_true", help="forecast the live fleet's pending work over --days, each policy"
+        )
+        parser.add_argument("--pool", default=None, help="--from-live: only this pool")
         # Internal: one shard of one policy, in a scratch database (the runner starts these).
         parser.add_argument("--shard", default=None, help="(internal)")
         parser.add_argument("--shard-pools", default="", help="(internal)")
@@ -69,16 +84,31 @@ class Command(BaseCommand):
         out = options["out"] or Path(settings.VAR_DIR) / "simulations" / time.strftime("%Y%m%d-%H%M%S")
         if options["advise"]:
             return self._advise(config, options, lanes, out)
+        if options.get("from_live"):
+            return self._from_live(config, options, lanes, out)
         return self._simulate(config, options, lanes, out)
 
     def _config(self, options: dict[str, Any]) -> SimulationConfig:
         values: dict[str, Any] = {}
         for field in config_fields():
-            value = options[field.name]
+            value = options.get(field.name)
+            if field.name in INTERNAL_FIELDS or field.name == "scenario" or value is None:
+                continue
             if field.name == "policies":
                 value = tuple(p.strip() for p in value.split(",") if p.strip())
             values[field.name] = value
-        config = SimulationConfig(**values)
+        scenario = options.get("scenario") or "default"
+        if options.get("pool") and not options.get("from_live"):
+            raise CommandError("--pool: only with --from-live")
+        if options.get("from_live"):
+            if options.get("advise"):
+                raise CommandError("--from-live: not with --advise")
+            if options.get("upgrades_per_week") or options.get("upgrades_at_start"):
+                raise CommandError("--from-live forecasts the live pending upgrades; new arrivals do not apply")
+            values = {"policies": POLICIES, **values, "upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
+        if scenario not in SCENARIOS:
+            raise CommandError(f"--scenario: one of {', '.join(SCENARIOS)}; got {scenario!r}")
+        config = scenario_config(scenario, **values)
         if options["advise"]:  # --hosts is the one pool's size
             config = config.replace(pools=1, policies=("trains",))
         problems = config.errors()
@@ -93,7 +123,7 @@ class Command(BaseCommand):
         lanes = min(lanes, config.pools * len(config.policies))
         say = self._say
         say(f"simulate: {config.hosts:,} hosts in {config.pools} pools, {config.days:g} days, policies "
-            f"{', '.join(config.policies)}, {lanes} lanes")  # fmt: skip
+            f"{', '.join(config.policies)}, scenario {config.scenario}, {lanes} lanes")  # fmt: skip
         urls = scratch_databases(lanes)
         try:
             with tempfile.TemporaryDirectory() as work:
@@ -105,6 +135,52 @@ class Command(BaseCommand):
         summary = json.loads(paths["summary.json"].read_text())
         self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
         say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
+
+    def _from_live(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        from opsplanner import clock
+        from opsplanner.simulation.from_live import (
+            LiveSnapshotError,
+            live_config,
+            live_jobs,
+            live_snapshot,
+            snapshot_write,
+        )
+        from opsplanner.simulation.report import report_text, report_write
+
+        started = time.monotonic()
+        now = clock.now().replace(microsecond=0)
+        try:
+            snapshots = live_snapshot(options.get("pool"), now)
+        except LiveSnapshotError as error:
+            raise CommandError(f"--from-live: {error}") from None
+        with tempfile.TemporaryDirectory() as work:
+            configs = []
+            for snapshot in snapshots:
+                path = Path(work) / f"live-{snapshot['pool']['name']}.json"
+                snapshot_write(snapshot, path)
+                pool_config = live_config(config, snapshot, path, now)
+                problems = pool_config.errors()
+                if problems:
+                    raise CommandError(
+                        f"--from-live: pool {snapshot['pool']['name']}: "
+                        + "; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in problems.items())
+                    )
+                configs.append(pool_config)
+            jobs = live_jobs(configs)
+            lanes = min(lanes, len(jobs))
+            self._say(f"simulate: forecast of {len(configs)} live pools from {now:%Y-%m-%d %H:%M} UTC, "
+                      f"{config.days:g} days, policies {', '.join(config.policies)}, {lanes} lanes")  # fmt: skip
+            urls = scratch_databases(lanes, tag="_live")
+            try:
+                runs = jobs_run(jobs, urls, Path(work), say=self._say)
+            finally:
+                if not options["keep_databases"]:
+                    scratch_databases_drop(urls)
+        fleet = configs[0].replace(hosts=sum(c.hosts for c in configs), pools=len(configs), live_snapshot="")
+        paths = report_write(out, fleet, runs)
+        summary = json.loads(paths["summary.json"].read_text())
+        self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
+        self._say(f"simulate: forecast done in {time.monotonic() - started:.0f} s; report in {out}")
 
     def _advise(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
         request = AdvisorRequest(
