@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -145,7 +146,7 @@ class LiveConsumer(WebsocketConsumer):
         self.joined.add(group)
 
 
-def _session_user(scope: dict[str, Any]) -> Any:
+def _session_user(scope: Mapping[str, object]) -> Any:
     """The user the socket's session belongs to now, read afresh from the session store; anonymous
     when the session has ended."""
     session = scope.get("session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
@@ -13,6 +13,9 @@ from opsplanner import clock
 from opsplanner.bulk import copy_rows
 from opsplanner.live import announce_after_commit, groups_for
 from opsplanner.models import Event
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL, what get_user_model() returns
 
 Actor = AbstractBaseUser | AnonymousUser | str | None
 SYSTEM_ACTOR = "system"
@@ -56,11 +59,12 @@ def event_record(
     )
 
 
-def actor_user(actor: Actor) -> AbstractBaseUser | None:
+def actor_user(actor: Actor) -> User | None:
     """The user behind an actor, for created_by fields; None for the system or anonymous."""
     if actor is None or isinstance(actor, str) or not actor.is_authenticated:
         return None
-    return actor  # type: ignore[return-value]
+    # An authenticated actor is a request's user, an instance of settings.AUTH_USER_MODEL.
+    return cast("User", actor)
 
 
 class EventRow(NamedTuple):

@@ -239,8 +239,8 @@ def _recent_task_families(pools: dict[int, str], since: dt.datetime) -> list[Met
     )
     failed_operations = {op for _, state, op, _ in rows if state == TaskState.FAILED and op is not None}
     kinds = dict(Operation.objects.filter(pk__in=failed_operations).values_list("id", "kind"))
-    admitted: dict[int, int] = defaultdict(int)
-    failed: dict[tuple[int, str], int] = defaultdict(int)
+    admitted: dict[int | None, int] = defaultdict(int)  # an event's pool_id may be empty
+    failed: dict[tuple[int | None, str], int] = defaultdict(int)
     for pool_id, state, operation, n in rows:
         if state == TaskState.ADMITTED:
             admitted[pool_id] += n
@@ -344,10 +344,10 @@ def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFami
             for state in (WorkState.DONE, WorkState.FAILED):
                 done.add(finished.get((kind, adapter, state), 0), kind=kind, adapter=adapter, outcome=state)
             for name, (mean_family, max_family) in stats.items():
-                measured = latency.get((kind, adapter, name))
-                if measured is None:
+                seconds = latency.get((kind, adapter, name))
+                if seconds is None:
                     continue  # nothing finished: no latency, rather than a misleading 0
-                count, total, top = measured
+                count, total, top = seconds
                 mean_family.add(total / count, kind=kind, adapter=adapter)
                 max_family.add(top, kind=kind, adapter=adapter)
     return families

@@ -372,14 +372,17 @@ def test_a_host_that_fails_work_done_without_a_drain_is_repaired_verified_and_re
     assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
 
 
-def test_two_upgrades_of_one_component_in_a_drain_return_the_host_at_the_last_one() -> None:
+def test_two_upgrades_of_one_component_for_a_host_return_it_at_the_newest_one() -> None:
+    # The older target, even applied last in (priority, age) order, is superseded: not applied.
+    # Going down a version is a rollback's (the repair flow's), see tests/test_superseded_versions.py.
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
     upgrade(pool, version="560.35.03", priority=500)
-    upgrade(pool, version="550.127.05", priority=100, reason="roll back the canary")
+    older = upgrade(pool, version="550.127.05", priority=100, reason="roll back the canary")
     drive(pool)
     assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
-    assert installed(hosts[0]) == "550.127.05"
+    assert installed(hosts[0]) == "560.35.03"
+    assert older.tasks.get().failure_code == "superseded"
     assert WorkItem.objects.filter(kind=WorkKind.DRAIN).count() == 1
 
 

@@ -106,11 +106,6 @@ def test_a_newer_release_takes_the_queue_place_of_the_older_one_it_supersedes() 
     assert visit.plan["upgrades"][0]["supersedes"] == {str(older.pk): 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core gap (opsplanner/services/tick/, another helper's): ad-hoc operations to N and N+1 pending "
-    "on one host are both applied in its drain, in (priority, age) order, instead of N+1 alone",
-)
 def test_ad_hoc_operations_to_n_and_n_plus_one_on_one_host_apply_only_n_plus_one() -> None:
     from opsplanner.models import WorkItem, WorkKind
     from opsplanner.services.operations import operation_submit
@@ -131,11 +126,6 @@ def test_ad_hoc_operations_to_n_and_n_plus_one_on_one_host_apply_only_n_plus_one
     assert WorkItem.objects.filter(host=hosts[0], kind=WorkKind.EXECUTE).count() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core gap (opsplanner/services/tick/, another helper's): when N+1 has the higher priority, N is "
-    "handed over after it in the same drain and the host returns running the older N",
-)
 def test_a_higher_priority_n_plus_one_is_not_followed_by_n_in_the_same_drain() -> None:
     from opsplanner.services.operations import operation_submit
     from tests.driving import drive

@@ -59,8 +59,8 @@ def forecast_from_rows(
     # Slots: `concurrency` lanes; a running visit holds its lane until its expected end.
     lanes = [now] * train.visit_concurrency
     running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
-    for i, visit in enumerate(running[: len(lanes)]):
-        lanes[i] = max(now, (visit.started_at or now) + dt.timedelta(seconds=seconds))
+    for i, running_visit in enumerate(running[: len(lanes)]):
+        lanes[i] = max(now, (running_visit.started_at or now) + dt.timedelta(seconds=seconds))
     step = dt.timedelta(seconds=seconds)
     for stop in stops:
         visit = visits.get(stop.domain_id)

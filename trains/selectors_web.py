@@ -222,7 +222,8 @@ class PhaseRow:
 
     @property
     def covers(self) -> str:
-        return f"domain {self.phase.domain.name}" if self.phase.domain_id else f"{self.phase.percent}% of the scope"
+        domain = self.phase.domain
+        return f"domain {domain.name}" if domain is not None else f"{self.phase.percent}% of the scope"
 
     @property
     def status(self) -> str:

@@ -90,7 +90,12 @@ def _hosts(pool_names: dict[int, str], domain_names: dict[int, str]) -> tuple[li
         .iterator(chunk_size=20_000)
     )
     for pk, hostname, pool_id, domain_id, sku, gpu_count, labels in rows:
-        host = {"hostname": hostname, "pool": pool_names[pool_id], "domain": domain_names[domain_id], "sku": sku}
+        host: dict[str, Any] = {
+            "hostname": hostname,
+            "pool": pool_names[pool_id],
+            "domain": domain_names[domain_id],
+            "sku": sku,
+        }
         host["gpu_count"] = gpu_count
         if labels:
             host["labels"] = labels

@@ -266,8 +266,8 @@ def _plan_hosts(plan: FleetPlan, spec: FleetSpec, live: LiveInventory) -> None:
 def _plan_services(plan: FleetPlan, spec: FleetSpec, live: LiveInventory) -> None:
     hostnames = {h.id: h.hostname for h in live.hosts.values()}
     by_service: dict[int, dict[str, Any]] = {}
-    for (service_id, host_id), placement in live.placements.items():
-        by_service.setdefault(service_id, {})[hostnames[host_id]] = placement
+    for (service_id, host_id), live_placement in live.placements.items():
+        by_service.setdefault(service_id, {})[hostnames[host_id]] = live_placement
     # Pruning placements stays inside the pools the file declares (a one-pool export keeps the rest).
     declared = {live.pools[p.name].id for p in spec.pools if p.name in live.pools}
     for service in spec.services:

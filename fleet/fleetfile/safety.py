@@ -29,11 +29,11 @@ def plan_refusals(plan: FleetPlan, live: LiveInventory) -> list[str]:
                 f"version {change.name}: withdrawn ({change.live.withdrawn_reason}); a file does not release it "
                 "again: re-onboard its upgrade (an approval), or keep it withdrawn in the file"
             )
-    named = defaultdict(int)
+    named: defaultdict[str, int] = defaultdict(int)  # component name -> rules naming it
     for rule in live.rules.values():
         named[rule.job_facing] += 1
         named[rule.lower] += 1
-    removed = defaultdict(int)
+    removed: defaultdict[str, int] = defaultdict(int)
     for change in plan.of("rule", "remove"):
         removed[change.live.job_facing] += 1
         removed[change.live.lower] += 1

@@ -221,7 +221,15 @@ def _pool(reader: Reader, raw: Any, place: str, index: int) -> PoolSpec | None:
     if name is not None:
         raw = data.get("domains") if isinstance(data.get("domains"), list) else []
         reader.pools[name] = {str(d.get("name") if isinstance(d, dict) else d) for d in raw}
-    if None in (name, workload, planned, failure, description, executor, drainer):
+    if (
+        name is None
+        or workload is None
+        or planned is None
+        or failure is None
+        or description is None
+        or executor is None
+        or drainer is None
+    ):
         return None
     return PoolSpec(
         name=name,
@@ -275,7 +283,7 @@ def _domain(reader: Reader, raw: Any, place: str, index: int) -> DomainSpec | No
     name = reader.name(data.get("name"), f"{place}.name")
     kind = reader.choice(data.get("kind", DomainKind.RACK), f"{place}.kind", DomainKind.values)
     position = reader.integer(data.get("position", index + 1), f"{place}.position", 0, MAX_HOSTS_COUNT)
-    if None in (name, kind, position):
+    if name is None or kind is None or position is None:
         return None
     return DomainSpec(name=name, kind=kind, position=position, index=index)
 
@@ -304,7 +312,7 @@ def _host(reader: Reader, raw: Any, place: str, index: int) -> HostSpec | None:
         reader.add(f"{place}.pool", f"no pool {pool!r} in the file")
     elif pool is not None and domain is not None and domain not in reader.pools[pool]:
         reader.add(f"{place}.domain", f"no domain {domain!r} in pool {pool}")
-    if None in (hostname, pool, domain, sku, gpu_count, labels):
+    if hostname is None or pool is None or domain is None or sku is None or gpu_count is None or labels is None:
         return None
     return HostSpec(
         hostname=hostname, pool=pool, domain=domain, sku=sku, gpu_count=gpu_count, labels=labels, index=index
@@ -332,7 +340,7 @@ def _component(reader: Reader, raw: Any, place: str, index: int) -> ComponentSpe
     if name is not None:
         raw = data.get("versions") if isinstance(data.get("versions"), list) else []
         reader.components[name] = (layer, {str(v.get("version") if isinstance(v, dict) else v) for v in raw})
-    if None in (name, display, layer, needs_drain, needs_reboot):
+    if name is None or display is None or layer is None or needs_drain is None or needs_reboot is None:
         return None
     return ComponentSpec(
         name=name,
@@ -380,7 +388,7 @@ def _rule(reader: Reader, raw: Any, place: str, index: int) -> RuleSpec | None:
     if low and high and version_sort_key(low) > version_sort_key(high):
         reader.add(f"{place}.max", f"{high} is below the lowest version {low}")
         return None
-    if None in (job_facing, version, lower, low, high, note):
+    if job_facing is None or version is None or lower is None or low is None or high is None or note is None:
         return None
     return RuleSpec(
         job_facing=job_facing, version=version, lower=lower, min_version=low, max_version=high, note=note, index=index
@@ -423,14 +431,22 @@ def _service(reader: Reader, raw: Any, place: str, index: int) -> ServiceSpec | 
         _placement(reader, item, f"{place}.placements[{i}]", i)
         for i, item in enumerate(reader.sequence(data.get("placements", []), f"{place}.placements"))
     ]
-    if None in (name, display, description) or None in owners or None in placements:
+    known_owners = [owner for owner in owners if owner is not None]
+    known_placements = [placement for placement in placements if placement is not None]
+    if (
+        name is None
+        or display is None
+        or description is None
+        or len(known_owners) < len(owners)
+        or len(known_placements) < len(placements)
+    ):
         return None
     return ServiceSpec(
         name=name,
         display_name=display or name,
         description=description,
-        owners=tuple(owners),
-        placements=tuple(placements),
+        owners=tuple(known_owners),
+        placements=tuple(known_placements),
         index=index,
     )
 

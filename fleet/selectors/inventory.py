@@ -4,7 +4,7 @@ ValidationError on the request's field)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
@@ -23,10 +23,22 @@ from fleet.models import (
 )
 from fleet.models.hosts import RETIRED
 
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
 LIVE = ~Q(hosts__state=RETIRED)
 
 
-def pools_with_usage(queryset: QuerySet[Pool]) -> QuerySet[Pool]:
+class PoolUsageCounts(TypedDict):
+    """The annotations pools_with_usage adds to each pool."""
+
+    n_total: int
+    n_in_service: int
+    n_planned_out: int
+    n_failure_out: int
+
+
+def pools_with_usage(queryset: QuerySet[Pool]) -> QuerySet[WithAnnotations[Pool, PoolUsageCounts]]:
     """Host counts by state as annotations: the buffer usage of every listed pool in one query."""
     return queryset.annotate(
         n_total=Count("hosts", filter=LIVE),

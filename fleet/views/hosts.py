@@ -71,6 +71,6 @@ def host_live(*, user: Any, group: str | None, params: dict[str, str]) -> str:
         return ""
     if group is not None and group != f"pool-{host.pool_id}":
         return ""
-    window = {key: params[key] for key in ("start", "end") if key in params}
+    window: dict[str, str] = {key: params[key] for key in ("start", "end") if key in params}
     html = render_to_string("fleet/htmx/host_live.html", _host_context(host, window))
     return f'<div id="host-live" hx-swap-oob="innerHTML">{html}</div>'

@@ -131,10 +131,15 @@ class FailureCode(models.TextChoices):
     NOT_RETURNABLE = "not_returnable", "Pre-return gate refused"
     RETURN_FAILED = "return_failed", "Return to service failed"
     CANCELLED = "cancelled", "Cancelled"
+    # Not applied because a newer version of the same component was pending for, or already applied
+    # in the drain of, the same host: the host gets that one directly. A cancelled task's code (the
+    # task did nothing), but nobody cancelled its operation, which completes when its tasks finish.
+    SUPERSEDED = "superseded", "Superseded by a newer version"
 
 
-# The codes a failed task may have (cancelled is a cancelled task's), in a stable order for migrations.
-FAILED_CODES = [code for code in FailureCode.values if code != FailureCode.CANCELLED]
+# The codes a cancelled task may have; a failed task has any other (in a stable order for migrations).
+CANCELLED_CODES = [FailureCode.CANCELLED, FailureCode.SUPERSEDED]
+FAILED_CODES = [code for code in FailureCode.values if code not in CANCELLED_CODES]
 
 TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER})
 ACTIVE_TASK_STATES = frozenset({TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING})
@@ -187,12 +192,12 @@ class HostTask(models.Model):
             models.CheckConstraint(condition=Q(state__in=TaskState.values), name="host_task_state_valid"),
             models.CheckConstraint(
                 condition=Q(state=TaskState.FAILED, failure_code__in=FAILED_CODES)
-                | Q(state=TaskState.CANCELLED, failure_code=FailureCode.CANCELLED)
+                | Q(state=TaskState.CANCELLED, failure_code__in=CANCELLED_CODES)
                 | (~Q(state__in=[TaskState.FAILED, TaskState.CANCELLED]) & Q(failure_code="")),
                 name="host_task_failure_code_fits_state",
                 violation_error_message=(
-                    "A failed task has the code of its failure, a cancelled task the code cancelled, "
-                    "and no other task has a failure code."
+                    "A failed task has the code of its failure, a cancelled task the code cancelled or "
+                    "superseded, and no other task has a failure code."
                 ),
             ),
         ]

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import models, transaction
 
 from fleet.models import ComponentVersion, Host, Pool
 from opsplanner import clock
@@ -33,7 +33,7 @@ SUBJECT_TASK = "opsplanner.hosttask"
 log = logging.getLogger(__name__)
 
 
-def _choice(field: str, value: str, choices: type) -> None:
+def _choice(field: str, value: str, choices: type[models.Choices]) -> None:
     if value not in choices.values:
         allowed = ", ".join(choices.values)
         raise ValidationError({field: f"{value!r} is not one of: {allowed}."})

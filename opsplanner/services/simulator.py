@@ -44,10 +44,11 @@ def _duration(profile: SimulatorProfile, item: WorkItem) -> float:
         return profile.drain_seconds * (profile.slow_drain_factor if slow else 1.0)
     if item.kind == WorkKind.EXECUTE:
         return _execution(profile, item)[0]
-    return {
+    seconds: dict[str, float] = {
         WorkKind.VERIFY: profile.verify_seconds,
         WorkKind.UNDRAIN: profile.undrain_seconds,
-    }[item.kind]
+    }
+    return seconds[item.kind]
 
 
 def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]:
@@ -117,6 +118,7 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
         for item in items:
             by_duration[_duration(profile, item)].append(item.pk)
         claimed_at = items[0].claimed_at
+        assert claimed_at is not None  # work_items_claim sets it on every item it claims
         for duration, ids in by_duration.items():
             due = claimed_at + dt.timedelta(seconds=duration)
             WorkItem.objects.filter(pk__any=ids).update(
@@ -149,9 +151,9 @@ def _finish_due(profile: SimulatorProfile, batch: int) -> int:
                 )
             )
         report_key = Concat(Value(f"{WORKER}:"), Cast("id", CharField()), Value(":"), Cast("attempts", CharField()))
-        for (state, result, reason), ids in outcomes.items():
+        for (state, encoded, reason), ids in outcomes.items():
             WorkItem.objects.filter(pk__any=ids, state=WorkState.RUNNING).update(
-                state=state, result=json.loads(result), outcome_reason=reason, finished_at=now, report_key=report_key
+                state=state, result=json.loads(encoded), outcome_reason=reason, finished_at=now, report_key=report_key
             )
         events_copy_rows(events)
         pools = {item.pool_id for item in due}

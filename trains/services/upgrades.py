@@ -40,9 +40,10 @@ from trains.services.budget import train_budget_check
 
 SUBJECT = "trains.upgrade"
 ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
-# Failures that say nothing about the upgrade itself (the drainer refused, the return failed): decided
+# Failures that say nothing about the upgrade itself (the drainer refused, the return failed; a task
+# superseded by a newer version, which is cancelled, not failed, so never counted anyway): decided
 # by the task's failure code, never by its reason's wording.
-NOT_THE_UPGRADES_FAULT = frozenset({FailureCode.DRAIN_FAILED, FailureCode.RETURN_FAILED})
+NOT_THE_UPGRADES_FAULT = frozenset({FailureCode.DRAIN_FAILED, FailureCode.RETURN_FAILED, FailureCode.SUPERSEDED})
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ def _phase_rows(upgrade: Upgrade, specs: list[PhaseSpec], scope_ids: list[int]) 
     before: set[int] = set()
     for phase, allowed in zip(rows, phase_host_sets(rows, scope_ids), strict=True):
         new = len(allowed - before)
-        if phase.domain_id and new == 0:
+        if new == 0 and phase.domain is not None:
             raise ValidationError({"phases": f"Phase {phase.name}: domain {phase.domain.name} has no host in scope."})
         # An 'any' phase may take the hosts it lacks from the rest of the scope.
         offered = len(scope_ids) - len(before) if phase.selection == PhaseSelection.ANY else new

@@ -37,7 +37,7 @@ from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Back
 try:
     import httpx2
     import yaml
-    from lightkube import Client, KubeConfig
+    from lightkube import Client, KubeConfig, SingleConfig
     from lightkube import ConfigError as KubeConfigError
 
     from opsplanner_adapters.kubernetes import DrainSettings, KubeDrainer, Outcome
@@ -96,6 +96,7 @@ def _number(table: dict[str, Any], key: str, default: float, *, section: str, mi
 
 
 def _token(api: dict[str, Any], base: Path) -> str:
+    token: object  # the file's text, or whatever the config holds (checked below)
     if "token_file" in api:
         path = base / str(api["token_file"])
         try:
@@ -176,6 +177,7 @@ def load_config(path: str, *, default_worker: str) -> KubeDrainerConfig:
 
 def kube_client(config: KubeDrainerConfig) -> Client:
     """A lightkube client from the kubeconfig (or the service account); ConfigError when unusable."""
+    kube_config: SingleConfig | KubeConfig | None
     try:
         if config.kubeconfig:
             kube_config = KubeConfig.from_file(config.kubeconfig).get(config.context)

@@ -53,19 +53,35 @@ class _Plan:
     refused: list[str]
 
 
+def _meta(obj: Pod | Node) -> ObjectMeta:
+    """An object's metadata. The API always sends it; the models type it optional (for objects a
+    client builds), so one read from the API without it is a broken server, said as such."""
+    if obj.metadata is None:
+        raise ValueError(f"a {type(obj).__name__} from the Kubernetes API without metadata")
+    return obj.metadata
+
+
+def _pod_name(pod: Pod) -> str:
+    """A pod's name: always set on a pod read from the API (optional in the model, as _meta says)."""
+    name = _meta(pod).name
+    if name is None:
+        raise ValueError("a Pod from the Kubernetes API without a name")
+    return name
+
+
 def pod_key(pod: Pod) -> str:
-    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+    return f"{_meta(pod).namespace}/{_meta(pod).name}"
 
 
 def _controller(pod: Pod) -> Any:
-    return next((ref for ref in pod.metadata.ownerReferences or [] if ref.controller), None)
+    return next((ref for ref in _meta(pod).ownerReferences or [] if ref.controller), None)
 
 
 def plan_pods(pods: list[Pod], *, force: bool) -> _Plan:
     """Sort the node's pods as `kubectl drain --ignore-daemonsets --delete-emptydir-data` does."""
     plan = _Plan(evict=[], skipped={"daemonset": [], "mirror": []}, refused=[])
     for pod in pods:
-        annotations = pod.metadata.annotations or {}
+        annotations = _meta(pod).annotations or {}
         controller = _controller(pod)
         finished = pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
         if MIRROR_ANNOTATION in annotations:
@@ -120,14 +136,14 @@ class KubeDrainer:
 
     def _cordon_once(self, node_name: str, *, owner: str) -> bool:
         node = self.client.get(Node, node_name)
-        annotations = node.metadata.annotations or {}
+        annotations = _meta(node).annotations or {}
         if CORDONED_BY in annotations:
             return True
         if node.spec is not None and node.spec.unschedulable:
             return False
         # resourceVersion makes the patch conditional: a cordon by someone else in between wins (409).
         patch = {
-            "metadata": {"annotations": {CORDONED_BY: owner}, "resourceVersion": node.metadata.resourceVersion},
+            "metadata": {"annotations": {CORDONED_BY: owner}, "resourceVersion": _meta(node).resourceVersion},
             "spec": {"unschedulable": True},
         }
         self.client.patch(Node, node_name, patch, patch_type=PatchType.MERGE)
@@ -140,7 +156,7 @@ class KubeDrainer:
                 node = self.client.get(Node, node_name)
             except ApiError as error:
                 return Outcome(False, f"node {node_name}: {error.status.message}", {"node": node_name})
-            annotations = node.metadata.annotations or {}
+            annotations = _meta(node).annotations or {}
             cordoned = bool(node.spec is not None and node.spec.unschedulable)
             result: dict[str, Any] = {"node": node_name, "uncordoned": False}
             if CORDONED_BY not in annotations:
@@ -149,7 +165,7 @@ class KubeDrainer:
                     return Outcome(True, why, {**result, "cordoned_by_someone_else": True})
                 return Outcome(True, f"node {node_name} was not cordoned", result)
             patch = {
-                "metadata": {"annotations": {CORDONED_BY: None}, "resourceVersion": node.metadata.resourceVersion},
+                "metadata": {"annotations": {CORDONED_BY: None}, "resourceVersion": _meta(node).resourceVersion},
                 "spec": {"unschedulable": None},
             }
             try:
@@ -186,14 +202,14 @@ class KubeDrainer:
     ) -> Outcome:
         to_evict = {pod_key(p): p for p in pods}
         refusals: dict[str, str] = {}  # why each pod still to evict was refused last
-        evicted: dict[str, str] = {}  # key -> uid of the pod we evicted (a new pod by that name is not it)
-        terminating: dict[str, str] = {}  # evicted and not seen gone yet
+        evicted: dict[str, str | None] = {}  # key -> uid of the pod we evicted (a new pod by that name is not it)
+        terminating: dict[str, str | None] = {}  # evicted and not seen gone yet
         while True:
             pause = self.settings.poll_s
             for key, pod in list(to_evict.items()):
                 why = self._evict(pod)
                 if why is None:
-                    evicted[key] = terminating[key] = pod.metadata.uid
+                    evicted[key] = terminating[key] = _meta(pod).uid
                     refusals.pop(key, None)
                     del to_evict[key]
                 elif why.startswith("forbidden"):
@@ -215,12 +231,13 @@ class KubeDrainer:
     def _evict(self, pod: Pod) -> str | None:
         """Ask for one eviction: None when granted (or the pod is already gone), else why not."""
         grace = self.settings.grace_seconds
+        name, namespace = _pod_name(pod), _meta(pod).namespace
         eviction = Pod.Eviction(
-            metadata=ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
+            metadata=ObjectMeta(name=name, namespace=namespace),
             deleteOptions=DeleteOptions(gracePeriodSeconds=grace) if grace is not None else None,
         )
         try:
-            self.client.create(eviction, pod.metadata.name, namespace=pod.metadata.namespace)
+            self.client.create(eviction, name, namespace=namespace)
         except ApiError as error:
             code = error.status.code
             if code == 404:
@@ -234,7 +251,7 @@ class KubeDrainer:
             return f"the Kubernetes API did not answer ({error})"
         return None
 
-    def _still_there(self, evicted: dict[str, str]) -> list[str]:
+    def _still_there(self, evicted: dict[str, str | None]) -> list[str]:
         waiting = []
         for key, uid in evicted.items():
             namespace, name = key.split("/", 1)
@@ -248,7 +265,7 @@ class KubeDrainer:
             except httpx2.TransportError:
                 waiting.append(key)
                 continue
-            if pod.metadata.uid == uid:
+            if _meta(pod).uid == uid:
                 waiting.append(key)
         return sorted(waiting)
 

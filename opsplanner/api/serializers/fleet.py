@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rest_framework import serializers
 
@@ -20,6 +20,12 @@ from fleet.models import (
 from fleet.models.services import _TimeWindow
 from fleet.selectors.inventory import pools_with_usage  # noqa: F401 (moved there; imported from here too)
 from opsplanner.api.serializers.fast import iso
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL
+    from django_stubs_ext import WithAnnotations
+
+    from fleet.selectors.inventory import PoolUsageCounts
 
 
 class PoolSerializer(serializers.ModelSerializer):
@@ -44,17 +50,20 @@ class PoolSerializer(serializers.ModelSerializer):
         ]
 
     def get_usage(self, pool: Pool) -> dict[str, int]:
-        total = pool.n_total
+        # The views list pools through pools_with_usage, which counts the hosts. (The parameter says
+        # Pool: drf-spectacular reads this signature at run time, where WithAnnotations does not exist.)
+        counted = cast("WithAnnotations[Pool, PoolUsageCounts]", pool)
+        total = counted.n_total
         buffers = pool.buffers_for(total)
         return {
             "total": total,
-            "in_service": pool.n_in_service,
-            "planned_out": pool.n_planned_out,
-            "failure_out": pool.n_failure_out,
+            "in_service": counted.n_in_service,
+            "planned_out": counted.n_planned_out,
+            "failure_out": counted.n_failure_out,
             "planned_buffer": buffers.planned,
             "failure_buffer": buffers.failure,
             "floor": buffers.floor,
-            "planned_room": max(buffers.planned - pool.n_planned_out, 0),
+            "planned_room": max(buffers.planned - counted.n_planned_out, 0),
         }
 
 
@@ -146,14 +155,14 @@ class HostDetailSerializer(HostSerializer):
                 {
                     "component": row.component.name,
                     "version": row.version.version,
-                    "previous_version": row.previous_version.version if row.previous_version_id else None,
+                    "previous_version": row.previous_version.version if row.previous_version is not None else None,
                     "installed_at": row.installed_at,
-                    "drift_from": row.drift_from.version if row.drift_from_id else None,
+                    "drift_from": row.drift_from.version if row.drift_from is not None else None,
                 }
                 for row in rows
             ],
             many=True,
-        ).data
+        ).data  # type: ignore[return-value]  # stub gap: many=True makes a ListSerializer, whose data is a list
 
     def get_holder(self, host: Host) -> dict[str, Any] | None:
         lease = host.leases.filter(active=True).select_related("operation").first()
@@ -210,7 +219,9 @@ class CompatibilityRuleSerializer(serializers.ModelSerializer):
 
 
 class ServiceSerializer(serializers.ModelSerializer):
-    owners = serializers.SlugRelatedField(slug_field="username", many=True, read_only=True)
+    owners: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", many=True, read_only=True
+    )
     hosts = serializers.IntegerField(source="n_hosts", read_only=True)
 
     class Meta:
@@ -220,7 +231,9 @@ class ServiceSerializer(serializers.ModelSerializer):
 
 class _WindowSerializer(serializers.ModelSerializer):
     service_name = serializers.CharField(source="service.name", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     active = serializers.SerializerMethodField()
 
     def get_active(self, window: _TimeWindow) -> bool:

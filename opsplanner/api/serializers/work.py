@@ -225,7 +225,7 @@ class ResultInput(serializers.Serializer):
     versions = serializers.DictField(child=serializers.CharField(max_length=64), required=False)
     passed = serializers.BooleanField(required=False)
     details = serializers.CharField(max_length=2000, required=False, allow_blank=True)
-    steps = StepInput(many=True, required=False, max_length=20, help_text="the commands run, in order")
+    steps = StepInput(many=True, required=False, max_length=20, help_text="the commands run, in order")  # type: ignore[call-arg]  # stub gap: many=True takes min/max_length (DRF 3.14+)
 
 
 class ClaimNextInput(serializers.Serializer):
@@ -273,7 +273,7 @@ class BatchReportItem(serializers.Serializer):
 
 
 class BatchReportInput(ClaimNextInput):
-    reports = BatchReportItem(many=True, min_length=1, max_length=MAX_BATCH)
+    reports = BatchReportItem(many=True, min_length=1, max_length=MAX_BATCH)  # type: ignore[call-arg]  # stub gap: many=True takes min/max_length (DRF 3.14+)
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
 
 
@@ -297,7 +297,7 @@ class BatchHeartbeatItem(serializers.Serializer):
 
 
 class BatchHeartbeatInput(serializers.Serializer):
-    items = BatchHeartbeatItem(many=True, min_length=1, max_length=MAX_BATCH)
+    items = BatchHeartbeatItem(many=True, min_length=1, max_length=MAX_BATCH)  # type: ignore[call-arg]  # stub gap: many=True takes min/max_length (DRF 3.14+)
     lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
 

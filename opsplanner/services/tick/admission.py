@@ -6,6 +6,8 @@ task in the order are skipped; gang operations are admitted whole or not at all.
 pending records why, and the reason only changes (is written) when it changes. Only the head of
 the queue is examined task by task; the tasks behind it say that they wait their turn (or that
 their operation is held), set-based, in words that do not change as the queue moves.
+An upgrade with a newer target of its component pending for the same host ends superseded, and an
+admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
@@ -33,6 +35,7 @@ from opsplanner.models import (
 )
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.optouts import optouts_by_host
+from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
 
@@ -265,14 +268,16 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     if not head.candidates:
         return
     obstacles = _read_obstacles(ctx, head.candidates)
+    _skip_superseded(ctx, head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
         _write_waiting_beyond(ctx, examined=frozenset(head.candidates), held=head.held)
+    admitted = _skip_nothing_to_do(ctx, decisions.admitted)
     broken = obstacles.repairs_broken
-    _admit(ctx, [t for t in decisions.admitted if t.id not in broken])
-    _admit_broken_repairs(ctx, [t for t in decisions.admitted if t.id in broken])
+    _admit(ctx, [t for t in admitted if t.id not in broken])
+    _admit_broken_repairs(ctx, [t for t in admitted if t.id in broken])
 
 
 def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
@@ -321,6 +326,45 @@ def _read_obstacles(ctx: TickContext, candidates: dict[int, TaskRef]) -> _Obstac
         incompatible=incompatible_targets(candidates.values()),
         repairs_broken=repairs_broken,
     )
+
+
+def _may_replace(obstacles: _Obstacles) -> Callable[[TaskRef, TaskRef], bool]:
+    """Whether a newer pending upgrade may take an older one's place at admission: it would be
+    admitted as soon (no later in the queue order, no less privileged: an emergency is not replaced
+    by routine work that waits for opt-out windows or the planned buffer), and it can be admitted
+    at all (not held, not a gang's, its target not refused). Otherwise both go, in order, in one
+    drain (the handover skips the older one if the newer went first)."""
+
+    def may_replace(older: TaskRef, newer: TaskRef) -> bool:
+        return (
+            not (older.gang or older.hold_reason or newer.gang or newer.hold_reason)
+            and newer.id not in obstacles.incompatible
+            and newer.priority >= older.priority
+            and (older.source != OperationSource.EMERGENCY or newer.source == OperationSource.EMERGENCY)
+            and (newer.override_buffers or not older.override_buffers)
+        )
+
+    return may_replace
+
+
+def _skip_superseded(ctx: TickContext, head: _QueueHead, obstacles: _Obstacles) -> None:
+    """A pending upgrade with a newer target of its component pending for the same host (one that
+    may take its place) is not admitted: it ends superseded, and the newer one is judged in turn."""
+    newer = supersede.newer_pending(head.order, may_replace=_may_replace(obstacles))
+    if newer:
+        supersede.finish_superseded(ctx, head.candidates, newer)
+        head.order = [task for task in head.order if task.id not in newer]
+
+
+def _skip_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskRef]:
+    """The admitted upgrades whose host already runs their target (or newer) finish without a drain;
+    returns the others. Read only when upgrades are admitted (one query): the headroom such a task
+    was judged to take is free again at the next tick."""
+    if not any(task.target_version_id for task in admitted):
+        return admitted
+    runs = supersede.nothing_to_do(admitted, supersede.installed_versions(admitted))
+    supersede.finish_nothing_to_do(ctx, {task.id: task for task in admitted}, runs)
+    return [task for task in admitted if task.id not in runs]
 
 
 def _judge_queue(head: _QueueHead, obstacles: _Obstacles, headroom: Headroom) -> _Decisions:

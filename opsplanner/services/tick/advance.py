@@ -32,6 +32,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
+from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
     ACTOR,
@@ -45,7 +46,6 @@ from opsplanner.services.tick.context import (
 )
 from opsplanner.services.tick.repair import send_to_repair
 
-_FAR_PAST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
 
@@ -303,22 +303,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     start_verification(ctx, [task for task in applied if _is_repair(task)])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
-    candidates = task_refs(
-        HostTask.objects.filter(
-            host_id__any=by_host,
-            state=TaskState.PENDING,
-            operation__state=OperationState.OPEN,
-            operation__gang=False,
-            operation__hold_reason="",
-        ).order_by("host_id", "-priority", "created_at", "id")
-    )
-    # The next task takes the host only if admission would let it: not one whose target became
-    # incompatible (it keeps waiting, with the reason, and the host is verified and returned).
-    incompatible = incompatible_targets(candidates.values())
-    successor: dict[int, TaskRef] = {}
-    for task in candidates.values():
-        if task.id not in incompatible:
-            successor.setdefault(task.host_id, task)
+    successor = _successors(ctx, by_host)
     handing = [by_host[host_id] for host_id in successor]
     ctx.move_tasks(
         handing,
@@ -352,6 +337,38 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
 
     finishing = [task for task in applied if task.host_id not in successor]
     start_verification(ctx, finishing)
+
+
+def _successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
+    """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
+    host only if admission would let it: not one whose target became incompatible (it keeps waiting,
+    with the reason, and the host is verified and returned). Upgrades the drained host must not get
+    end here instead: one older than a newer target of the component pending for the host or just
+    applied to it (superseded), one at or below what the host runs (nothing to do)."""
+    candidates = task_refs(
+        HostTask.objects.filter(
+            host_id__any=applied,
+            state=TaskState.PENDING,
+            operation__state=OperationState.OPEN,
+            operation__gang=False,
+            operation__hold_reason="",
+        ).order_by("host_id", "-priority", "created_at", "id")
+    )
+    incompatible = incompatible_targets(candidates.values())
+    # Every candidate not refused is applied in this drain, in turn: the newest of a component may
+    # replace the older ones whatever their order.
+    newer = supersede.newer_pending(candidates.values(), may_replace=lambda _, new: new.id not in incompatible)
+    left = [task for task in candidates.values() if task.id not in newer]
+    newer.update(supersede.older_than_applied(left, applied))
+    left = [task for task in left if task.id not in newer]
+    runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
+    supersede.finish_superseded(ctx, candidates, newer)
+    supersede.finish_nothing_to_do(ctx, candidates, runs)
+    successor: dict[int, TaskRef] = {}
+    for task in left:
+        if task.id not in incompatible and task.id not in runs:
+            successor.setdefault(task.host_id, task)
+    return successor
 
 
 def _is_repair(task: TaskRef) -> bool:
@@ -466,24 +483,22 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
         "host_id",
         "operation__component_version_id",
         "operation__component_version__component_id",
-        "finished_at",
+        "operation__component_version__sort_key",
         "state",
     )
-    # Two upgrades of one component in a drain: the one applied last is the target (the task still
-    # verifying has no finished_at and is the last of the chain).
-    latest: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    # Two upgrades of one component in a drain: the newest target is the one the host must run,
+    # whatever order they were applied in (the handover never applies an older one after a newer).
+    newest: dict[tuple[int, int], tuple[str, tuple[int, int, int, int]]] = {}
     # An upgrade of the drain that failed after applying its version (a failed check sent the host
     # to repair) leaves that version installed: the repaired host may return with it, not be sent
     # back to repair for running something newer than the task it superseded.
     failed_targets: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for drain_key, host_id, target_id, component_id, _finished, state in sorted(
-        chain, key=lambda row: (row[4] is None, row[4] or _FAR_PAST)
-    ):
+    for drain_key, host_id, target_id, component_id, sort_key, state in chain:
         if state == TaskState.FAILED:
             failed_targets[(drain_key, component_id)].add(target_id)
-        else:
-            latest[(drain_key, component_id)] = (drain_key, host_id, target_id, component_id)
-    targets = list(latest.values())
+        elif (drain_key, component_id) not in newest or sort_key > newest[(drain_key, component_id)][0]:
+            newest[(drain_key, component_id)] = (sort_key, (drain_key, host_id, target_id, component_id))
+    targets = [target for _, target in newest.values()]
     installed = {
         (host_id, component_id): version_id
         for host_id, component_id, version_id in InstalledVersion.objects.filter(

@@ -118,6 +118,8 @@ class TaskRef:
     estimated_duration_s: int
     source: str
     target_version_id: int | None
+    target_component_id: int | None  # the target's component and its place in the version order,
+    target_sort_key: str | None  # to skip a target older than another for the host (tick/supersede.py)
     gang: bool
     hold_reason: str
     override_buffers: bool
@@ -141,7 +143,7 @@ class _SortableTime(models.Func):
 
 # TaskRef's fields read from the task's own row (the column names are the fields' names) ...
 TASK_FIELDS = ("id", "host_id", "operation_id", "state", "drain_key", "waiting_reason", "priority", "queued_at")
-# ... and those read from its operation: {TaskRef field: Operation column}. TaskRef is built by
+# ... and those read from its operation: {TaskRef field: Operation column or lookup}. TaskRef is built by
 # name from both (_pick_fields), so reordering any of the three cannot shift a value.
 OPERATION_FIELDS = {
     "needs_drain": "needs_drain",
@@ -153,6 +155,8 @@ OPERATION_FIELDS = {
     "estimated_duration_s": "estimated_duration_s",
     "source": "source",
     "target_version_id": "component_version_id",
+    "target_component_id": "component_version__component_id",
+    "target_sort_key": "component_version__sort_key",
     "gang": "gang",
     "hold_reason": "hold_reason",
     "override_buffers": "override_buffers",

@@ -1,0 +1,146 @@
+"""Superseded versions skipped: a host that has not yet received version N of a component when N+1
+is pending for it gets N+1 directly, whatever the path (trains, ad-hoc operations, emergency trains).
+
+Admission and handover both ask, before a pending upgrade task takes its host:
+- is a newer target of the same component pending for the host (or applied in its drain)? The task
+  is not applied: it is cancelled with the code `superseded`, its reason naming the newer version
+  and its operation. It did nothing, so it is not `done`; but nobody cancelled its operation, which
+  completes (not cancelled) once its tasks have finished, the superseded ones included.
+- does the host already run its target (or, for a train's upgrade, something newer)? It finishes
+  `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
+  older version, and the repair flow's rollback, are deliberate downgrades and still run.
+Versions are compared by `ComponentVersion.sort_key` (fleet/versions.py), read with each task.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from fleet.models import ComponentVersion, InstalledVersion
+from opsplanner.models import OperationKind, OperationSource, TaskState
+from opsplanner.models.operations import FailureCode
+from opsplanner.services.tick.context import TaskRef, TickContext
+
+
+class Installed(NamedTuple):
+    sort_key: str
+    label: str  # "bios 2.18.0"
+
+
+def _is_upgrade(task: TaskRef) -> bool:
+    return task.kind == OperationKind.UPGRADE and task.target_component_id is not None
+
+
+def _slot(task: TaskRef) -> tuple[int, int]:
+    """The (host, component) a task's target lands on."""
+    return task.host_id, task.target_component_id or 0
+
+
+def newer_pending(tasks: Iterable[TaskRef], *, may_replace: Callable[[TaskRef, TaskRef], bool]) -> dict[int, TaskRef]:
+    """{task id: the newest task that supersedes it} among pending upgrade tasks: same host, same
+    component, a newer target, and `may_replace(older, newer)` (the newer one may take its place)."""
+    by_slot: dict[tuple[int, int], list[TaskRef]] = defaultdict(list)
+    for task in tasks:
+        if _is_upgrade(task):
+            by_slot[_slot(task)].append(task)
+    newer: dict[int, TaskRef] = {}
+    for group in by_slot.values():
+        if len(group) < 2:
+            continue
+        for older in group:
+            takers = [t for t in group if (t.target_sort_key or "") > (older.target_sort_key or "")]
+            takers = [t for t in takers if may_replace(older, t)]
+            if takers:
+                newer[older.id] = max(takers, key=lambda t: t.target_sort_key or "")
+    return newer
+
+
+def older_than_applied(tasks: Iterable[TaskRef], applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
+    """{task id: the task just applied on its host} for pending upgrades older than what that task
+    put on the host in this drain: applying them would take the drained host back down."""
+    newer: dict[int, TaskRef] = {}
+    for task in tasks:
+        done = applied.get(task.host_id)
+        if done is None or not _is_upgrade(task) or not _is_upgrade(done):
+            continue
+        if done.target_component_id == task.target_component_id and (done.target_sort_key or "") > (
+            task.target_sort_key or ""
+        ):
+            newer[task.id] = done
+    return newer
+
+
+def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Installed]:
+    """{(host, component): what the host runs} for the upgrade tasks' hosts and components (one query)."""
+    upgrades = [t for t in tasks if _is_upgrade(t)]
+    if not upgrades:
+        return {}
+    rows = InstalledVersion.objects.filter(
+        host_id__any={t.host_id for t in upgrades}, component_id__any={t.target_component_id for t in upgrades}
+    ).values_list("host_id", "component_id", "version__sort_key", "component__name", "version__version")
+    return {(host, component): Installed(key, f"{name} {version}") for host, component, key, name, version in rows}
+
+
+def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
+    """{task id: what the host runs} for upgrade tasks with nothing to do: the host runs the target, or
+    a newer version when a train asks (a train's upgrade means "this version or newer"; anyone else
+    asking for an older version means to go down)."""
+    found: dict[int, str] = {}
+    for task in tasks:
+        runs = installed.get(_slot(task)) if _is_upgrade(task) else None
+        if runs is None or task.target_sort_key is None:
+            continue
+        if task.target_sort_key == runs.sort_key or (
+            task.target_sort_key < runs.sort_key and task.source == OperationSource.TRAIN
+        ):
+            found[task.id] = runs.label
+    return found
+
+
+def finish_superseded(ctx: TickContext, tasks: dict[int, TaskRef], newer: dict[int, TaskRef]) -> None:
+    """Cancel each pending task with the code superseded and a reason naming the newer version and
+    its operation: one guarded UPDATE per newer operation and version, an event per task."""
+    if not newer:
+        return
+    labels = {
+        version.pk: str(version)
+        for version in ComponentVersion.objects.filter(
+            pk__any={t.target_version_id for t in newer.values()}
+        ).select_related("component")
+    }
+    groups: dict[tuple[int, int | None], list[TaskRef]] = defaultdict(list)
+    for task_id, taker in newer.items():
+        groups[(taker.operation_id, taker.target_version_id)].append(tasks[task_id])
+    for (operation_id, version_id), group in groups.items():
+        reason = f"superseded by {labels.get(version_id or 0, 'a newer version')} of operation #{operation_id}"
+        ctx.move_tasks(
+            group,
+            expected=TaskState.PENDING,
+            new=TaskState.CANCELLED,
+            failure_code=FailureCode.SUPERSEDED,
+            failure_reason=reason,
+            finished_at=ctx.now,
+            waiting_code="",
+            waiting_reason="",
+        )
+
+
+def finish_nothing_to_do(ctx: TickContext, tasks: dict[int, TaskRef], runs: dict[int, str]) -> None:
+    """Pending → done, without a lease, a drain or a work item: the host already runs the target
+    or newer. One guarded UPDATE (through admitted, as every admitted task), an event per step."""
+    if not runs:
+        return
+    ctx.move_tasks(
+        [tasks[task_id] for task_id in runs],
+        expected=TaskState.PENDING,
+        via=TaskState.ADMITTED,
+        new=TaskState.DONE,
+        reason="nothing to do: the host already runs the target",
+        reasons={task_id: f"nothing to do: the host already runs {label}" for task_id, label in runs.items()},
+        admitted_at=ctx.now,
+        finished_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+    )

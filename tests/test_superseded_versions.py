@@ -1,0 +1,260 @@
+"""Superseded versions skipped, in the tick (every path: ad-hoc operations, emergency trains, trains):
+a host that has not yet received version N of a component when N+1 is pending gets N+1 directly.
+The N task ends cancelled with the code superseded, its reason naming N+1 and its operation; a task
+whose target the host already runs (or exceeds) finishes without a drain."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from fleet.models import Component, ComponentVersion, Host, InstalledVersion, Pool
+from fleet.services import installed_version_set
+from opsplanner.models import (
+    Approval,
+    Event,
+    HostTask,
+    Lease,
+    Operation,
+    OperationSource,
+    OperationState,
+    TaskState,
+    WorkItem,
+    WorkKind,
+)
+from opsplanner.models.operations import FailureCode
+from opsplanner.services.approvals import approval_decide
+from opsplanner.services.operations import operation_submit
+from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.tick import pool_tick
+from opsplanner.services.tick.advance import _pre_return_problems
+from opsplanner.services.tick.context import task_refs
+from tests.builders import make_fleet, make_version
+from tests.driving import drive, drive_trains, instant_simulator
+from tests.trains_builders import make_user
+from trains.models import Train, TrainState
+from trains.services.emergency import emergency_train_request
+from trains.services.upgrades import NOT_THE_UPGRADES_FAULT
+
+pytestmark = pytest.mark.django_db
+
+
+def bios(version: str) -> ComponentVersion:
+    component = Component.objects.get(name="bios")
+    return ComponentVersion.objects.filter(component=component, version=version).first() or make_version(
+        component, version
+    )
+
+
+def bios_upgrade(hosts: list[Host], version: str, **fields: object) -> Operation:
+    bios(version)
+    return operation_submit(
+        kind="upgrade", scope="hosts: " + ", ".join(h.hostname for h in hosts), component="bios", version=version,
+        reason=f"bios {version}", actor="op", **fields,
+    )  # fmt: skip
+
+
+def bios_on(host: Host) -> str:
+    return InstalledVersion.objects.get(host=host, component__name="bios").version.version
+
+
+def drains(pool: Pool) -> int:
+    return HostTask.objects.filter(pool_id=pool.pk, drain_key=F("id")).count()
+
+
+def executions(host: Host) -> int:
+    return WorkItem.objects.filter(host=host, kind=WorkKind.EXECUTE).count()
+
+
+def test_an_ad_hoc_n_plus_one_with_a_higher_priority_is_the_only_version_the_host_gets() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    older = bios_upgrade(hosts, "2.16.0", priority=100)
+    newer = bios_upgrade(hosts, "2.18.0", priority=200)
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert (drains(pool), executions(hosts[0])) == (1, 1)
+    task = older.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+    assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
+    assert task.drain_key is None
+    event = Event.objects.get(kind="task.state_changed", subject_id=task.pk, data__to=TaskState.CANCELLED)
+    assert event.reason == task.failure_reason
+    assert newer.tasks.get().state == TaskState.DONE
+    # Nobody cancelled the older operation: it completes, its only task superseded.
+    older.refresh_from_db()
+    assert older.state == OperationState.COMPLETED
+    assert older.closed_at is not None
+
+
+def test_an_emergency_train_to_n_plus_one_supersedes_a_pending_ad_hoc_n() -> None:
+    instant_simulator()
+    requester, approver = make_user(), make_user()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
+    older = bios_upgrade(hosts[:1], "2.16.0")
+    bios("2.18.0")
+    train = emergency_train_request(pool=pool, component="bios", version="2.18.0", reason="CVE", actor=requester)
+    approval = Approval.objects.get(subject_type="trains.train", subject_id=train.pk)
+    approval_decide(approval_id=approval.pk, approve=True, reason="CVE confirmed", actor=approver)
+
+    drive_trains(pool, until=lambda: Train.objects.get(pk=train.pk).state == TrainState.FINISHED)
+    drive(pool)
+
+    assert {bios_on(host) for host in hosts} == {"2.18.0"}
+    assert executions(hosts[0]) == 1
+    task = older.tasks.get()
+    emergency = HostTask.objects.get(host=hosts[0], operation__source=OperationSource.EMERGENCY)
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+    assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{emergency.operation_id}"
+    assert Operation.objects.get(pk=older.pk).state == OperationState.COMPLETED
+
+
+def test_n_plus_one_arriving_while_n_runs_in_the_drain_is_still_applied_after_it() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    older = bios_upgrade(hosts, "2.16.0")
+    pool_tick(pool_id=pool.pk)  # admitted: draining
+    simulated_work_step()  # drained
+    pool_tick(pool_id=pool.pk)  # running 2.16.0
+    assert older.tasks.get().state == TaskState.RUNNING
+    newer = bios_upgrade(hosts, "2.18.0")
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert older.tasks.get().state == TaskState.HANDED_OVER
+    assert newer.tasks.get().state == TaskState.DONE
+    assert (drains(pool), executions(hosts[0])) == (1, 2)
+
+
+def test_n_pending_after_n_plus_one_went_into_the_drain_is_superseded_at_the_handover() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    newer = bios_upgrade(hosts, "2.18.0")
+    pool_tick(pool_id=pool.pk)
+    simulated_work_step()
+    pool_tick(pool_id=pool.pk)  # running 2.18.0
+    older = bios_upgrade(hosts, "2.16.0", priority=500)
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert (drains(pool), executions(hosts[0])) == (1, 1)
+    task = older.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+    assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
+    assert newer.tasks.get().state == TaskState.DONE
+
+
+def test_the_operation_of_n_closes_when_its_tasks_are_superseded_or_done() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    older = bios_upgrade(hosts, "2.16.0")
+    bios_upgrade(hosts[:1], "2.18.0", priority=200)
+
+    drive(pool)
+
+    states = dict(older.tasks.values_list("host_id", "state"))
+    assert states == {hosts[0].pk: TaskState.CANCELLED, hosts[1].pk: TaskState.DONE}
+    assert [bios_on(host) for host in hosts] == ["2.18.0", "2.16.0"]
+    older.refresh_from_db()
+    assert older.state == OperationState.COMPLETED
+
+
+def test_an_emergency_n_is_not_held_back_by_routine_n_plus_one_both_go_in_one_drain() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    emergency = bios_upgrade(hosts, "2.16.0", priority=900, source=OperationSource.EMERGENCY)
+    routine = bios_upgrade(hosts, "2.18.0", priority=100)
+
+    drive(pool)
+
+    assert emergency.tasks.get().state == TaskState.HANDED_OVER
+    assert routine.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert drains(pool) == 1
+
+
+def test_a_task_whose_target_the_host_already_runs_finishes_without_a_drain() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    installed_version_set(host=hosts[0], version=bios("2.16.0"))
+    installed_version_set(host=hosts[1], version=bios("2.18.0"))
+    ad_hoc = bios_upgrade([hosts[0]], "2.16.0")
+    train = bios_upgrade([hosts[1]], "2.16.0", source=OperationSource.TRAIN)
+
+    drive(pool)
+
+    for operation in (ad_hoc, train):
+        assert set(operation.tasks.values_list("state", flat=True)) == {TaskState.DONE}
+        assert not WorkItem.objects.filter(host_task__operation=operation).exists()
+        assert not Lease.objects.filter(operation=operation).exists()
+        assert Operation.objects.get(pk=operation.pk).state == OperationState.COMPLETED
+    assert [bios_on(host) for host in hosts] == ["2.16.0", "2.18.0"]
+    reasons = set(
+        Event.objects.filter(
+            kind="task.state_changed", data__operation__in=[ad_hoc.pk, train.pk], data__to=TaskState.DONE
+        ).values_list("reason", flat=True)
+    )
+    # A train's upgrade means "this version or newer": a host already past it has nothing to do.
+    assert reasons == {
+        "nothing to do: the host already runs bios 2.16.0",
+        "nothing to do: the host already runs bios 2.18.0",
+    }
+
+
+def test_an_operators_ad_hoc_downgrade_still_takes_the_host_down_a_version() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    installed_version_set(host=hosts[0], version=bios("2.18.0"))
+    downgrade = bios_upgrade(hosts, "2.16.0")
+
+    drive(pool)
+
+    assert downgrade.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.16.0"
+    assert executions(hosts[0]) == 1
+
+
+def test_a_rollback_from_the_repair_flow_still_takes_the_host_down_a_version() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    installed_version_set(host=hosts[0], version=bios("2.16.0"))
+    rollback = bios_upgrade(hosts, "2.14.0", source=OperationSource.REPAIR, priority=900)
+
+    drive(pool)
+
+    assert rollback.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.14.0"
+    assert executions(hosts[0]) == 1
+
+
+def test_a_superseded_task_never_counts_against_a_trains_upgrade() -> None:
+    assert FailureCode.SUPERSEDED in NOT_THE_UPGRADES_FAULT
+
+
+def test_the_pre_return_gate_wants_the_newest_target_of_the_drain_not_the_one_applied_last() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    newer = bios_upgrade(hosts, "2.18.0").tasks.get()
+    older = bios_upgrade(hosts, "2.16.0").tasks.get()
+    # A drain as the old handover made it: 2.18.0 applied, then 2.16.0 over it, now verifying.
+    HostTask.objects.filter(pk=newer.pk).update(state=TaskState.HANDED_OVER, drain_key=newer.pk)
+    HostTask.objects.filter(pk=older.pk).update(state=TaskState.VERIFYING, drain_key=newer.pk)
+    installed_version_set(host=hosts[0], version=bios("2.16.0"))
+
+    problems = _pre_return_problems(list(task_refs(HostTask.objects.filter(pk=older.pk)).values()))
+
+    assert problems == {older.pk: ["version 2.16.0 installed where the target is 2.18.0"]}
+
+
+def test_the_database_keeps_the_code_superseded_for_cancelled_tasks() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    task = bios_upgrade(hosts, "2.16.0").tasks.get()
+    HostTask.objects.filter(pk=task.pk).update(state=TaskState.CANCELLED, failure_code=FailureCode.SUPERSEDED)
+    for state in (TaskState.FAILED, TaskState.DONE):
+        with pytest.raises(IntegrityError, match="host_task_failure_code_fits_state"), transaction.atomic():
+            HostTask.objects.filter(pk=task.pk).update(state=state)
