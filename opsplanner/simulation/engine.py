@@ -266,10 +266,10 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
         acted = log.policy.step(touched) if everything or touched else False
         # A tick admits after it returns hosts, so a pool needs another only for new work or outcomes.
         acted_on = (touched or set()) if acted else set()
-        due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted_on | broke
+        pools_due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted_on | broke
         broke = set()  # a pool where a host broke is ticked at once: its repair is admitted
         everything, touched, claim = False, set(), False
-        for pool_id in sorted(due):
+        for pool_id in sorted(pools_due):
             counts = pool_tick(pool_id=pool_id, kick=False).counts
             claim |= counts.work_items_created > 0
             hosts_moved |= counts.hosts_moved > 0
@@ -311,7 +311,7 @@ def _work_open(log: RunLog) -> bool:
     if HostTask.objects.filter(state__in=OPEN_TASK_STATES).exists():
         return True
     policy = log.policy
-    if policy.name == "trains":
+    if policy.name.startswith("trains"):  # trains, trains-sliding
         from trains.models import Upgrade, UpgradeState
 
         return Upgrade.objects.filter(state=UpgradeState.ACTIVE).exists()

@@ -17,6 +17,7 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Concat, Left
@@ -467,7 +468,7 @@ def _admit(ctx: TickContext, tasks: list[TaskRef]) -> None:
     ctx.grant_leases(tasks, reason="admitted")
     drained = [t for t in tasks if t.needs_drain]
     in_place = [t for t in tasks if not t.needs_drain]
-    admitted = {"admitted_at": ctx.now, "waiting_code": "", "waiting_reason": ""}
+    admitted: dict[str, Any] = {"admitted_at": ctx.now, "waiting_code": "", "waiting_reason": ""}
     # A drained task opens a drain; tasks handed over later in that drain share its key.
     ctx.move_tasks(
         drained,

@@ -449,7 +449,7 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         )
     )
     for task in returning:
-        adapter = drained_by.get(task.drain_key, task.drainer)
+        adapter = drained_by.get(task.drain_key, task.drainer) if task.drain_key is not None else task.drainer
         ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=adapter, deadline_s=UNDRAIN_DEADLINE_S)
 
 
@@ -494,6 +494,8 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     # back to repair for running something newer than the task it superseded.
     failed_targets: dict[tuple[int, int], set[int]] = defaultdict(set)
     for drain_key, host_id, target_id, component_id, sort_key, state in chain:
+        if drain_key is None:  # filtered on drain_key: never, but the column may be null
+            continue
         if state == TaskState.FAILED:
             failed_targets[(drain_key, component_id)].add(target_id)
         elif (drain_key, component_id) not in newest or sort_key > newest[(drain_key, component_id)][0]:
@@ -515,7 +517,8 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
         actual = installed.get((host_id, component_id))
         if actual != target_id and actual not in failed_targets[(drain_key, component_id)]:
             problems[by_key[drain_key].id].append(
-                f"version {names.get(actual, 'none')} installed where the target is {names.get(target_id)}"
+                f"version {names.get(actual, 'none') if actual else 'none'} installed where the target is "
+                f"{names.get(target_id)}"
             )
     incompatible = host_incompatibilities([t.host_id for t in tasks])
     withdrawn: dict[int, list[str]] = defaultdict(list)

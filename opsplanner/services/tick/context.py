@@ -134,10 +134,10 @@ class _SortableTime(models.Func):
 
     output_field = models.FloatField()
 
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
         return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8", **extra)
 
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
         return self.as_sql(compiler, connection, template="(julianday(%(expressions)s) * 86400.0)", **extra)
 
 
@@ -163,7 +163,7 @@ OPERATION_FIELDS = {
 }
 
 
-def task_rows(queryset: models.QuerySet[HostTask]) -> models.QuerySet[HostTask]:
+def task_rows(queryset: models.QuerySet[HostTask]) -> models.QuerySet[HostTask, tuple[Any, ...]]:
     """The queryset as the rows task_refs_from_rows() takes: TASK_FIELDS, in that order."""
     return queryset.annotate(queued_at=_SortableTime("created_at")).values_list(*TASK_FIELDS)
 
@@ -498,7 +498,8 @@ class TickContext:
         restore = _rollbacks([t.host_id for t in tasks if t.kind == "repair"])
         for task in tasks:
             params: dict[str, Any] = {"operation": task.operation_id, "kind": task.kind}
-            params.update(targets.get(task.target_version_id, {}))
+            if task.target_version_id is not None:
+                params.update(targets.get(task.target_version_id, {}))
             if task.host_id in restore and task.kind == "repair":
                 params["restore"] = restore[task.host_id]
             self.add_item(
