@@ -20,6 +20,7 @@ from fleet.models import (
 from fleet.models.services import _TimeWindow
 from fleet.selectors.inventory import pools_with_usage  # noqa: F401 (moved there; imported from here too)
 from opsplanner.api.serializers.fast import iso
+from opsplanner.api.serializers.fields import MAX_ID
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User  # settings.AUTH_USER_MODEL
@@ -273,14 +274,14 @@ class ReservationSerializer(_WindowSerializer):
 class WindowInput(serializers.Serializer):
     """An opt-out window to register: which service, when, why."""
 
-    service = serializers.IntegerField(min_value=1)
+    service = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     starts_at = serializers.DateTimeField()
     ends_at = serializers.DateTimeField()
     reason = serializers.CharField(max_length=500)
 
 
 class ReservationInput(WindowInput):
-    pool = serializers.IntegerField(min_value=1)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     min_hosts_in_service = serializers.IntegerField(min_value=1, max_value=10_000_000)
 
 

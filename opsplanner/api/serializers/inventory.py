@@ -9,6 +9,7 @@ from rest_framework import serializers
 from fleet.fleetfile.sources import MAX_HOSTS_PER_REQUEST
 from fleet.models import ComponentLayer, DomainKind, WorkloadClass
 from opsplanner.adapters import DRAINER_CHOICES, EXECUTOR_CHOICES
+from opsplanner.api.serializers.fields import MAX_ID
 
 REASON_HELP = "why, recorded on the event"
 
@@ -35,8 +36,12 @@ class BulkHostsInput(serializers.Serializer):
 
 
 class HostUpdateInput(serializers.Serializer):
-    pool = serializers.CharField(required=False, help_text="move to this pool (name; give the domain too)", max_length=63)
-    domain = serializers.CharField(required=False, help_text="move to this domain (name, in the host's pool)", max_length=63)
+    pool = serializers.CharField(
+        required=False, help_text="move to this pool (name; give the domain too)", max_length=63
+    )
+    domain = serializers.CharField(
+        required=False, help_text="move to this domain (name, in the host's pool)", max_length=63
+    )
     sku = serializers.CharField(required=False, max_length=64)
     gpu_count = serializers.IntegerField(required=False, min_value=0, max_value=64)
     labels = serializers.DictField(required=False, help_text="replaces the labels")
@@ -95,7 +100,7 @@ class DomainUpdateInput(serializers.Serializer):
 
 
 class DomainInput(DomainUpdateInput):
-    pool = serializers.IntegerField(min_value=1)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     name = serializers.CharField(max_length=63)
 
 

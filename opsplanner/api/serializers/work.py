@@ -14,6 +14,7 @@ from opsplanner.adapters import (
     Adapter,
 )
 from opsplanner.api.serializers.fast import iso
+from opsplanner.api.serializers.fields import MAX_ATTEMPT, MAX_ID
 from opsplanner.models import (
     MAX_PRIORITY,
     Approval,
@@ -187,7 +188,7 @@ class ClaimInput(serializers.Serializer):
         help_text="whose items: an adapter only ever claims items of its own kind",
     )
     kinds = serializers.ListField(child=serializers.ChoiceField(choices=WorkKind.choices), required=False)
-    pool = serializers.IntegerField(min_value=1, required=False)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
     host = serializers.CharField(
         max_length=253, required=False, allow_blank=True, help_text="a hostname: claim only that host's items"
     )
@@ -205,7 +206,9 @@ class ClaimInput(serializers.Serializer):
 
 
 class HeartbeatInput(serializers.Serializer):
-    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    attempt = serializers.IntegerField(
+        min_value=1, max_value=MAX_ATTEMPT, help_text="the attempt number the claim returned"
+    )
     lease_seconds = serializers.IntegerField(min_value=1, max_value=MAX_LEASE_SECONDS, default=300)
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
 
@@ -218,7 +221,7 @@ class StepInput(serializers.Serializer):
     output_tail = serializers.CharField(max_length=8192, allow_blank=True, default="", trim_whitespace=False)
     duration_s = serializers.FloatField(min_value=0)
     timed_out = serializers.BooleanField(default=False)
-    attempt = serializers.IntegerField(min_value=1, required=False)
+    attempt = serializers.IntegerField(min_value=1, max_value=MAX_ATTEMPT, required=False)
 
 
 class ResultInput(serializers.Serializer):
@@ -244,7 +247,9 @@ class ClaimNextInput(serializers.Serializer):
 
 class ReportInput(ClaimNextInput):
     outcome = serializers.ChoiceField(choices=["done", "failed"])
-    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    attempt = serializers.IntegerField(
+        min_value=1, max_value=MAX_ATTEMPT, help_text="the attempt number the claim returned"
+    )
     result = ResultInput(required=False)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     worker = serializers.CharField(max_length=100, required=False, allow_blank=True)
@@ -260,8 +265,10 @@ class ReportedWorkItem(WorkItemSerializer):
 
 
 class BatchReportItem(serializers.Serializer):
-    id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    id = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    attempt = serializers.IntegerField(
+        min_value=1, max_value=MAX_ATTEMPT, help_text="the attempt number the claim returned"
+    )
     outcome = serializers.ChoiceField(choices=["done", "failed"])
     result = ResultInput(required=False)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
@@ -292,8 +299,10 @@ class BatchReportAnswer(serializers.Serializer):
 
 
 class BatchHeartbeatItem(serializers.Serializer):
-    id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1, help_text="the attempt number the claim returned")
+    id = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    attempt = serializers.IntegerField(
+        min_value=1, max_value=MAX_ATTEMPT, help_text="the attempt number the claim returned"
+    )
 
 
 class BatchHeartbeatInput(serializers.Serializer):
@@ -346,12 +355,12 @@ class ApprovalRequestInput(serializers.Serializer):
 
     kind = serializers.ChoiceField(choices=[ApprovalKind.EMERGENCY_TRAIN, ApprovalKind.REONBOARD_UPGRADE])
     reason = serializers.CharField(max_length=500)
-    pool = serializers.IntegerField(min_value=1, required=False)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
     component = serializers.CharField(max_length=63, required=False)
     version = serializers.CharField(max_length=64, required=False)
     scope = serializers.CharField(max_length=MAX_SCOPE_LENGTH, required=False, allow_blank=True, default="")
     domains_at_once = serializers.IntegerField(min_value=1, max_value=100, default=1)
-    upgrade = serializers.IntegerField(min_value=1, required=False)
+    upgrade = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         needed = ("pool", "component", "version") if attrs["kind"] == ApprovalKind.EMERGENCY_TRAIN else ("upgrade",)
