@@ -76,7 +76,7 @@ def test_a_forecast_from_the_live_pool_runs_every_policy_and_leaves_the_live_dat
     assert events_checksum() == checksum
     summary = json.loads((tmp_path / "summary.json").read_text())
     runs = json.loads((tmp_path / "runs.json").read_text())
-    assert set(runs) == {"trains", "rolling", "lockstep"}
+    assert set(runs) == {"trains", "trains-sliding", "rolling", "lockstep"}
     for policy, shards in runs.items():
         pools = [pool for shard in shards for pool in shard["pools"]]
         assert [p["name"] for p in pools] == [name], policy

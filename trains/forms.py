@@ -13,6 +13,7 @@ from django.db import transaction
 from fleet.models import Component, ComponentVersion, Pool
 from fleet.versions import MAX_VERSION_LENGTH
 from opsplanner.scopes import MAX_SCOPE_LENGTH
+from trains.models import Pace
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.trains import train_create, train_update
 from trains.services.upgrades import upgrade_create, upgrade_offboard
@@ -156,6 +157,18 @@ def _concurrency_field() -> forms.IntegerField:
     )
 
 
+def _pace_field() -> forms.ChoiceField:
+    return forms.ChoiceField(
+        label="Pace",
+        choices=Pace.choices,
+        initial=Pace.DOMAIN,
+        required=False,
+        help_text="Domain-synchronous: the next domain starts when the visit's slowest host is back (slow hosts "
+        "waste capacity). Sliding: as each host comes back a host of the next domain starts, never more than a "
+        "visit's worth out (the blast radius spreads over more domains). Not given: as it is (a new train: domain).",
+    )
+
+
 def _domain_order_field(*, required: bool) -> forms.CharField:
     return forms.CharField(
         label="Domain order",
@@ -195,6 +208,7 @@ class TrainForm(ServiceForm):
         help_text="How long one domain's visit is expected to take, for the SLO check and the forecast.",
     )
     visit_concurrency = _concurrency_field()
+    pace = _pace_field()
     visit_overhead_s = _seconds(
         "Visit overhead (seconds)",
         maximum=MAX_VISIT_ESTIMATE_S,
@@ -217,15 +231,19 @@ class TrainForm(ServiceForm):
     def clean_domain_order(self) -> list[str] | None:
         return _domain_names(self.cleaned_data["domain_order"])
 
+    def clean_pace(self) -> str:
+        return self.cleaned_data["pace"] or Pace.DOMAIN
+
     def create(self, *, actor: Any) -> Any:
         return self.call_service(lambda: train_create(actor=actor, **self.cleaned_data))
 
 
 class TrainEditForm(ServiceForm):
-    """A live regular train's SLO, concurrency and domain order: trains.services.trains.train_update."""
+    """A live regular train's SLO, concurrency, pace and domain order: trains.services.trains.train_update."""
 
     cycle_slo_s = _cycle_slo_field()
     visit_concurrency = _concurrency_field()
+    pace = _pace_field()
     domain_order = _domain_order_field(required=True)
 
     @classmethod
@@ -233,6 +251,7 @@ class TrainEditForm(ServiceForm):
         initial = {
             "cycle_slo_s": train.cycle_slo_s,
             "visit_concurrency": train.visit_concurrency,
+            "pace": train.pace,
             "domain_order": "\n".join(domain_order),
         }
         return cls(data, initial=initial)
@@ -242,6 +261,9 @@ class TrainEditForm(ServiceForm):
         if names is None:
             raise ValidationError("Give at least one domain to visit.", code="required")
         return names
+
+    def clean_pace(self) -> str | None:
+        return self.cleaned_data["pace"] or None  # not given: the train keeps its pace
 
     def update(self, *, train_id: int, actor: Any) -> Any:
         return self.call_service(lambda: train_update(train_id=train_id, actor=actor, **self.cleaned_data))

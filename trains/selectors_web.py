@@ -104,7 +104,9 @@ def trains_shown(
 
 def _visit_seconds(train_ids: list[int]) -> tuple[dict[int, list[float]], dict[int, float]]:
     """Per train, the lengths of its recent visits that drained hosts, newest first, and how long
-    they took against their planned cost (one query)."""
+    they took against their planned cost (one query). A sliding visit (its plan counts the hosts it
+    "released") overlaps the visit before it: its length is what it added after that one ended, and
+    it says nothing about the cost (budget.measured_factor leaves it out too)."""
     ranked = (
         Visit.objects.filter(train_id__in=train_ids, state=VisitState.DONE, started_at__isnull=False)
         .exclude(plan__hosts=[])
@@ -112,15 +114,21 @@ def _visit_seconds(train_ids: list[int]) -> tuple[dict[int, list[float]], dict[i
         .filter(rank__lte=RECENT_VISITS)
         .order_by("train_id", "rank")
     )
+    rows: dict[int, list[tuple[dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
+    for train_id, started, ended, cost, released in ranked.values_list(
+        "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released"
+    ):
+        if started is not None and ended is not None:  # a done visit has both
+            rows[train_id].append((started, ended, cost, released is not None))
     lengths: dict[int, list[float]] = defaultdict(list)
     ratios: dict[int, list[float]] = defaultdict(list)
-    for train_id, started, ended, cost in ranked.values_list("train_id", "started_at", "ended_at", "plan__cost_s"):
-        if started is None or ended is None:  # a done visit has both
-            continue
-        seconds = (ended - started).total_seconds()
-        lengths[train_id].append(seconds)
-        if isinstance(cost, int | float) and cost > 0:
-            ratios[train_id].append(seconds / cost)
+    for train_id, visits in rows.items():
+        for i, (started, ended, cost, sliding) in enumerate(visits):
+            older_end = visits[i + 1][1] if sliding and i + 1 < len(visits) else started
+            seconds = (ended - max(started, older_end)).total_seconds()
+            lengths[train_id].append(seconds)
+            if not sliding and isinstance(cost, int | float) and cost > 0:
+                ratios[train_id].append(seconds / cost)
     return lengths, {train_id: factor_from(values) for train_id, values in ratios.items()}
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICIES = ("trains", "rolling", "lockstep")
+POLICIES = ("trains", "trains-sliding", "rolling", "lockstep")
 MAX_COMPONENTS = 200
 # Virtual time starts on a fixed Monday so the same seed gives the same report, byte for byte.
 EPOCH = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)

@@ -80,6 +80,7 @@ class Policy:
 class TrainsPolicy(Policy):
     name = "trains"
     label = "maintenance trains"
+    pace = "domain"  # domain-synchronous; TrainsSlidingPolicy slides (a live train's own pace is not kept)
 
     def setup(self) -> None:
         from trains.services.trains import train_create
@@ -87,12 +88,13 @@ class TrainsPolicy(Policy):
         super().setup()
         for pool in Pool.objects.filter(pk__in=self.world.pool_ids()).order_by("name"):
             live = self.world.trains.get(pool.pk)
-            if live:  # a what-if on the live fleet: its own trains, as configured there
+            if live:  # a what-if on the live fleet: its own trains, as configured there, at this pace
                 for spec in live:
-                    train_create(pool=pool, auto_resume_after_s=3600, actor=ACTOR, **spec)
+                    train_create(pool=pool, auto_resume_after_s=3600, actor=ACTOR, **{**spec, "pace": self.pace})
                 continue
             train_create(
                 pool=pool,
+                pace=self.pace,
                 name=f"train-{pool.name}",
                 cycle_slo_s=round(self.config.cycle_slo_hours * 3600),
                 visit_estimate_s=max(1, round(self.config.visit_minutes * 60)),
@@ -146,6 +148,15 @@ class TrainsPolicy(Policy):
             )
             for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id")
         ]
+
+
+class TrainsSlidingPolicy(TrainsPolicy):
+    """The same trains at the sliding pace (trains/services/pace.py): hosts return as each finishes
+    and hosts of the next domain start, never more than a visit's worth out."""
+
+    name = "trains-sliding"
+    label = "maintenance trains, sliding pace"
+    pace = "sliding"
 
 
 @dataclass
@@ -256,4 +267,6 @@ class LockStepPolicy(RollingPolicy):
         return pool_hosts
 
 
-POLICY_CLASSES: dict[str, type[Policy]] = {p.name: p for p in (TrainsPolicy, RollingPolicy, LockStepPolicy)}
+POLICY_CLASSES: dict[str, type[Policy]] = {
+    p.name: p for p in (TrainsPolicy, TrainsSlidingPolicy, RollingPolicy, LockStepPolicy)
+}

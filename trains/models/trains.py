@@ -29,6 +29,13 @@ class BudgetCode(models.TextChoices):
     UPGRADE_TOO_LONG = "upgrade_too_long", "An upgrade alone needs more than a visit's budget"
 
 
+class Pace(models.TextChoices):
+    """How a train moves on from domain to domain (docs: DESIGN.md, "pace")."""
+
+    DOMAIN = "domain", "Domain-synchronous: the next domain starts when the visit's last host is back"
+    SLIDING = "sliding", "Sliding: each host back lets a host of the next domain start"
+
+
 STOPPED_TRAIN_STATES = frozenset({TrainState.PAUSED, TrainState.AUTOSTOPPED})
 LIVE_TRAIN_STATES = frozenset({TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED})
 
@@ -53,6 +60,11 @@ class Train(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="domains visited at once; 1 keeps all capacity but one domain up",
     )
+    pace = models.CharField(
+        max_length=8, choices=Pace.choices, default=Pace.DOMAIN,
+        help_text="domain: whole domains at a time; sliding: hosts of the next domain start as hosts come back, "
+        "never more than a visit's worth out",
+    )  # fmt: skip
     cycle_slo_s = models.PositiveIntegerField(help_text="every domain is visited within this time")
     visit_estimate_s = models.PositiveIntegerField(
         default=3600, validators=[MinValueValidator(1)], help_text="expected length of one visit, for the forecast"
@@ -97,6 +109,11 @@ class Train(models.Model):
                 condition=Q(emergency=False) | Q(upgrade__isnull=False), name="train_emergency_has_upgrade"
             ),
             models.CheckConstraint(condition=Q(visit_concurrency__gte=1), name="train_visit_concurrency_positive"),
+            models.CheckConstraint(
+                condition=Q(pace__in=Pace.values),
+                name="train_pace_known",
+                violation_error_message="A train's pace is 'domain' or 'sliding'.",
+            ),
             models.CheckConstraint(condition=Q(cycle_slo_s__gte=F("visit_estimate_s")), name="train_slo_fits_a_visit"),
             models.CheckConstraint(
                 condition=Q(budget_code="", budget_reason="") | (~Q(budget_code="") & ~Q(budget_reason="")),

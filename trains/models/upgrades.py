@@ -161,8 +161,10 @@ class VisitOperation(models.Model):
     operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="visit_link")
     phase = models.PositiveSmallIntegerField()
 
+    # A domain-paced visit has one operation per upgrade; a sliding one one per upgrade and batch of
+    # hosts it releases (each host of the visit is released once).
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["visit", "upgrade"], name="visit_operation_once")]
+        indexes = [models.Index(fields=["visit", "upgrade"], name="visit_operation_visit_upgrade")]
 
     def __str__(self) -> str:
         return f"visit {self.visit_id} -> operation {self.operation_id}"

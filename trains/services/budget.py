@@ -110,9 +110,11 @@ def _largest_domain(domain_ids: list[int]) -> int:
 
 def measured_factor(train: Train) -> float:
     """How long the train's recent visits took against the cost they were planned at (one query);
-    1 until enough visits were measured."""
+    1 until enough visits were measured. A sliding visit (its plan counts the hosts it "released")
+    overlaps its neighbours, so its span says little about its cost: only domain-paced visits count."""
     ranked = (
         Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
+        .exclude(plan__has_key="released")
         .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
         .filter(rank__lte=MEASURED_VISITS)
     )

@@ -4,7 +4,8 @@
    hosts picks some from the pool or holds: trains/services/phases.py), complete finished upgrades;
 2. visits: a visit whose tasks are all finished is done;
 3. autostop when the pool's buffers are exhausted (and resume automatically if configured);
-4. start visits while the train runs and has room (skipping domains under an opt-out window);
+4. start visits while the train runs and has room (skipping domains under an opt-out window); a
+   sliding train (trains/services/pace.py) releases hosts to the core as others come back;
 5. forecast the cycle and alert when it will miss its SLO.
 The core's pool tick does the admitting, draining and returning of the operations a visit creates.
 """
@@ -37,6 +38,7 @@ from trains.models import (
 )
 from trains.selectors import train_forecast
 from trains.services.budget import VisitSizing, train_budget_check, train_sizing
+from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
 from trains.services.upgrade_forecast import upgrades_deadline_check
@@ -49,7 +51,13 @@ from trains.services.upgrades import (
     upgrades_phase_failures,
     upgrades_phases,
 )
-from trains.services.visits import UpgradePlan, late_joiner_candidates, visit_start, visits_join_late
+from trains.services.visits import (
+    UpgradePlan,
+    late_joiner_candidates,
+    unreleased_hosts,
+    visit_start,
+    visits_join_late,
+)
 
 log = logging.getLogger(__name__)
 ACTOR = "train-scheduler"
@@ -91,14 +99,54 @@ def train_tick(*, train_id: int) -> TrainTickReport:
     running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
     if train.state == TrainState.RUNNING:
         _late_joiners_step(train, running, active, now, report)
-    # Completion, graduation and the hosts still pending matter when a visit could start; while
-    # every visit slot is taken (most ticks of a busy train) they wait for the next free slot.
-    if train.state != TrainState.RUNNING or len(running) < train.visit_concurrency:
-        plans = _upgrades_progress_step(train, active, now, report)
-        if train.state == TrainState.RUNNING:
-            _start_visits(train, plans, now, report)
+    if train.state == TrainState.RUNNING and train_slides(train):
+        _slide_step(train, running, active, now, report)
+    else:
+        if train.state == TrainState.RUNNING:  # a train that stopped sliding hands over the rest at once
+            _release(train, running, active, room=None, report=report)
+        # Completion, graduation and the hosts still pending matter when a visit could start; while
+        # every visit slot is taken (most ticks of a busy train) they wait for the next free slot.
+        if train.state != TrainState.RUNNING or len(running) < train.visit_concurrency:
+            plans = _upgrades_progress_step(train, active, now, report)
+            if train.state == TrainState.RUNNING:
+                _start_visits(train, plans, now, report)
     _forecast_step(train, now, report)
     return report
+
+
+def _slide_step(
+    train: Train, running: list[Visit], active: list[_Active], now: dt.datetime, report: TrainTickReport
+) -> None:
+    """A sliding train (trains/services/pace.py): release to the core as many hosts as came back,
+    first those its running visits have not released yet, in the train's order, then the next
+    domains'. Upgrades and phases progress, as in the domain pace, only when a visit could start."""
+    room = _release(train, running, active, room=sliding_allowance(train) - train_hosts_out(train), report=report)
+    if any(v.plan.get("unreleased") for v in running):
+        return  # the running visits still have hosts to give before the next domain starts
+    # At the end of a cycle (nothing planned, visits still running) nothing could start.
+    if room > 0 and (not running or Visit.objects.filter(train=train, state=VisitState.PLANNED).exists()):
+        plans = _upgrades_progress_step(train, active, now, report)
+        _start_visits(train, plans, now, report, room=room)
+
+
+def _release(
+    train: Train, running: list[Visit], active: list[_Active], *, room: int | None, report: TrainTickReport
+) -> int:
+    """Release up to `room` (None: all) not yet released hosts of the running visits, in the train's
+    order; the room left. No query unless a visit has such hosts."""
+    waiting = sorted((v for v in running if v.plan.get("unreleased")), key=lambda v: (v.cycle_id, v.position))
+    left = room if room is not None else sum(len(unreleased_hosts(v)) for v in waiting)
+    if not waiting:
+        return left
+    known = {a.upgrade.pk: ActiveUpgrade(upgrade=a.upgrade, phases=a.phases) for a in active}
+    for visit in waiting:
+        if left <= 0:
+            break
+        released = visit_release(train=train, visit=visit, active=known, limit=left)
+        left -= released
+        if released:
+            report.events.append(f"visit {visit.pk} released {released} hosts")
+    return left
 
 
 def _late_joiners_step(
@@ -120,6 +168,8 @@ def _late_joiners_step(
 # --- 1. upgrades ------------------------------------------------------------------------------------
 def _train_upgrades(train: Train) -> list[Upgrade]:
     if train.emergency:
+        if train.upgrade_id is None:  # an emergency train runs one upgrade; none left, nothing to run
+            return []
         upgrades = Upgrade.objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE)
     else:
         upgrades = Upgrade.objects.filter(pool=train.pool, emergency=False, state=UpgradeState.ACTIVE)
@@ -255,6 +305,8 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
 # --- 2. visits finishing ----------------------------------------------------------------------------
 def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
     for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
+        if visit.plan.get("unreleased"):
+            continue  # a sliding visit with hosts still to release is not done
         tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
         if tasks.filter(state__in=OPEN_TASK_STATES).exists():
             continue
@@ -372,7 +424,11 @@ def _open_cycle(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cyc
     return cycle
 
 
-def _start_visits(train: Train, plans: list[UpgradePlan], now: dt.datetime, report: TrainTickReport) -> None:
+def _start_visits(
+    train: Train, plans: list[UpgradePlan], now: dt.datetime, report: TrainTickReport, *, room: int | None = None
+) -> None:
+    """Start the next visits of the cycle: up to visit_concurrency at once, or, for a sliding train,
+    while there is `room` for hosts (each visit releases what fits)."""
     cycle = _open_cycle(train, plans, now)
     if cycle is None:
         return
@@ -385,7 +441,7 @@ def _start_visits(train: Train, plans: list[UpgradePlan], now: dt.datetime, repo
     optouts = {} if train.emergency else optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
     sizing = None
     for visit in planned:
-        if running >= train.visit_concurrency:
+        if (running >= train.visit_concurrency) if room is None else (room <= 0):
             break
         if visit.domain_id in optouts:
             _skip(train, visit, optouts[visit.domain_id], now)
@@ -393,11 +449,13 @@ def _start_visits(train: Train, plans: list[UpgradePlan], now: dt.datetime, repo
         if sizing is None:  # read once per tick, and only when a visit starts
             sizing = train_sizing(train)
             _budget_step(train, plans, sizing, now)
-        selection = visit_start(train=train, visit=visit, plans=plans, sizing=sizing, now=now)
+        selection = visit_start(train=train, visit=visit, plans=plans, sizing=sizing, now=now, release=room)
         if selection is None:
             continue
         if selection.taken:
             running += 1
+            if room is not None:
+                room -= int(visit.plan.get("released", 0))
         else:
             _end_visit(visit, now, "nothing pending in this domain")
         report.events.append(f"visit {visit.pk} started")
@@ -457,7 +515,8 @@ def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> N
         return
     if forecast.cycle_end != cycle.forecast_end_at:
         Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
-    if forecast.meets_slo or cycle.miss_alerted_at is not None:
+    # A forecast that misses its SLO has an end (cycle_end is None only before one is computed).
+    if forecast.meets_slo or forecast.cycle_end is None or cycle.miss_alerted_at is not None:
         return
     Cycle.objects.filter(pk=cycle.pk).update(miss_alerted_at=now, miss_cause=forecast.miss_cause[:500])
     event_record(

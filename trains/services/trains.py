@@ -12,7 +12,7 @@ from opsplanner import clock
 from opsplanner.adapters import POOLS_ADAPTER
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import Operation, OperationState
-from trains.models import STOPPED_TRAIN_STATES, Train, TrainState, TrainStop, VisitOperation, VisitState
+from trains.models import STOPPED_TRAIN_STATES, Pace, Train, TrainState, TrainStop, VisitOperation, VisitState
 
 SUBJECT = "trains.train"
 
@@ -36,6 +36,11 @@ def _domains_in_order(pool: Pool, domain_order: list[str] | None) -> list[Mainte
             {"domain_order": f"Each domain is visited once per cycle; repeated: {', '.join(repeated)}."}
         )
     return [domains[name] for name in domain_order]
+
+
+def _check_pace(pace: str | None) -> None:
+    if pace is not None and pace not in Pace.values:
+        raise ValidationError({"pace": f"A train's pace is {' or '.join(Pace.values)}, not {pace!r}."})
 
 
 def _check_slo(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> None:
@@ -63,9 +68,12 @@ def train_create(
     visit_overhead_s: int | None = None,
     executor: str = POOLS_ADAPTER,
     drainer: str = POOLS_ADAPTER,
+    pace: str = Pace.DOMAIN,
     actor: Actor = None,
 ) -> Train:
-    """A regular train over the pool's domains (all of them, by position, unless an order is given)."""
+    """A regular train over the pool's domains (all of them, by position, unless an order is given),
+    domain-synchronous or sliding (`pace`, trains/services/pace.py)."""
+    _check_pace(pace)
     if not isinstance(visit_concurrency, int) or visit_concurrency < 1:
         raise ValidationError({"visit_concurrency": "Visit at least one domain at a time."})
     if not isinstance(visit_estimate_s, int) or visit_estimate_s < 1:
@@ -89,6 +97,7 @@ def train_create(
         visit_overhead_s=visit_overhead_s,
         executor=executor,
         drainer=drainer,
+        pace=pace,
         created_by=actor_user(actor),
         state_changed_at=clock.now(),
     )
@@ -102,7 +111,12 @@ def train_create(
         subject=train,
         actor=actor,
         pool_id=pool.pk,
-        data={"domains": [d.name for d in domains], "cycle_slo_s": cycle_slo_s, "concurrency": visit_concurrency},
+        data={
+            "domains": [d.name for d in domains],
+            "cycle_slo_s": cycle_slo_s,
+            "concurrency": visit_concurrency,
+            "pace": pace,
+        },
     )
     return train
 
@@ -117,11 +131,12 @@ def train_update(
     cycle_slo_s: int | None = None,
     visit_concurrency: int | None = None,
     domain_order: list[str] | None = None,
+    pace: str | None = None,
     actor: Actor,
 ) -> Train:
-    """Change a regular train's SLO, concurrency or domain order (None keeps a value). The open
-    cycle keeps its deadline and its visits; the change applies from the next cycle. Nothing
-    changed is no change: no event."""
+    """Change a regular train's SLO, concurrency, domain order or pace (None keeps a value). The open
+    cycle keeps its deadline and its visits; the change applies from the next cycle (a new pace from
+    the next visit to start). Nothing changed is no change: no event."""
     train = Train.objects.select_for_update(of=("self",)).select_related("pool").get(pk=train_id)
     if train.emergency:
         raise ValidationError(
@@ -134,30 +149,36 @@ def train_update(
         raise ValidationError({"visit_concurrency": "Visit at least one domain at a time."})
     if cycle_slo_s is not None and (not isinstance(cycle_slo_s, int) or cycle_slo_s < 1):
         raise ValidationError({"cycle_slo_s": "The cycle-time SLO is a positive number of seconds."})
+    _check_pace(pace)
     current = list(train.stops.select_related("domain").order_by("position"))
     before = {
         "cycle_slo_s": train.cycle_slo_s,
         "visit_concurrency": train.visit_concurrency,
         "domain_order": [stop.domain.name for stop in current],
+        "pace": train.pace,
     }
     domains = _domains_in_order(train.pool, domain_order) if domain_order is not None else [s.domain for s in current]
+    new_slo_s = train.cycle_slo_s if cycle_slo_s is None else cycle_slo_s
+    new_concurrency = train.visit_concurrency if visit_concurrency is None else visit_concurrency
+    new_pace = train.pace if pace is None else pace
     after = {
-        "cycle_slo_s": before["cycle_slo_s"] if cycle_slo_s is None else cycle_slo_s,
-        "visit_concurrency": before["visit_concurrency"] if visit_concurrency is None else visit_concurrency,
+        "cycle_slo_s": new_slo_s,
+        "visit_concurrency": new_concurrency,
         "domain_order": [d.name for d in domains],
+        "pace": new_pace,
     }
     changed = sorted(key for key in before if before[key] != after[key])
     if not changed:
         return train
     _check_slo(
         stops=len(domains),
-        concurrency=after["visit_concurrency"],
+        concurrency=new_concurrency,
         visit_estimate_s=train.visit_estimate_s,
-        cycle_slo_s=after["cycle_slo_s"],
+        cycle_slo_s=new_slo_s,
     )
-    train.cycle_slo_s, train.visit_concurrency = after["cycle_slo_s"], after["visit_concurrency"]
+    train.cycle_slo_s, train.visit_concurrency, train.pace = new_slo_s, new_concurrency, new_pace
     train.full_clean()
-    train.save(update_fields=["cycle_slo_s", "visit_concurrency"])
+    train.save(update_fields=["cycle_slo_s", "visit_concurrency", "pace"])
     if "domain_order" in changed:
         _replace_stops(train, domains)
     event_record(

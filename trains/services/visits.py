@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet.models import Host, HostState, Pool
 from opsplanner.events import event_record
@@ -99,10 +99,18 @@ def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
 
 
 def visit_start(
-    *, train: Train, visit: Visit, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime
+    *,
+    train: Train,
+    visit: Visit,
+    plans: list[UpgradePlan],
+    sizing: VisitSizing,
+    now: dt.datetime,
+    release: int | None = None,
 ) -> Selection | None:
     """Record the plan, create one operation per upgrade taken over the domain's hosts; what the
-    visit took and left (taken empty: nothing to do there), or None when another tick started it."""
+    visit took and left (taken empty: nothing to do there), or None when another tick started it.
+    A sliding train (`release`, trains/services/pace.py) hands only the first `release` hosts to the
+    core now; the plan keeps the others ("unreleased") for the ticks to come."""
     in_service = set(
         Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
     )
@@ -113,13 +121,19 @@ def visit_start(
             step.hosts = set(sorted(step.hosts)[:bound])
     selection = _select(steps, sizing)
     taken: list[Step] = selection.taken
+    plan_record = _plan_record(selection, sizing)
+    submit = taken
+    if release is not None:
+        now_hosts, plan_record["unreleased"] = split_release(taken, release)
+        plan_record["released"] = len(now_hosts)
+        submit = [replace(s, hosts=s.hosts & now_hosts) for s in taken if s.hosts & now_hosts]
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.PLANNED).update(
-        state=VisitState.RUNNING, started_at=now, skip_reason="", plan=_plan_record(selection, sizing)
+        state=VisitState.RUNNING, started_at=now, skip_reason="", plan=plan_record
     ):
         return None
-    visit.state, visit.started_at, visit.train = VisitState.RUNNING, now, train
-    for step in taken:
-        _submit_step(train, visit, step, joined=False)
+    visit.state, visit.started_at, visit.train, visit.plan = VisitState.RUNNING, now, train, plan_record
+    for step in submit:
+        visit_step_submit(train, visit, step, joined=False)
     event_record(
         kind="train.visit_started",
         subject=visit,
@@ -132,6 +146,24 @@ def visit_start(
               "cost_s": round(selection.cost_s)},
     )  # fmt: skip
     return selection
+
+
+def split_release(steps: list[Step], limit: int) -> tuple[set[int], list[dict]]:
+    """A sliding visit's hosts released now (the first `limit` by id, each with every step it is in,
+    so one drain applies them all) and the record of the rest, per step."""
+    hosts = sorted({h for step in steps for h in step.hosts})
+    now = set(hosts[: max(0, limit)])
+    rest = [
+        {"upgrade": s.plan.upgrade.pk, "phase": s.plan.phase.position, "work_s": s.work_s, "hosts": sorted(left)}
+        for s in steps
+        if (left := s.hosts - now)
+    ]
+    return now, rest
+
+
+def unreleased_hosts(visit: Visit) -> set[int]:
+    """The hosts a sliding visit planned and has not handed to the core yet."""
+    return {h for entry in visit.plan.get("unreleased", []) for h in entry["hosts"]}
 
 
 def _start_reason(train: Train, selection: Selection, sizing: VisitSizing) -> str:
@@ -167,7 +199,7 @@ def _plan_record(selection: Selection, sizing: VisitSizing) -> dict:
     }
 
 
-def _submit_step(train: Train, visit: Visit, step: Step, *, joined: bool) -> None:
+def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool) -> None:
     plan, hosts = step.plan, sorted(step.hosts)
     version = plan.upgrade.component_version
     operation = operation_submit(
@@ -239,11 +271,16 @@ def _join_visit(
     hosts = set(plan_record.get("hosts", []))
     works = [float(e.get("work_s", 0)) for e in plan_record.get("upgrades", [])]
     joins = []
-    for step in domain_steps(plans, drained, sizing) if drained else []:
+    waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
+    for step in domain_steps(plans, drained | waiting, sizing) if drained or waiting else []:
         cost = sizing.cost_s(len(hosts | step.hosts), [*works, step.work_s])
         if cost > sizing.budget_s:
             continue  # it waits for the next cycle, like any work that does not fit
-        _submit_step(train, visit, step, joined=True)
+        if step.hosts - waiting:
+            visit_step_submit(train, visit, replace(step, hosts=step.hosts - waiting), joined=True)
+        if step.hosts & waiting:
+            _, later = split_release([replace(step, hosts=step.hosts & waiting)], 0)
+            plan_record["unreleased"] = [*plan_record.get("unreleased", []), *later]
         hosts |= step.hosts
         works.append(step.work_s)
         plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]

@@ -9,8 +9,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
+from opsplanner.api.serializers.fields import MAX_ID
 from opsplanner.scopes import MAX_SCOPE_LENGTH
-from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit
+from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 
@@ -32,6 +33,7 @@ class TrainSerializer(serializers.ModelSerializer):
             "state_reason",
             "state_changed_at",
             "visit_concurrency",
+            "pace",
             "cycle_slo_s",
             "visit_estimate_s",
             "visit_overhead_s",
@@ -50,12 +52,18 @@ class TrainSerializer(serializers.ModelSerializer):
 
 
 class TrainInput(serializers.Serializer):
-    pool = serializers.IntegerField(min_value=1)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     name = serializers.CharField(max_length=63)
     cycle_slo_s = serializers.IntegerField(min_value=1, max_value=366 * 24 * 3600)
     visit_estimate_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, default=3600)
     domain_order = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=10_000)
     visit_concurrency = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    pace = serializers.ChoiceField(
+        choices=Pace.choices,
+        default=Pace.DOMAIN,
+        help_text="domain: the next domain starts when the visit's last host is back; sliding: hosts of the next "
+        "domain start as hosts come back, never more than a visit's worth out",
+    )
     visit_overhead_s = serializers.IntegerField(
         min_value=1,
         max_value=30 * 24 * 3600,
@@ -229,12 +237,12 @@ class PhaseInput(serializers.Serializer):
 
 
 class UpgradeInput(serializers.Serializer):
-    pool = serializers.IntegerField(min_value=1)
+    pool = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     component = serializers.CharField(max_length=63)
     version = serializers.CharField(max_length=64)
     reason = serializers.CharField(max_length=500)
     scope = serializers.CharField(max_length=MAX_SCOPE_LENGTH, required=False, allow_blank=True, default="")
-    phases = PhaseInput(many=True, required=False, max_length=20)
+    phases = PhaseInput(many=True, required=False, max_length=20)  # type: ignore[call-arg]  # stub gap: many=True takes min/max_length (DRF 3.14+)
     max_failures = serializers.IntegerField(min_value=0, max_value=1_000_000, default=2)
     max_failure_rate = serializers.FloatField(min_value=0, max_value=1, required=False)
     failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=1_000_000, default=5)

@@ -1,0 +1,100 @@
+"""The sliding pace: hosts return as each finishes and hosts of the next domain start.
+
+A domain-paced train (`pace = "domain"`) hands a whole visit to the core at once and starts the next
+domain when the visit's last host is back. A sliding train (`pace = "sliding"`) plans each visit the
+same way (budget, newest version per component, phases) but releases the visit's hosts to the core a
+few at a time: each train tick it releases as many hosts as the visit's worth allows, counting the
+hosts it already has out (an open task of its visits, pending ones included), first the not yet
+released hosts of its running visits (in the train's order), then the hosts of the next domains.
+
+The allowance is the visit's worth: the largest domain x visit_concurrency, or the planned buffer if
+that is smaller. The core's admission keeps the hard limits (the planned buffer, the floor, the
+reservations, opt-out windows): a released host the buffer has no room for waits in its queue, and
+counts as out for the train, so the train releases no more. A cycle is still every domain visited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from django.db.models import Count
+
+from fleet.models import Host
+from fleet.selectors.capacity import pool_capacity
+from opsplanner.events import event_record
+from opsplanner.models import OPEN_TASK_STATES, HostTask
+from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
+from trains.services.visits import Step, UpgradePlan, unreleased_hosts, visit_step_submit
+
+ACTOR = "train-scheduler"
+
+
+def train_slides(train: Train) -> bool:
+    return train.pace == Pace.SLIDING
+
+
+def sliding_allowance(train: Train) -> int:
+    """How many hosts a sliding train may have out at once (two queries): the largest domain x
+    visit_concurrency, or the planned buffer if smaller (an emergency train ignores the buffer); at
+    least one, so the train shows its work waiting in the core's queue rather than idling silently."""
+    domain_ids = TrainStop.objects.filter(train=train).values("domain_id")
+    counts = Host.objects.filter(domain_id__in=domain_ids).values("domain_id").annotate(n=Count("id"))
+    largest = max((row["n"] for row in counts), default=0)
+    allowed = largest * train.visit_concurrency
+    if not train.emergency:
+        allowed = min(allowed, pool_capacity(train.pool).buffers.planned)
+    return max(1, allowed)
+
+
+def train_hosts_out(train: Train) -> int:
+    """The hosts a train has out or released to the core: an open task of one of its visits (one query)."""
+    return (
+        HostTask.objects.filter(operation__visit_link__visit__train=train, state__in=OPEN_TASK_STATES)
+        .values("host_id")
+        .distinct()
+        .count()
+    )
+
+
+@dataclass(frozen=True)
+class ActiveUpgrade:
+    """What releasing needs of an upgrade still active: the row and its phases."""
+
+    upgrade: Upgrade
+    phases: list[UpgradePhase]
+
+
+def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgrade], limit: int) -> int:
+    """Release up to `limit` more hosts of a running sliding visit to the core: one operation per
+    upgrade over the released hosts, with the phase the visit planned it in. Hosts of an upgrade no
+    longer active (offboarded, completed) are dropped. Returns how many hosts were released. Runs in
+    the train tick's transaction."""
+    entries = [e for e in visit.plan.get("unreleased", []) if e["upgrade"] in active]
+    hosts = sorted({h for e in entries for h in e["hosts"]})
+    now = set(hosts[: max(0, limit)])
+    rest = []
+    for entry in entries:
+        part = now.intersection(entry["hosts"])
+        if part:
+            known = active[entry["upgrade"]]
+            plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[entry["phase"]], allowed=set())
+            visit_step_submit(train, visit, Step(plan=plan, hosts=part, work_s=entry["work_s"]), joined=False)
+        left = sorted(set(entry["hosts"]) - now)
+        if left:
+            rest.append({**entry, "hosts": left})
+    plan_record = {**visit.plan, "unreleased": rest, "released": int(visit.plan.get("released", 0)) + len(now)}
+    if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
+        return 0
+    visit.plan = plan_record
+    if now:
+        event_record(
+            kind="train.visit_released",
+            subject=visit,
+            actor=ACTOR,
+            pool_id=train.pool_id,
+            reason=f"{len(now)} more hosts of domain {visit.domain.name} released to the core as hosts came back; "
+            f"{len(unreleased_hosts(visit))} still to come",
+            data={"train": train.pk, "cycle": visit.cycle_id, "hosts": len(now), "left": len(unreleased_hosts(visit))},
+        )
+    return len(now)
