@@ -9,7 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import F, Func, IntegerField, Max, Q, QuerySet, Subquery, Window
+from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
 from fleet.models import ComponentVersion, MaintenanceDomain
@@ -150,10 +150,9 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     if not ids:
         return {}, {}
     # The latest cycle of each train: the open one, or the number the next cycle follows.
-    latest = {
-        c.train_id: c
-        for c in Cycle.objects.filter(train_id__in=ids).order_by("train_id", "-number").distinct("train_id")
-    }
+    # (A subquery, not DISTINCT ON: the embedded default runs on SQLite.)
+    newest = Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]
+    latest = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, number=Subquery(newest))}
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
     recent, factors = _visit_seconds(ids)
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)

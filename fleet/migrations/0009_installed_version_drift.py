@@ -3,6 +3,18 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from opsplanner.dbconstraints import SqliteRestoreCompositeForeignKey, SqliteSuspendCompositeForeignKey
+
+# SQLite rebuilds fleet_installedversion for the new columns; its composite-key triggers go and come back.
+INSTALLED_VERSION_KEY = {
+    "name": "installed_version_of_component",
+    "table": "fleet_installedversion",
+    "columns": ["version_id", "component_id"],
+    "ref_table": "fleet_componentversion",
+    "ref_columns": ["id", "component_id"],
+    "message": "installed_version_of_component: the version must be a version of the component",
+}
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -10,6 +22,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        SqliteSuspendCompositeForeignKey(**INSTALLED_VERSION_KEY),
         migrations.AddField(
             model_name="installedversion",
             name="drift_from",
@@ -46,4 +59,5 @@ class Migration(migrations.Migration):
                 name="installed_version_drift_complete",
             ),
         ),
+        SqliteRestoreCompositeForeignKey(**INSTALLED_VERSION_KEY),
     ]
