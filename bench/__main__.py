@@ -18,6 +18,8 @@ BENCHMARKS = [
     "tick",
     "host_ops",
     "api",
+    "api_host_ops",
+    "api_agent_steps",
     "gantt",
     "simulate",
     "reliability",

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.common import ROOT, Figure
+from bench.common import ROOT, Figure, asgi_server_name
 
 POOLS = 20
 HOSTS_PER_POOL = 5_000
@@ -69,7 +69,8 @@ def run(seconds: float | None = None) -> list[Figure]:
     _check_reports(results["claim_report"])
 
     how = (
-        f"python -m bench api --seconds {seconds:g} ({SERVERS} daphne processes, DEBUG off, "
+        f"ASGI_SERVER={asgi_server_name()} python -m bench api --seconds {seconds:g} "
+        f"({SERVERS} {asgi_server_name()} processes, DEBUG off, "
         "each with its psycopg connection pool, "
         f"{CLIENTS} keep-alive clients round-robin over them, 100,000 hosts in {POOLS} pools, "
         f"{HISTORY_EVENTS_PER_HOST * POOLS * HOSTS_PER_POOL:,}+ events"
@@ -214,6 +215,8 @@ def _free_port() -> int:
 
 
 def _start_servers(database_url: str) -> list[Server]:
+    from opsplanner.management.commands.serve import asgi_server_command
+
     env = dict(
         os.environ,
         DATABASE_URL=database_url,
@@ -226,18 +229,9 @@ def _start_servers(database_url: str) -> list[Server]:
     logs.mkdir(parents=True, exist_ok=True)
     servers = []
     for i in range(SERVERS):
-        port, log = _free_port(), logs / f"api-daphne-{i + 1}.log"
+        port, log = _free_port(), logs / f"api-{asgi_server_name()}-{i + 1}.log"
         with log.open("wb") as sink:
-            command = [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "opsplanner.asgi:application",
-            ]
+            command = asgi_server_command(asgi_server_name(), host="127.0.0.1", port=port)
             process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         servers.append(Server(port, process, log))
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -245,7 +239,7 @@ def _start_servers(database_url: str) -> list[Server]:
         while not _answers(server.port):
             if server.process.poll() is not None or time.monotonic() > deadline:
                 _stop_servers(servers)
-                raise SystemExit(f"daphne on port {server.port} did not start:\n{server.log.read_text()[-3000:]}")
+                raise SystemExit(f"the server on port {server.port} did not start:\n{server.log.read_text()[-3000:]}")
             time.sleep(0.2)
     return servers
 
@@ -314,7 +308,7 @@ class Connection:
 
     async def _chunked(self) -> bytes:
         assert self.reader is not None
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:

@@ -173,6 +173,11 @@ else:
     CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# The ASGI server `manage.py serve` and the API benchmarks run (compared in BENCHMARKS.md).
+ASGI_SERVER = env_str("ASGI_SERVER", "granian").lower()
+if ASGI_SERVER not in {"uvicorn", "daphne", "granian"}:
+    raise EnvError(f"ASGI_SERVER={ASGI_SERVER!r} is not one of uvicorn, daphne, granian")
+
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "opsplanner")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

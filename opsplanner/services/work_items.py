@@ -235,6 +235,30 @@ def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any]) -> No
             )
 
 
+def _validate_key(key: str) -> None:
+    if not key or len(key) > 128:
+        raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters."})
+
+
+def _check_report(item: WorkItem, *, worker: str, outcome: str, result: dict[str, Any], attempt: int | None) -> None:
+    """Refuse a report (not a retry) of a locked item as a conflict or an invalid result."""
+    item_id = item.pk
+    if item.state in (WorkState.DONE, WorkState.FAILED):
+        raise WorkItemConflict(
+            f"Work item #{item_id} was already reported {item.state} with another key.", code="conflict"
+        )
+    if item.state != WorkState.RUNNING or item.claimed_by != worker:
+        raise WorkItemConflict(
+            _not_running_message(item_id, (item.state, item.claimed_by, item.attempts), worker), code="conflict"
+        )
+    if attempt is not None and attempt != item.attempts:
+        raise WorkItemConflict(
+            f"Work item #{item_id} is on attempt {item.attempts}; the claim of attempt {attempt} expired.",
+            code="conflict",
+        )
+    _validate_result(item, outcome, result)
+
+
 @transaction.atomic
 def work_item_report(
     *,
@@ -248,26 +272,14 @@ def work_item_report(
 ) -> WorkItem:
     """Record the outcome of an item we ran. Repeating the same key returns the first answer.
     `attempt` (from the claim) refuses a report from a claim that expired and was given again."""
-    if not key or len(key) > 128:
-        raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters."})
+    _validate_key(key)
     result = result if result is not None else {}
     item = WorkItem.objects.select_for_update().filter(pk=item_id).first()
     if item is None:
         raise WorkItemConflict(f"There is no work item #{item_id}.", code="not_found")
     if item.report_key == key:
         return item  # a retried report: same answer, no change
-    if item.state in (WorkState.DONE, WorkState.FAILED):
-        raise WorkItemConflict(
-            f"Work item #{item_id} was already reported {item.state} with another key.", code="conflict"
-        )
-    if item.state != WorkState.RUNNING or item.claimed_by != worker:
-        raise WorkItemConflict(_not_running_for(item_id, worker), code="conflict")
-    if attempt is not None and attempt != item.attempts:
-        raise WorkItemConflict(
-            f"Work item #{item_id} is on attempt {item.attempts}; the claim of attempt {attempt} expired.",
-            code="conflict",
-        )
-    _validate_result(item, outcome, result)
+    _check_report(item, worker=worker, outcome=outcome, result=result, attempt=attempt)
     now = clock.now()
     changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
         state=outcome, result=result, report_key=key, outcome_reason=reason[:500], finished_at=now
@@ -347,48 +359,89 @@ def _refusal(error: ValidationError) -> tuple[str, str]:
     return (codes[0] if codes else "invalid"), "; ".join(parts)
 
 
+# What a batch report reads of each item, under its row lock (the checks, the event, the answer).
+_REPORT_FIELDS: tuple[str, ...] = ("id", "state", "claimed_by", "attempts", "report_key", "kind", "params")
+_REPORT_FIELDS += ("pool_id", "host_id", "host_task_id", "adapter")
+
+
 @transaction.atomic
 def work_items_report_batch(
     *, worker: str, reports: Sequence[ItemReport], adapters: Sequence[str] | None = None
 ) -> list[ItemAnswer]:
-    """Report many outcomes in one transaction, each through `work_item_report` in its own savepoint:
-    a refused item (unknown, not ours, stale attempt, finished under another key, bad result) is
-    answered with its code and leaves the others alone. The rows are locked first, in id order, so
-    two batches over the same items never deadlock; an item whose report key is already this one is
-    a duplicate and changes nothing. With `adapters`, items of other adapters do not exist for the
-    caller. Answers are in the order of `reports`."""
+    """Report many outcomes in one transaction, set-based: the rows are locked first, in id order
+    (two batches over the same items never deadlock), each report is checked as `work_item_report`
+    checks one (a refused item, unknown, not ours, stale attempt, finished under another key or a
+    bad result, is answered with its code and leaves the others alone), then the accepted ones are
+    written by one UPDATE and their events by one COPY. An item whose report key is already this
+    one is a duplicate and changes nothing. With `adapters`, items of other adapters do not exist
+    for the caller. Answers are in the order of `reports`."""
     if len(reports) > MAX_BATCH:
         raise ValidationError({"reports": f"Report at most {MAX_BATCH} items at a time."})
     rows = WorkItem.objects.filter(pk__any=sorted({report.item_id for report in reports}))
     if adapters is not None:
         rows = rows.filter(adapter__in=adapters)
-    keys = dict(rows.order_by("id").select_for_update().values_list("id", "report_key"))
-    answers: list[ItemAnswer] = []
-    for report in reports:
-        if report.item_id not in keys:
-            answers.append(
-                ItemAnswer(report.item_id, REFUSED, "not_found", f"There is no work item #{report.item_id}.")
-            )
-            continue
-        if report.key and keys[report.item_id] == report.key:
-            answers.append(ItemAnswer(report.item_id, DUPLICATE))
-            continue
-        try:
-            item = work_item_report(
-                item_id=report.item_id,
-                worker=worker,
-                key=report.key,
-                outcome=report.outcome,
-                result=report.result,
-                reason=report.reason,
-                attempt=report.attempt,
-            )
-        except ValidationError as error:
-            answers.append(ItemAnswer(report.item_id, REFUSED, *_refusal(error)))
-            continue
-        keys[report.item_id] = report.key
-        answers.append(ItemAnswer(report.item_id, ACCEPTED, host_id=item.host_id, adapter=item.adapter))
+    items = {item.pk: item for item in rows.order_by("id").select_for_update().only(*_REPORT_FIELDS)}
+    now = clock.now()
+    accepted: dict[int, WorkItem] = {}
+    answers = [_batch_answer(items.get(report.item_id), report, worker, now, accepted) for report in reports]
+    if accepted:
+        _batch_write(list(accepted.values()), worker, now)
     return answers
+
+
+def _batch_answer(
+    item: WorkItem | None, report: ItemReport, worker: str, now: dt.datetime, accepted: dict[int, WorkItem]
+) -> ItemAnswer:
+    """One report of a batch, checked against its locked item (as changed by the batch's earlier
+    reports, so a second report of one item is a duplicate or a conflict, as it would be alone)."""
+    if item is None:
+        return ItemAnswer(report.item_id, REFUSED, "not_found", f"There is no work item #{report.item_id}.")
+    if report.key and item.report_key == report.key:
+        return ItemAnswer(report.item_id, DUPLICATE)
+    try:
+        _validate_key(report.key)
+        _check_report(item, worker=worker, outcome=report.outcome, result=report.result, attempt=report.attempt)
+    except ValidationError as error:
+        return ItemAnswer(report.item_id, REFUSED, *_refusal(error))
+    item.state, item.result, item.report_key = report.outcome, report.result, report.key
+    item.outcome_reason, item.finished_at = report.reason[:500], now
+    accepted[item.pk] = item
+    return ItemAnswer(item.pk, ACCEPTED, host_id=item.host_id, adapter=item.adapter)
+
+
+def _batch_write(items: list[WorkItem], worker: str, now: dt.datetime) -> None:
+    # The rows are locked by this transaction and were checked running for `worker`: no guard needed.
+    WorkItem.objects.bulk_update(items, ["state", "result", "report_key", "outcome_reason", "finished_at"])
+    events_copy_rows(
+        [
+            event_row(
+                kind=f"work_item.{item.state}",
+                subject_type=SUBJECT,
+                subject_id=item.pk,
+                now=now,
+                actor=worker,
+                reason=item.outcome_reason,
+                pool_id=item.pool_id,
+                host_id=item.host_id,
+                data={"from": WorkState.RUNNING, "to": item.state, "kind": item.kind},
+            )
+            for item in items
+        ]
+    )
+    if log.isEnabledFor(logging.INFO):
+        for item in items:
+            log.info(
+                "work item reported %s",
+                item.state,
+                extra={
+                    "work_item_id": item.pk,
+                    "host_id": item.host_id,
+                    "task_id": item.host_task_id,
+                    "pool_id": item.pool_id,
+                    "worker": worker,
+                    "outcome": item.state,
+                },
+            )
 
 
 @transaction.atomic

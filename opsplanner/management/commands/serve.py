@@ -1,16 +1,19 @@
 """python manage.py serve: the embedded default in one command (what `make run` calls).
 
 Migrates, seeds a demo fleet when the database has no hosts, creates the demo logins, then runs the
-ASGI web server (daphne), a Celery worker and the Celery beat, supervised (opsplanner/supervisor.py):
-a child that dies is restarted after a back-off with a one-line message; only repeated crashes stop
-the product (exit non-zero). Each child logs to var/log/<name>.log; Ctrl-C stops all three.
+ASGI web server (settings.ASGI_SERVER: granian by default, uvicorn or daphne), a Celery worker and
+the Celery beat, supervised (opsplanner/supervisor.py): a child that dies is restarted after a
+back-off with a one-line message; only repeated crashes stop the product (exit non-zero). Each child
+logs to var/log/<name>.log; Ctrl-C stops all three.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.core.management import call_command
@@ -20,6 +23,9 @@ from opsplanner.demo_users import demo_users_ensure
 from opsplanner.supervisor import ChildSpec, Supervisor, TooManyCrashes
 
 POLL_SECONDS = 0.5
+# Web processes per core with PostgreSQL and Redis (measured: see BENCHMARKS.md, api_*). The
+# embedded mode runs one: SQLite takes one writer at a time and its channel layer is in-process.
+WEB_WORKERS_PER_CORE = 2
 
 
 class Command(BaseCommand):
@@ -31,6 +37,13 @@ class Command(BaseCommand):
         parser.add_argument("--demo-hosts", type=int, default=2000, help="hosts to seed when the fleet is empty")
         parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
         parser.add_argument(
+            "--web-workers",
+            type=int,
+            default=None,
+            help=f"web server processes (default: {WEB_WORKERS_PER_CORE} per core with PostgreSQL/Redis, "
+            "1 embedded; daphne always runs 1)",
+        )
+        parser.add_argument(
             "--no-demo-alive",
             dest="demo_alive",
             action="store_false",
@@ -38,19 +51,30 @@ class Command(BaseCommand):
         )
 
     def handle(
-        self, *args: object, host: str, port: int, demo_hosts: int, concurrency: int, demo_alive: bool, **opts: object
+        self,
+        *args: object,
+        host: str,
+        port: int,
+        demo_hosts: int,
+        concurrency: int,
+        demo_alive: bool,
+        web_workers: int | None = None,
+        **opts: object,
     ) -> None:
         if not 1 <= port <= 65535:
             raise CommandError(f"--port must be between 1 and 65535, not {port}")
+        if web_workers is not None and web_workers < 1:
+            raise CommandError(f"--web-workers must be at least 1, not {web_workers}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", hosts=demo_hosts, if_empty=True, stdout=self.stdout, stderr=self.stderr)
         logins = demo_users_ensure() if settings.DEBUG else []
         if settings.DEBUG and demo_alive:
             call_command("demo_alive", stdout=self.stdout, stderr=self.stderr)
 
-        supervisor = Supervisor(_children(host=host, port=port, concurrency=concurrency), say=self._say)
+        web = web_workers or default_web_workers()
+        supervisor = Supervisor(_children(host=host, port=port, concurrency=concurrency, web=web), say=self._say)
         supervisor.start_all()
-        self._banner(host=host, port=port, logins=logins)
+        self._banner(host=host, port=port, logins=logins, web=web)
 
         stopping = False
 
@@ -74,26 +98,56 @@ class Command(BaseCommand):
         self.stderr.write(line)
         self.stderr.flush()
 
-    def _banner(self, *, host: str, port: int, logins: list) -> None:
+    def _banner(self, *, host: str, port: int, logins: list, web: int = 1) -> None:
         mode = "embedded (SQLite, SQLite broker)" if settings.REDIS_URL is None else "PostgreSQL/Redis"
         log_dir = settings.VAR_DIR / "log"
         self.stdout.write(f"\nLogs of the web server, the worker and the scheduler: {log_dir}/")
         self.stdout.write("Press Ctrl-C to stop the web server, the worker and the scheduler.")
+        self.stdout.write(f"Web server: {settings.ASGI_SERVER}, {web} process{'es' if web > 1 else ''}.")
         self.stdout.write(f"OpsPlanner is running in {mode} mode at http://{host}:{port}/")
         for login in logins:
             self.stdout.write(f"  login: {login.username:<10} password: {login.password}   ({login.role})")
         self.stdout.flush()
 
 
-def _children(*, host: str, port: int, concurrency: int) -> list[ChildSpec]:
+def default_web_workers() -> int:
+    if settings.REDIS_URL is None or settings.ASGI_SERVER == "daphne":
+        return 1
+    return WEB_WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def asgi_server_command(server: str, *, host: str, port: int, workers: int = 1) -> list[str]:
+    """The command line that serves opsplanner.asgi:application with `server` (settings.ASGI_SERVER's
+    values). uvicorn and granian fork `workers` processes on one socket; daphne has no workers."""
+    app, python = "opsplanner.asgi:application", sys.executable
+    if server == "uvicorn":
+        # Django's handler has no lifespan; uvloop and httptools are the fast loop and parser. Idle
+        # keep-alive connections live 75 s (uvicorn's 5 s closed agents' connections between their
+        # steps), longer than a load balancer's usual 60 s, so the balancer closes first.
+        return [python, "-m", "uvicorn", app, "--host", host, "--port", str(port), "--workers", str(workers),
+                "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "off",
+                "--no-access-log", "--timeout-keep-alive", "75", "--timeout-graceful-shutdown", "5"]  # fmt: skip
+    if server == "granian":
+        # asginl: ASGI without lifespan.
+        return [python, "-m", "granian", "--interface", "asginl", "--host", host, "--port", str(port),
+                "--workers", str(workers), "--loop", "uvloop", "--no-access-log", app]  # fmt: skip
+    if server == "daphne":
+        return [python, "-m", "daphne", "-b", host, "-p", str(port), app]
+    raise CommandError(f"unknown ASGI server {server!r}: uvicorn, daphne or granian")
+
+
+def _web_command(host: str, port: int, web: int) -> Sequence[str]:
+    return asgi_server_command(settings.ASGI_SERVER, host=host, port=port, workers=web)
+
+
+def _children(*, host: str, port: int, concurrency: int, web: int = 1) -> list[ChildSpec]:
     python = sys.executable
     log_dir = settings.VAR_DIR / "log"
     embedded = settings.REDIS_URL is None
     # The embedded broker has no fanout: no gossip, mingle or remote control between workers.
     solo_flags = ["--without-gossip", "--without-mingle"] if embedded else []
     return [
-        ChildSpec("web", [python, "-m", "daphne", "-b", host, "-p", str(port), "opsplanner.asgi:application"],
-                  log_dir / "web.log"),
+        ChildSpec("web", _web_command(host, port, web), log_dir / "web.log"),
         ChildSpec("worker", [python, "-m", "celery", "-A", "opsplanner", "worker", "--loglevel", "INFO",
                              "--concurrency", str(concurrency), "-n", "worker@%h", *solo_flags],
                   log_dir / "worker.log"),
