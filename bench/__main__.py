@@ -38,7 +38,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.seconds is not None and args.seconds <= 0:
         parser.error("--seconds must be positive")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsplanner.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
     figures: list[Figure] = []
     for name in BENCHMARKS if args.name == "all" else [args.name]:

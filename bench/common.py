@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from opsplanner.env import parse_database_url
+from config.env import parse_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -158,7 +158,7 @@ def _check_the_outcome() -> None:
 def _start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("wb") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "opsplanner", *arguments, "--loglevel", "WARNING"],
+            [sys.executable, "-m", "celery", "-A", "config", *arguments, "--loglevel", "WARNING"],
             cwd=ROOT,
             env=env,
             stdout=sink,

@@ -16,7 +16,7 @@ def django_on_scratch_database(name: str) -> str:
     # The production shape: DEBUG off (Django would otherwise log every query with its parameters).
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-not-for-production")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsplanner.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
     call_command("migrate", verbosity=0)
     return url

@@ -39,7 +39,7 @@ def run(seconds: float | None = None) -> list[Figure]:
     size = _size(seconds)
     url = scratch_database_url("bench_sim_meta")  # the simulate command makes its scratch lanes next to it
     manage("migrate", "-v0", database_url=url)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsplanner.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     with tempfile.TemporaryDirectory() as work:
         out = Path(work) / "meta"
         wall_s, _ = manage(*_arguments(size, out), database_url=url)
@@ -62,8 +62,8 @@ def _measures(size: dict[str, Any], runs: dict[str, Any]) -> list[tuple[str, flo
     import django
 
     django.setup()
-    from opsplanner.simulation.rollout_measures import rollout_summary
-    from opsplanner.simulation.scenarios import scenario_config
+    from simulation.rollout_measures import rollout_summary
+    from simulation.scenarios import scenario_config
 
     config = scenario_config("meta", hosts=size["hosts"], pools=size["pools"], days=size["days"])
     pools = [pool for shard in runs.get("trains", []) for pool in shard["pools"]]

@@ -30,7 +30,7 @@ def run(seconds: float | None = None) -> list[Figure]:
     days = 30.0 if seconds is None else max(0.5, seconds / 20)
     url = scratch_database_url("bench_simulate")  # the simulate command makes its scratch lanes next to it
     manage("migrate", "-v0", database_url=url)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsplanner.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     with tempfile.TemporaryDirectory() as work:
         trains_out, peers_out = Path(work) / "trains", Path(work) / "peers"
         trains_s, _ = manage(*_arguments(days, "trains", trains_out), database_url=url)
@@ -58,8 +58,8 @@ def _side_by_side(days: float, runs: dict) -> dict:
     import django
 
     django.setup()
-    from opsplanner.simulation.config import SimulationConfig
-    from opsplanner.simulation.report import report_markdown_table, report_write, summarise
+    from simulation.config import SimulationConfig
+    from simulation.report import report_markdown_table, report_write, summarise
 
     config = SimulationConfig(
         hosts=HOSTS, pools=POOLS, hosts_per_domain=DOMAIN, days=days, policies=("trains", "rolling", "lockstep")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import django_filters
 from django.db.models import Q, QuerySet
 
+from console.filters import StrictBooleanFilter, StrictFilterSet
 from fleet.models import CapacityReservation, Host, HostState, MaintenanceDomain, OptOutWindow
 from opsplanner import clock
-from opsplanner.filters import StrictBooleanFilter, StrictFilterSet
 
 
 class HostFilter(StrictFilterSet):

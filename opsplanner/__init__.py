@@ -1,3 +1,1 @@
-from opsplanner.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""The orchestration core: operations, host tasks, leases, work items, the tick, events, approvals."""

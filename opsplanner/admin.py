@@ -160,7 +160,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
 
 @admin.register(AdvisorRun)
 class AdvisorRunAdmin(ReadOnlyAdmin):
-    """Runs are queued and finished by the advisor service (opsplanner/services/advisor_runs.py)."""
+    """Runs are queued and finished by the advisor service (simulation/advisor_runs.py)."""
 
     list_display = ("id", "state", "requester", "created_at", "started_at", "finished_at", "failure_reason")
     list_filter = ("state",)

@@ -8,7 +8,6 @@ class OpsPlannerConfig(AppConfig):
 
     def ready(self) -> None:
         from opsplanner import embedded, lookups  # noqa: F401 - registers field__any
-        from opsplanner.api import schema  # noqa: F401 - registers the OpenAPI token scheme
         from opsplanner.roles import roles_ensure_after_migrate
 
         embedded.prepare_var_dir()

@@ -43,12 +43,3 @@ def simulated_work_step() -> int:
 @shared_task(name="opsplanner.tasks.housekeeping")
 def housekeeping() -> int:
     return idempotency_records_purge() + expired_tokens_delete()
-
-
-@shared_task(name="opsplanner.tasks.advisor_run")
-def advisor_run(run_id: int) -> None:
-    """Run a queued domain-size advisor run (minutes: simulations in scratch databases); a second
-    delivery finds it no longer queued and does nothing."""
-    from opsplanner.services.advisor_runs import advisor_run_execute
-
-    advisor_run_execute(run_id=run_id)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opsplanner.preflight import ServiceUnavailable, require_postgres, require_redis
+from config.preflight import ServiceUnavailable, require_postgres, require_redis
 
 
 def main() -> int:

@@ -55,7 +55,7 @@ def live_server_process(django_db_setup, django_db_blocker, tmp_path_factory) ->
         env = _process_env(tmp_path, queue="unused-live-server", tag="web")
     log = tmp_path / "daphne.log"
     with log.open("wb") as sink:
-        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "opsplanner.asgi:application"]
+        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     server = LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
     try:

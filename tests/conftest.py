@@ -7,7 +7,7 @@ import os
 import pytest
 from django.conf import settings
 
-from opsplanner.preflight import ServiceUnavailable, require_postgres, require_redis
+from config.preflight import ServiceUnavailable, require_postgres, require_redis
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -88,7 +88,7 @@ def start_worker(
     env = _process_env(tmp_path, queue, tag, extra_env)
     log = tmp_path / f"worker-{tag}.log"
     command = [
-        *(sys.executable, "-m", "celery", "-A", "opsplanner", "worker", "-Q", queue, "-n", name),
+        *(sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-n", name),
         *("--concurrency", str(concurrency), "--loglevel", "INFO", "--without-mingle", "--without-gossip"),
     ]
     with log.open("wb") as sink:

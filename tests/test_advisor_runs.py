@@ -15,8 +15,8 @@ from django.test import Client
 from opsplanner import clock
 from opsplanner.models import AdvisorRun, AdvisorRunState, Event
 from opsplanner.roles import Role
-from opsplanner.services import advisor_runs
-from opsplanner.services.advisor_runs import advisor_run_execute, advisor_run_request
+from simulation import advisor_runs
+from simulation.advisor_runs import advisor_run_execute, advisor_run_request
 from tests.api_helpers import role_client
 from tests.trains_builders import make_user
 

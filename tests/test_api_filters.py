@@ -14,9 +14,9 @@ import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from console.api.urls import router
 from fleet.services import optout_window_create
 from opsplanner import clock
-from opsplanner.api.urls import router
 from opsplanner.roles import Role
 from tests.api_helpers import role_client
 from tests.builders import make_fleet, make_service

@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 from django.test import override_settings
 
+from console.api.throttling import TokenRateThrottle
 from opsplanner import clock
-from opsplanner.api.throttling import TokenRateThrottle
 from opsplanner.models import IdempotencyRecord, Operation
 from opsplanner.roles import Role
 from opsplanner.services.housekeeping import idempotency_records_purge
@@ -57,8 +57,8 @@ def test_idempotency_answers_are_forgotten_after_their_keeping_time() -> None:
 def test_the_hand_written_host_and_event_representations_match_the_declared_fields() -> None:
     from rest_framework import serializers
 
-    from opsplanner.api.serializers.fleet import HostSerializer
-    from opsplanner.api.serializers.work import EventSerializer
+    from console.api.serializers.fleet import HostSerializer
+    from console.api.serializers.work import EventSerializer
     from opsplanner.models import Event
 
     _, hosts = make_fleet(domains=1, hosts_per_domain=2)

@@ -49,10 +49,10 @@ from fleet.services.host_changes import host_retire
 from opsplanner import clock
 from opsplanner.models import AdvisorRun, Approval, Event, HostTask, Operation, WorkItem
 from opsplanner.roles import Role
-from opsplanner.services.advisor_runs import advisor_run_request
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_items_claim
+from simulation.advisor_runs import advisor_run_request
 from tests.builders import make_domain, make_fleet, make_host, make_pool, make_service
 from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Train, Upgrade, UpgradePhase, Visit

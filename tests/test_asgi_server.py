@@ -40,7 +40,7 @@ def _answers(url: str) -> bool:
 
 @contextmanager
 def running(server: str, tmp_path: Path, workers: int = 1) -> Iterator[str]:
-    """`server` serving opsplanner.asgi:application on the test database; yields its base URL."""
+    """`server` serving config.asgi:application on the test database; yields its base URL."""
     port = free_port()
     env = _process_env(tmp_path, queue="unused-asgi-server", tag=server)
     env.update({"ALLOWED_HOSTS": "127.0.0.1,localhost", "ASGI_SERVER": server})

@@ -1,4 +1,4 @@
-"""The embedded default's broker (opsplanner/embedded_broker.py), with real processes on one SQLite file.
+"""The embedded default's broker (config/embedded_broker.py), with real processes on one SQLite file.
 
 Producers in other processes write while a consumer reads: every message arrives whole and once; a
 consumer killed with kill -9 after taking a message loses nothing (the message comes back after the
@@ -19,7 +19,7 @@ from queue import Empty
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from opsplanner.embedded_broker import embedded_broker_register
+from config.embedded_broker import embedded_broker_register
 from tests.processes import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from kombu import Connection, Exchange, Queue
-    from opsplanner.embedded_broker import embedded_broker_register
+    from config.embedded_broker import embedded_broker_register
     embedded_broker_register()
     path, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with Connection("opsqlite://", transport_options={"path": path}) as connection:
@@ -91,7 +91,7 @@ CONSUMER_THAT_DIES = textwrap.dedent(
     """
     import sys, time
     from kombu import Connection, Exchange, Queue
-    from opsplanner.embedded_broker import embedded_broker_register
+    from config.embedded_broker import embedded_broker_register
     embedded_broker_register()
     with Connection("opsqlite://", transport_options={"path": sys.argv[1], "visibility_timeout": 2}) as connection:
         message = connection.SimpleQueue(Queue("work", Exchange("work"), routing_key="work")).get(timeout=30)

@@ -64,7 +64,7 @@ print(Host.objects.count())
 
 def test_sqlite_refuses_foreign_domains_other_components_versions_and_work_on_another_host(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
-    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "opsplanner.settings"})
+    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "config.settings"})
     migrate = subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
@@ -99,7 +99,7 @@ def test_an_embedded_simulation_reuses_its_sqlite_lane_although_events_are_appen
     """Two policies in one lane: the second empties the lane the first filled, events included
     (SQLite empties with DELETE, which the append-only triggers refuse unless the reset lifts them)."""
     env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
-    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "opsplanner.settings"})
+    env.update({"DEBUG": "1", "OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "config.settings"})
     result = subprocess.run(
         [sys.executable, "manage.py", "simulate", "--hosts", "100", "--pools", "1", "--hosts-per-domain", "10",
          "--days", "2", "--lanes", "1", "--policies", "trains,rolling", "--json"],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opsplanner.env import (
+from config.env import (
     EnvError,
     env_bool,
     env_int,
@@ -99,7 +99,7 @@ def test_a_bad_redis_url_is_refused() -> None:
 def _settings_in_subprocess(env: dict[str, str], expression: str) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}}
     clean.update(env)
-    clean["DJANGO_SETTINGS_MODULE"] = "opsplanner.settings"
+    clean["DJANGO_SETTINGS_MODULE"] = "config.settings"
     code = f"import django; django.setup(); from django.conf import settings; print(repr(({expression})))"
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60, check=False

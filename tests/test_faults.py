@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from django.db import transaction
 
+from config.celery import app as celery_app
 from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner import tasks
-from opsplanner.celery import app as celery_app
 from opsplanner.models import Event, HostTask, Lease, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import chance

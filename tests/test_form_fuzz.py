@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from opsplanner.roles import Role
-from opsplanner.services import advisor_runs
+from simulation import advisor_runs
 from tests.test_security import FAST_HASHER, append_figures, database_state
 from tests.test_security_ui import FORMS, World
 

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
+from console.gantt.params import gantt_params
+from console.gantt.rows import gantt_rows
 from fleet.services import optout_window_create, reservation_create, service_place
 from opsplanner import clock
-from opsplanner.gantt.params import gantt_params
-from opsplanner.gantt.rows import gantt_rows
 from opsplanner.models import OperationKind
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit
@@ -148,7 +148,7 @@ def test_the_live_rows_of_one_pool_are_swapped_into_their_groups() -> None:
     params, _ = gantt_params({})
     assert params is not None
 
-    from opsplanner.gantt.svg import render_live_rows
+    from console.gantt.svg import render_live_rows
 
     html = render_live_rows(gantt_rows(params, pool_ids={pool.pk}))
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from console.metrics import collect
 from fleet.models import CompatibilityRule, Host, HostState, InstalledVersion, Pool
 from fleet.services import service_place
-from opsplanner.metrics import collect
 from opsplanner.models import Event, Lease
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit

@@ -15,11 +15,11 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.test import Client
 
+from config.asgi import application
+from console import consumers
+from console.consumers import RECONNECT, REFUSED
 from fleet.models import HostState
 from fleet.services import host_transition
-from opsplanner import consumers
-from opsplanner.asgi import application
-from opsplanner.consumers import RECONNECT, REFUSED
 from opsplanner.roles import Role
 from tests.builders import make_fleet
 from tests.trains_builders import make_user

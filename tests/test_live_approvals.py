@@ -16,8 +16,8 @@ from django.conf import settings
 from django.test import Client
 from django.urls import reverse
 
+from config.asgi import application
 from fleet.services import installed_version_set
-from opsplanner.asgi import application
 from opsplanner.models import Approval, ApprovalState
 from opsplanner.roles import Role
 from tests.builders import make_fleet

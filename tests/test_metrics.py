@@ -10,9 +10,9 @@ from django.db import connection
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 
+from console.metrics import MetricFamily, render
 from fleet.models import HostState
 from opsplanner.clock import use_clock
-from opsplanner.metrics import MetricFamily, render
 from opsplanner.models import HostTask, TaskState, WaitingCode, WorkerHeartbeat, WorkItem, WorkKind, WorkState
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from opsplanner.preflight import ServiceUnavailable, require_postgres, require_redis
+from config.preflight import ServiceUnavailable, require_postgres, require_redis
 from tests.processes import ROOT, free_port
 
 

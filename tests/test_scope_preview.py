@@ -8,11 +8,11 @@ import datetime as dt
 
 import pytest
 
+from console.selectors.scope_preview import scope_preview
 from fleet.services import optout_window_create, service_place
 from fleet.services.hosts import host_transition
 from opsplanner import clock
 from opsplanner.models import OperationSource
-from opsplanner.selectors.scope_preview import scope_preview
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet, make_service

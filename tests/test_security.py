@@ -36,9 +36,9 @@ from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
+from config.asgi import application
+from console.consumers import REFUSED
 from opsplanner import clock
-from opsplanner.asgi import application
-from opsplanner.consumers import REFUSED
 from opsplanner.models import Approval, ApprovalState, Event, Operation
 from opsplanner.roles import Role
 from opsplanner.services.approvals import approvals_expire
@@ -350,7 +350,7 @@ def test_the_session_cookie_is_http_only_and_same_site_and_the_csrf_cookie_same_
 def test_in_production_cookies_are_secure_and_no_host_is_allowed_by_default(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG", "ALLOWED_HOSTS"}}
     env.update(DEBUG="0", SECRET_KEY="a-real-secret-" + "x" * 40, OPSPLANNER_VAR_DIR=str(tmp_path))
-    env["DJANGO_SETTINGS_MODULE"] = "opsplanner.settings"
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     expression = (
         "settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, settings.SESSION_COOKIE_HTTPONLY, "
         "settings.X_FRAME_OPTIONS, settings.SECURE_CONTENT_TYPE_NOSNIFF, settings.ALLOWED_HOSTS, settings.DEBUG"

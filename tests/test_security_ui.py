@@ -27,8 +27,8 @@ from fleet.services.hosts import host_transition
 from opsplanner import clock
 from opsplanner.models import Approval
 from opsplanner.roles import Role
-from opsplanner.services import advisor_runs
 from opsplanner.services.operations import operation_submit
+from simulation import advisor_runs
 from tests.builders import make_domain, make_fleet, make_host, make_pool, make_service
 from tests.test_security import FAST_HASHER, append_figures, database_state
 from tests.trains_builders import make_train, make_user

@@ -9,11 +9,11 @@ from django.db import connection
 
 from opsplanner import clock
 from opsplanner.selectors.invariants import check_invariants
-from opsplanner.simulation.advisor import AdvisorRequest, advice
-from opsplanner.simulation.config import SimulationConfig
-from opsplanner.simulation.engine import SimulationError, policy_run, scratch_database_check
-from opsplanner.simulation.measure import run_measure
-from opsplanner.simulation.world import workload_draw
+from simulation.advisor import AdvisorRequest, advice
+from simulation.config import SimulationConfig
+from simulation.engine import SimulationError, policy_run, scratch_database_check
+from simulation.measure import run_measure
+from simulation.world import workload_draw
 
 pytestmark = pytest.mark.django_db
 

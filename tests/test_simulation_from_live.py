@@ -15,8 +15,8 @@ from django.db import connection
 from fleet import services
 from fleet.models import CapacityReservation, OptOutWindow, ServicePlacement
 from opsplanner import clock
-from opsplanner.simulation.config import SimulationConfig
-from opsplanner.simulation.from_live import live_snapshot
+from simulation.config import SimulationConfig
+from simulation.from_live import live_snapshot
 from tests.builders import make_fleet, make_service
 
 

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from opsplanner.simulation.plots import Bar, HLine, Series, gantt_chart, line_chart
+from simulation.plots import Bar, HLine, Series, gantt_chart, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 

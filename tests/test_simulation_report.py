@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from opsplanner.simulation.config import SimulationConfig
-from opsplanner.simulation.report import (
+from simulation.config import SimulationConfig
+from simulation.report import (
     cycle_lower_bound_hours,
     fleet_in_service,
     plots,

@@ -12,21 +12,21 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from fleet.versions import version_sort_key
-from opsplanner.management.commands.simulate import Command
 from opsplanner.models import SimulatorProfile
-from opsplanner.simulation.config import EPOCH, SimulationConfig
-from opsplanner.simulation.engine import SimulationError, policy_run
-from opsplanner.simulation.measure import run_measure
-from opsplanner.simulation.policies import Rollout
-from opsplanner.simulation.rollout_measures import (
+from simulation.config import EPOCH, SimulationConfig
+from simulation.engine import SimulationError, policy_run
+from simulation.management.commands.simulate import Command
+from simulation.measure import run_measure
+from simulation.policies import Rollout
+from simulation.rollout_measures import (
     cycles_missed_keepable,
     reach_shares,
     rollout_measures_add,
     rollout_summary,
 )
-from opsplanner.simulation.runner import lane_analyze
-from opsplanner.simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
-from opsplanner.simulation.world import workload_draw
+from simulation.runner import lane_analyze
+from simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
+from simulation.world import workload_draw
 from tests.builders import make_component
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from opsplanner.logs import JsonFormatter
+from config.logs import JsonFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = {"operation_id": 7, "host_id": 11, "pool_id": 3, "task_id": 42, "work_item_id": 99}
@@ -133,7 +133,7 @@ TICK_LOG = "logging.getLogger('opsplanner.services.tick.run').warning('tick roll
 
 def _log_in_subprocess(env: dict[str, str], tmp_path: Path, log: str = TICK_LOG) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL", "LOG_FORMAT"}}
-    clean.update({"OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "opsplanner.settings", **env})
+    clean.update({"OPSPLANNER_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "config.settings", **env})
     code = f"import django, logging; django.setup(); {log}"
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60, check=False

@@ -1,4 +1,4 @@
-"""serve's supervisor (opsplanner/supervisor.py) with real child processes."""
+"""serve's supervisor (config/supervisor.py) with real child processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsplanner.supervisor import ChildSpec, RestartPolicy, Supervisor, TooManyCrashes, last_log_line
+from config.supervisor import ChildSpec, RestartPolicy, Supervisor, TooManyCrashes, last_log_line
 
 FAST = RestartPolicy(max_crashes=3, crash_window_s=60, backoff_initial_s=0.2, backoff_max_s=0.8)
 

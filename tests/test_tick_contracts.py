@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from drawing.timeline import Scale, bar_rect, calendar_ticks, nice_ticks
 from opsplanner.events import EVENT_COLUMNS, EventRow, event_row
-from opsplanner.gantt.timeline import Scale, bar_rect, calendar_ticks, nice_ticks
 from opsplanner.models import Event, TaskState
 from opsplanner.services.tick.context import OPERATION_FIELDS, TASK_FIELDS, TaskRef, TickCounts
 

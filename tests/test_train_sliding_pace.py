@@ -18,10 +18,10 @@ from opsplanner.models import Event, HostTask, WorkItem, WorkKind, WorkState
 from opsplanner.roles import Role
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
-from opsplanner.simulation.config import SimulationConfig
-from opsplanner.simulation.engine import policy_run
-from opsplanner.simulation.measure import run_measure
-from opsplanner.simulation.world import workload_draw
+from simulation.config import SimulationConfig
+from simulation.engine import policy_run
+from simulation.measure import run_measure
+from simulation.world import workload_draw
 from tests.api_helpers import role_client
 from tests.builders import make_fleet
 from tests.driving import in_threads, instant_simulator

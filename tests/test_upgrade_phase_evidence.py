@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pytest
 from django.core.exceptions import ValidationError
 
+from console.api.serializers.trains import UpgradeSerializer
 from fleet.models import ComponentVersion, Host, Pool
 from fleet.services import installed_version_set
 from opsplanner import clock
-from opsplanner.api.serializers.trains import UpgradeSerializer
 from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask
 from opsplanner.roles import Role
 from opsplanner.services.approvals import approval_decide

@@ -9,12 +9,12 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from console.views.approvals import approvals_live
 from fleet.models import ComponentVersion, Pool
 from fleet.services import installed_version_set
 from opsplanner import clock
 from opsplanner.models import Approval, ApprovalState, Event
 from opsplanner.roles import Role
-from opsplanner.views.approvals import approvals_live
 from tests.builders import make_fleet
 from tests.trains_builders import make_user, nic_firmware
 from trains.models import Train, TrainState, Upgrade, UpgradeState

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from console.selectors import operations_pages
 from fleet.models import Host, HostState
 from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState
 from opsplanner.roles import Role
-from opsplanner.selectors import operations_pages
 from opsplanner.services.operations import operation_submit
 from tests.builders import make_fleet
 from tests.test_host_escalations import escalated_host

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from console.views import events as events_view
 from fleet.models import HostState
 from fleet.services import host_transition, installed_version_set, service_place
 from opsplanner.models import Event, OperationKind
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit
-from opsplanner.views import events as events_view
 from tests.builders import make_fleet, make_service
 from tests.driving import drive, instant_simulator
 from tests.trains_builders import make_user, nic_firmware

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from opsplanner.filters import StrictFilterSet
+from console.filters import StrictFilterSet
 from trains.models import Train, TrainState, Upgrade, UpgradeState, Visit, VisitState
 
 

@@ -10,16 +10,16 @@ from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
+from console.gantt.params import gantt_params
+from console.gantt.rows import gantt_rows
+from console.gantt.svg import render_svg
+from console.htmx import render_page
+from console.live_pages import live_page
+from console.web import action_required
 from fleet.models import Host, InstalledVersion, ServicePlacement
 from fleet.selectors.compatibility import host_incompatibilities
-from opsplanner.gantt.params import gantt_params
-from opsplanner.gantt.rows import gantt_rows
-from opsplanner.gantt.svg import render_svg
-from opsplanner.htmx import render_page
-from opsplanner.live_pages import live_page
 from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, Lease, WorkItem
 from opsplanner.permissions import Action
-from opsplanner.web import action_required
 
 RECENT_EVENTS = 50
 RECENT_ITEMS = 12

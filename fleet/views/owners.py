@@ -18,6 +18,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
+from console.htmx import render_page
+from console.web import action_required, refuse
 from fleet.forms import CancelForm, OptOutWindowForm, ReservationForm
 from fleet.models import CapacityReservation, OptOutWindow, Service
 from fleet.selectors.owners import (
@@ -30,10 +32,8 @@ from fleet.selectors.owners import (
     services_listed,
 )
 from opsplanner import clock
-from opsplanner.htmx import render_page
 from opsplanner.permissions import Action, user_can, user_roles
 from opsplanner.roles import Role
-from opsplanner.web import action_required, refuse
 
 MANAGE = Action.MANAGE_OWN_SERVICE
 FORM_PAGE = "fleet/owners/window_form.html"

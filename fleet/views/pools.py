@@ -7,10 +7,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
+from console.web import action_required
 from fleet.filters import HostFilter
 from fleet.models import Host, HostState, Pool
 from opsplanner.permissions import Action
-from opsplanner.web import action_required
 
 HOSTS_PER_PAGE = 100
 

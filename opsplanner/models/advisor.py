@@ -1,5 +1,5 @@
 """Domain-size advisor runs: one request to simulate a pool's trains with several domain sizes, run
-by a worker in scratch databases (opsplanner/services/advisor_runs.py), and its advice."""
+by a worker in scratch databases (simulation/advisor_runs.py), and its advice."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from console.web import action_required
 from opsplanner.permissions import Action
-from opsplanner.web import action_required
 from trains.forms import EmergencyTrainForm
 from trains.services.emergency import emergency_train_request
 

@@ -16,8 +16,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
+from console.web import action_required
 from opsplanner.permissions import Action
-from opsplanner.web import action_required
 from trains.forms import OffboardForm, TrainEditForm, TrainForm, UpgradeForm
 from trains.models import Train, Upgrade
 from trains.selectors_web import (

@@ -25,11 +25,11 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from opsplanner.htmx import render_page
+from console.htmx import render_page
+from console.live_pages import live_page
+from console.web import action_required, no_null_characters
 from opsplanner.live import APPROVALS_GROUP
-from opsplanner.live_pages import live_page
 from opsplanner.permissions import Action, user_can
-from opsplanner.web import action_required, no_null_characters
 from trains.models import Train, Upgrade, UpgradeState
 from trains.selectors_web import (
     TrainRow,

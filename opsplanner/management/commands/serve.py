@@ -2,7 +2,7 @@
 
 Migrates, seeds a demo fleet when the database has no hosts, creates the demo logins, then runs the
 ASGI web server (settings.ASGI_SERVER: granian by default, uvicorn or daphne), a Celery worker and
-the Celery beat, supervised (opsplanner/supervisor.py): a child that dies is restarted after a
+the Celery beat, supervised (config/supervisor.py): a child that dies is restarted after a
 back-off with a one-line message; only repeated crashes stop the product (exit non-zero). Each child
 logs to var/log/<name>.log; Ctrl-C stops all three.
 """
@@ -19,8 +19,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from config.supervisor import ChildSpec, Supervisor, TooManyCrashes
 from opsplanner.demo_users import demo_users_ensure
-from opsplanner.supervisor import ChildSpec, Supervisor, TooManyCrashes
 
 POLL_SECONDS = 0.5
 # Web processes per core with PostgreSQL and Redis (measured: see BENCHMARKS.md, api_*). The
@@ -117,9 +117,9 @@ def default_web_workers() -> int:
 
 
 def asgi_server_command(server: str, *, host: str, port: int, workers: int = 1) -> list[str]:
-    """The command line that serves opsplanner.asgi:application with `server` (settings.ASGI_SERVER's
+    """The command line that serves config.asgi:application with `server` (settings.ASGI_SERVER's
     values). uvicorn and granian fork `workers` processes on one socket; daphne has no workers."""
-    app, python = "opsplanner.asgi:application", sys.executable
+    app, python = "config.asgi:application", sys.executable
     if server == "uvicorn":
         # Django's handler has no lifespan; uvloop and httptools are the fast loop and parser. Idle
         # keep-alive connections live 75 s (uvicorn's 5 s closed agents' connections between their
@@ -148,10 +148,10 @@ def _children(*, host: str, port: int, concurrency: int, web: int = 1) -> list[C
     solo_flags = ["--without-gossip", "--without-mingle"] if embedded else []
     return [
         ChildSpec("web", _web_command(host, port, web), log_dir / "web.log"),
-        ChildSpec("worker", [python, "-m", "celery", "-A", "opsplanner", "worker", "--loglevel", "INFO",
+        ChildSpec("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                              "--concurrency", str(concurrency), "-n", "worker@%h", *solo_flags],
                   log_dir / "worker.log"),
-        ChildSpec("beat", [python, "-m", "celery", "-A", "opsplanner", "beat", "--loglevel", "INFO",
+        ChildSpec("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
                            "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME],
                   log_dir / "beat.log"),
     ]  # fmt: skip

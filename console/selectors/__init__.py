@@ -1,0 +1,1 @@
+"""Reads shaped for the console's pages."""

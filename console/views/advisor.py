@@ -1,0 +1,163 @@
+"""The domain-size advisor page: operators queue a run (which domain size suits a pool of N hosts);
+everyone who reads the fleet sees the recent runs and their advice. A queued or running run's region
+polls itself every 3 s (`?run=<id>` answers that run's partial) until it is done or failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.http import require_http_methods
+
+from console.htmx import render_page
+from console.web import action_required, refuse
+from opsplanner.models import AdvisorRun
+from opsplanner.permissions import Action, user_can
+from simulation.advisor import advice_svg
+from simulation.advisor_runs import MAX_POOL_HOSTS, advisor_run_request
+
+PAGE = "simulation/advisor.html"
+RUN_PARTIAL = "simulation/htmx/advisor_run.html"
+RECENT_RUNS = 10
+
+
+class AdvisorForm(forms.Form):
+    """The request's shape; the service checks the rest and its refusals land next to their field."""
+
+    pool_hosts = forms.IntegerField(
+        label="Pool hosts", min_value=1, max_value=MAX_POOL_HOSTS, initial=400, help_text="Hosts in the one pool."
+    )
+    sizes = forms.CharField(
+        label="Domain sizes",
+        max_length=200,
+        initial="16, 40, 80",
+        help_text="Hosts per domain to try, separated by commas (at most 12).",
+    )
+    interruption_cost = forms.FloatField(
+        label="Interruption cost", min_value=0, initial=100, help_text="What interrupting one job once costs."
+    )
+    capacity_hour_cost = forms.FloatField(
+        label="Capacity-hour cost", min_value=0, initial=1, help_text="What one buffer host held back an hour costs."
+    )
+    cycle_slo_hours = forms.FloatField(
+        label="Cycle SLO (hours)", min_value=0.1, initial=72, help_text="A cycle over the whole pool ends within."
+    )
+
+    def clean_sizes(self) -> list[int]:
+        parts = [part.strip() for part in self.cleaned_data["sizes"].split(",") if part.strip()]
+        try:
+            sizes = [int(part) for part in parts]
+        except ValueError:
+            raise ValidationError(
+                "Give the sizes as whole numbers separated by commas, e.g. 16, 40, 80.", code="invalid"
+            ) from None
+        if not sizes:
+            raise ValidationError("Give at least one domain size.", code="required")
+        return sizes
+
+    def add_service_error(self, error: ValidationError) -> None:
+        """A service refusal next to the field it is about; anything else above the form."""
+        if not hasattr(error, "error_dict"):
+            self.add_error(None, error)
+            return
+        for key, errors in error.error_dict.items():
+            self.add_error(key if key in self.fields else None, errors)
+
+
+@dataclass
+class RunView:
+    run: AdvisorRun
+    poll_url: str
+    open: bool
+    points: list[dict[str, Any]] = field(default_factory=list)
+    svg: SafeString | None = None
+    summary: str = ""
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def run_view(run: AdvisorRun, *, open_: bool) -> RunView:
+    params = run.params or {}
+    summary = (
+        f"{params.get('pool_hosts')} hosts · sizes {', '.join(map(str, params.get('sizes', [])))} · "
+        f"cycle SLO {_number(params.get('cycle_slo_hours', 0))} h · interruption "
+        f"{_number(params.get('interruption_cost', 0))} · host-hour {_number(params.get('capacity_hour_cost', 0))}"
+    )
+    view = RunView(run=run, poll_url=f"{reverse('advisor')}?run={run.pk}", open=open_, summary=summary)
+    result = run.result
+    if result:
+        view.points = list(result.get("points", []))
+        if any(point.get("cost") is not None for point in view.points):
+            view.svg = mark_safe(advice_svg(result))  # our plotting code's SVG, text escaped
+    return view
+
+
+def _context(request: HttpRequest, form: AdvisorForm | None, selected: int | None) -> dict[str, Any]:
+    runs = list(AdvisorRun.objects.order_by("-created_at", "-id")[:RECENT_RUNS])
+    if selected is None and runs:
+        selected = runs[0].pk
+    views = [run_view(run, open_=run.pk == selected) for run in runs]
+    if selected is not None and all(view.run.pk != selected for view in views):
+        older = AdvisorRun.objects.filter(pk=selected).first()
+        if older is not None:
+            views.append(run_view(older, open_=True))
+    can_operate = user_can(request.user, Action.OPERATE)
+    if can_operate and form is None:
+        form = AdvisorForm()
+    return {"form": form if can_operate else None, "runs": views}
+
+
+def _selected(request: HttpRequest) -> int | None:
+    raw = request.GET.get("run", "")
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone admits "²", which int() refuses
+        raise Http404("No such advisor run.")
+    return int(raw)
+
+
+@action_required(Action.READ)
+@require_http_methods(["GET", "POST"])
+def advisor_page(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        return _advisor_submit(request)
+    selected = _selected(request)
+    htmx = getattr(request, "htmx", None)
+    if selected is not None and htmx and not htmx.boosted:  # a run's region polling itself: that run alone
+        run = AdvisorRun.objects.filter(pk=selected).first()
+        if run is None:
+            raise Http404("No such advisor run.")
+        context = {"view": run_view(run, open_=True)}
+        return render_page(request, PAGE, RUN_PARTIAL, context)
+    return render(request, PAGE, _context(request, None, selected))
+
+
+def _advisor_submit(request: HttpRequest) -> HttpResponse:
+    if not user_can(request.user, Action.OPERATE):
+        return refuse(request, "Your role does not allow you to run the domain-size advisor.")
+    form = AdvisorForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            run = advisor_run_request(
+                pool_hosts=data["pool_hosts"],
+                sizes=data["sizes"],
+                interruption_cost=data["interruption_cost"],
+                capacity_hour_cost=data["capacity_hour_cost"],
+                cycle_slo_hours=data["cycle_slo_hours"],
+                actor=request.user,
+            )
+        except ValidationError as error:  # nothing was written; say why next to the field
+            form.add_service_error(error)
+        else:
+            return redirect(f"{reverse('advisor')}?run={run.pk}")
+    status = 409 if any(error.code == "conflict" for error in form.non_field_errors().as_data()) else 400
+    return render(request, PAGE, _context(request, form, None), status=status)

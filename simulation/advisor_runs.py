@@ -1,0 +1,294 @@
+"""Domain-size advisor runs: an operator asks which maintenance-domain size suits a pool; a worker
+simulates the pool's trains with each candidate size in scratch databases (never the live one) and
+stores the advice. The same flow as `manage.py simulate --advise`, as a queued, audited run.
+
+A run is queued → running → done or failed; every transition is a guarded update with an event.
+At most MAX_ACTIVE_RUNS are queued or running at once: each holds a worker process and a few
+scratch databases while it runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import math
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import Q
+
+from opsplanner import clock
+from opsplanner.events import Actor, actor_fields, actor_user, event_record
+from opsplanner.models import AdvisorRun, AdvisorRunState
+from opsplanner.models.advisor import ACTIVE_ADVISOR_STATES
+from simulation.advisor import AdvisorRequest, advice
+from simulation.config import SimulationConfig
+from simulation.runner import (
+    default_lanes,
+    jobs_run,
+    scratch_databases,
+    scratch_databases_drop,
+    scratch_databases_drop_tagged,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_POOL_HOSTS = 20_000
+MAX_ACTIVE_RUNS = 1  # each run holds a worker process for minutes; the ticks need the others
+MAX_CYCLE_SLO_HOURS = 720.0  # 30 days: the simulated time (and the run's duration) grows with it
+MAX_COST = 1e12
+# A run queued or running this long was lost (a worker killed mid-run, a task never delivered): it is
+# marked failed when the next run is requested, so it does not hold a slot for ever.
+ABANDONED_AFTER = dt.timedelta(hours=12)
+WORKER_ACTOR = "advisor"
+# The simulated hardware a request may set; the rest of SimulationConfig is the advisor's to choose.
+HARDWARE_KNOBS: dict[str, type] = {
+    "drain_minutes": float,
+    "execute_minutes": float,
+    "verify_minutes": float,
+    "undrain_minutes": float,
+    "host_failures_per_day": float,
+    "upgrade_failure_rate": float,
+    "verify_failure_rate": float,
+    "optout_windows_per_week": float,
+    "job_hosts_min": int,
+    "job_hosts_max": int,
+}
+# SimulationConfig problems that depend on the domain size; AdvisorRequest checks them per size.
+_PER_SIZE_FIELDS = {"hosts_per_domain", "planned_buffer_domains", "cycle_slo_hours", "days", "pools"}
+
+
+def hardware_defaults() -> dict[str, Any]:
+    defaults = SimulationConfig()
+    return {name: getattr(defaults, name) for name in HARDWARE_KNOBS}
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def advisor_request_from_params(params: Mapping[str, Any]) -> AdvisorRequest:
+    """The simulation request a run's params describe (params as advisor_run_request stored them)."""
+    config = SimulationConfig(
+        hosts=params["pool_hosts"],
+        pools=1,
+        policies=("trains",),
+        cycle_slo_hours=params["cycle_slo_hours"],
+        seed=params["seed"],
+        **{name: params[name] for name in HARDWARE_KNOBS},
+    )
+    return AdvisorRequest(
+        config=config,
+        sizes=tuple(params["sizes"]),
+        interruption_cost=params["interruption_cost"],
+        capacity_hour_cost=params["capacity_hour_cost"],
+    )
+
+
+def advisor_params_validate(
+    *,
+    pool_hosts: int,
+    sizes: list[int],
+    interruption_cost: float,
+    capacity_hour_cost: float,
+    cycle_slo_hours: float,
+    seed: int,
+    hardware: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """The params to store, or a ValidationError keyed by the request's field names."""
+    problems: dict[str, str] = {}
+    if not _is_whole(pool_hosts) or not 1 <= pool_hosts <= MAX_POOL_HOSTS:
+        problems["pool_hosts"] = f"The pool must have 1 to {MAX_POOL_HOSTS:,} hosts."
+    if not isinstance(sizes, list | tuple) or not all(_is_whole(size) and size >= 1 for size in sizes):
+        problems["sizes"] = "Give the domain sizes as whole numbers of hosts, 1 or more, e.g. 16, 40, 80."
+    if not _is_number(cycle_slo_hours) or not 0.1 <= cycle_slo_hours <= MAX_CYCLE_SLO_HOURS:
+        problems["cycle_slo_hours"] = f"The cycle SLO must be 0.1 to {MAX_CYCLE_SLO_HOURS:g} hours."
+    if not _is_whole(seed) or seed < 0:
+        problems["seed"] = "The seed must be a whole number, 0 or more."
+    for name, value in (("interruption_cost", interruption_cost), ("capacity_hour_cost", capacity_hour_cost)):
+        if not _is_number(value) or not 0 <= value <= MAX_COST:
+            problems[name] = f"The {name.replace('_', ' ')} must be a number from 0 to {MAX_COST:g}."
+    knobs = hardware_defaults()
+    for name, value in (hardware or {}).items():
+        kind = HARDWARE_KNOBS.get(name)
+        if kind is None:
+            problems[name] = f"{name!r} is not a setting of the simulated hardware."
+        elif not (_is_whole(value) if kind is int else _is_number(value)):
+            problems[name] = f"{name.replace('_', ' ')} must be a {'whole ' if kind is int else ''}number."
+        else:
+            knobs[name] = kind(value)
+    if problems:
+        raise ValidationError(problems)
+    params: dict[str, Any] = {
+        "pool_hosts": pool_hosts,
+        "sizes": sorted(sizes),
+        "interruption_cost": float(interruption_cost),
+        "capacity_hour_cost": float(capacity_hour_cost),
+        "cycle_slo_hours": float(cycle_slo_hours),
+        "seed": seed,
+        **knobs,
+    }
+    request = advisor_request_from_params(params)
+    # The pool and the hardware first (any size): a problem there is the request's, not a size's.
+    base = request.config.replace(hosts_per_domain=1).errors()
+    for name, message in base.items():
+        if name not in _PER_SIZE_FIELDS:
+            problems["pool_hosts" if name == "hosts" else name] = message
+    if not problems:
+        size_messages = []
+        for name, message in request.errors().items():
+            if name.startswith("size "):
+                size_messages.append(f"{name.capitalize()}: {message}")
+            else:
+                problems[name] = message
+        if size_messages and "sizes" not in problems:
+            problems["sizes"] = " ".join(size_messages)
+    if problems:
+        raise ValidationError(problems)
+    return params
+
+
+def _lock_requests() -> None:
+    """Requests one at a time, so two at once cannot both see a free slot (SQLite writes one at a time)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('opsplanner.advisor_run_request'))")
+
+
+def _abandoned_fail(now: dt.datetime) -> None:
+    """Fail runs that have been queued or running for too long: their worker is gone. A killed
+    worker also left its scratch databases behind: they are dropped once the failure commits."""
+    cutoff = now - ABANDONED_AFTER
+    lost = Q(state=AdvisorRunState.QUEUED, created_at__lt=cutoff) | Q(
+        state=AdvisorRunState.RUNNING, started_at__lt=cutoff
+    )
+    for run in AdvisorRun.objects.filter(lost):
+        reason = f"abandoned: no result {ABANDONED_AFTER.total_seconds() / 3600:g} h after it was {run.state}"
+        if AdvisorRun.objects.filter(pk=run.pk, state=run.state).update(
+            state=AdvisorRunState.FAILED, failure_reason=reason, finished_at=now
+        ):
+            run.refresh_from_db()
+            event_record(kind="advisor_run.failed", subject=run, actor=WORKER_ACTOR, reason=reason)
+            if run.started_at is not None:
+                transaction.on_commit(functools.partial(_leftovers_drop, run.pk), robust=True)
+
+
+def _leftovers_drop(run_id: int) -> None:
+    dropped = scratch_databases_drop_tagged(f"_advisor{run_id}")
+    if dropped:
+        log.warning("advisor run %s was abandoned; dropped its scratch databases %s", run_id, ", ".join(dropped))
+
+
+def _enqueue(run_id: int) -> None:
+    from simulation.tasks import advisor_run
+
+    advisor_run.delay(run_id)
+
+
+@transaction.atomic
+def advisor_run_request(
+    *,
+    pool_hosts: int,
+    sizes: list[int],
+    interruption_cost: float,
+    capacity_hour_cost: float,
+    cycle_slo_hours: float = 72,
+    seed: int = 1,
+    hardware: Mapping[str, float] | None = None,
+    actor: Actor,
+) -> AdvisorRun:
+    """Queue a sweep of `sizes` for a pool of `pool_hosts`; a worker runs it after the commit.
+
+    `hardware` overrides the simulated hardware (HARDWARE_KNOBS). Refused, writing nothing: invalid
+    input (by field), and MAX_ACTIVE_RUNS runs already queued or running (code conflict)."""
+    params = advisor_params_validate(
+        pool_hosts=pool_hosts,
+        sizes=sizes,
+        interruption_cost=interruption_cost,
+        capacity_hour_cost=capacity_hour_cost,
+        cycle_slo_hours=cycle_slo_hours,
+        seed=seed,
+        hardware=hardware,
+    )
+    _lock_requests()
+    now = clock.now()
+    _abandoned_fail(now)
+    active = list(
+        AdvisorRun.objects.filter(state__in=ACTIVE_ADVISOR_STATES).order_by("created_at", "id").values_list("pk")
+    )
+    if len(active) >= MAX_ACTIVE_RUNS:
+        numbers = ", ".join(f"#{pk}" for (pk,) in active)
+        raise ValidationError(
+            f"{len(active)} advisor runs are already queued or running ({numbers}); "
+            f"try again when run #{active[0][0]} finishes.",
+            code="conflict",
+        )
+    _, label = actor_fields(actor)
+    run = AdvisorRun(params=params, requested_by=actor_user(actor), requester=label, created_at=now)
+    run.full_clean()
+    run.save()
+    event_record(
+        kind="advisor_run.requested",
+        subject=run,
+        actor=actor,
+        reason=f"domain sizes {', '.join(map(str, params['sizes']))} for a pool of {pool_hosts} hosts",
+        data=params,
+    )
+    run_id = run.pk
+    transaction.on_commit(lambda: _enqueue(run_id), robust=True)
+    return run
+
+
+def _finish(run_id: int, *, state: AdvisorRunState, result: dict[str, Any] | None = None, reason: str = "") -> None:
+    with transaction.atomic():
+        changed = AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.RUNNING).update(
+            state=state, result=result, failure_reason=reason[:2000], finished_at=clock.now()
+        )
+        if changed != 1:  # failed as abandoned meanwhile: its slot was given away, keep that verdict
+            log.warning("advisor run %s finished but was no longer running; outcome %s dropped", run_id, state)
+            return
+        run = AdvisorRun.objects.get(pk=run_id)
+        data = {"recommended": result.get("recommended")} if result else {}
+        event_record(kind=f"advisor_run.{state}", subject=run, actor=WORKER_ACTOR, reason=reason, data=data)
+
+
+def _sweep(run_id: int, request: AdvisorRequest) -> dict[str, Any]:
+    jobs = request.jobs()
+    results: dict[str, list[dict[str, Any]]] = {}
+    if jobs:  # sizes that cannot meet the SLO on paper are not simulated; advice() says so
+        urls = scratch_databases(max(1, min(default_lanes(), len(jobs))), tag=f"_advisor{run_id}")
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"advisor{run_id}-") as work:
+                results = jobs_run(jobs, urls, Path(work), say=log.info)
+        finally:
+            scratch_databases_drop(urls)
+    return advice(request, results)
+
+
+def advisor_run_execute(*, run_id: int) -> None:
+    """Run a queued run to done or failed. Anything but a queued run (a redelivered task, a run
+    another worker took) is left alone. The sweep runs outside any transaction: it creates databases."""
+    with transaction.atomic():
+        started = AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.QUEUED).update(
+            state=AdvisorRunState.RUNNING, started_at=clock.now()
+        )
+        if started != 1:
+            return
+        run = AdvisorRun.objects.get(pk=run_id)
+        event_record(kind="advisor_run.started", subject=run, actor=WORKER_ACTOR)
+    try:
+        result = _sweep(run_id, advisor_request_from_params(run.params))
+    except Exception as error:
+        log.exception("advisor run %s failed", run_id)
+        _finish(run_id, state=AdvisorRunState.FAILED, reason=f"{type(error).__name__}: {error}")
+        return
+    _finish(run_id, state=AdvisorRunState.DONE, result=result)

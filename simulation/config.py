@@ -1,0 +1,214 @@
+"""What a simulation runs: the fleet's shape, the work arriving, the hardware's behaviour, the policies.
+
+Every knob has a default a fleet operator would recognise; `SimulationConfig.errors()` says what is
+wrong with a configuration in words, so the command line, the API and the forms refuse it clearly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICIES = ("trains", "trains-sliding", "rolling", "lockstep")
+MAX_COMPONENTS = 200
+# Virtual time starts on a fixed Monday so the same seed gives the same report, byte for byte.
+EPOCH = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    # fleet shape
+    hosts: int = 2_000
+    pools: int = 4
+    hosts_per_domain: int = 25
+    planned_buffer_domains: int = 1  # the planned buffer holds this many domains (trains visit that many at once)
+    failure_buffer_fraction: float = 0.03
+    job_hosts_min: int = 4  # jobs (services) span consecutive hosts; a drain interrupts every job it touches
+    job_hosts_max: int = 32
+    # time
+    days: float = 7.0
+    tick_minutes: float = 5.0  # the scheduler's cadence: every change happens on a tick
+    # work arriving
+    components: int = 3
+    upgrades_per_week: float = 2.0  # per pool
+    upgrades_at_start: int = 0  # per pool, a backlog waiting when time starts
+    # the simulated hardware
+    drain_minutes: float = 15.0
+    execute_minutes: float = 30.0
+    verify_minutes: float = 10.0
+    undrain_minutes: float = 5.0
+    execute_spread: float = 0.0  # per upgrade, the log-normal spread of its execution time around execute_minutes
+    slow_host_fraction: float = 0.02  # the share of hosts whose drain takes slow_host_factor times longer
+    slow_host_factor: float = 3.0
+    host_failures_per_day: float = 0.0005  # per host
+    upgrade_failure_rate: float = 0.005  # per host and upgrade
+    verify_failure_rate: float = 0.002  # per check
+    optout_windows_per_week: float = 2.0  # per pool, each 2-8 hours
+    # trains and peers
+    cycle_slo_hours: float = 72.0
+    rolling_concurrency: int | None = None  # hosts at once per upgrade; default: the planned buffer
+    policies: tuple[str, ...] = ("trains",)
+    seed: int = 1
+    scenario: str = "default"  # the named preset the other values came from (simulation/scenarios.py)
+    # A what-if on the live fleet: the snapshot file the lanes build their world from, and when time starts.
+    live_snapshot: str = ""
+    start_at: str = ""  # ISO 8601; empty: EPOCH
+
+    @property
+    def start(self) -> dt.datetime:
+        return dt.datetime.fromisoformat(self.start_at) if self.start_at else EPOCH
+
+    @property
+    def end(self) -> dt.datetime:
+        return self.start + dt.timedelta(days=self.days)
+
+    @property
+    def hosts_per_pool(self) -> int:
+        return self.hosts // self.pools
+
+    @property
+    def domains_per_pool(self) -> int:
+        return -(-self.hosts_per_pool // self.hosts_per_domain)
+
+    @property
+    def planned_buffer_hosts(self) -> int:
+        return self.hosts_per_domain * self.planned_buffer_domains
+
+    @property
+    def failure_buffer_hosts(self) -> int:
+        return max(1, int(self.hosts_per_pool * self.failure_buffer_fraction))
+
+    @property
+    def visit_minutes(self) -> float:
+        """One visit applying one upgrade, at best: drain, apply, three checks in parallel, undrain."""
+        return self.drain_minutes + self.execute_minutes + self.verify_minutes + self.undrain_minutes
+
+    @property
+    def cycle_lower_bound_hours(self) -> float:
+        """The shortest cycle the buffers and visit times allow: every visit at its best, as many at once
+        as the planned buffer holds (the same arithmetic train_create checks the SLO against)."""
+        visits = -(-self.domains_per_pool // self.planned_buffer_domains)
+        return visits * max(1, round(self.visit_minutes * 60)) / 3600
+
+    def errors(self) -> dict[str, str]:
+        """{field: what is wrong}; empty when the configuration can run."""
+        problems: dict[str, str] = {}
+
+        def at_least(name: str, minimum: float, unit: str = "") -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+                problems[name] = f"{name.replace('_', ' ')} must be a number of at least {minimum:g}{unit}."
+
+        def fraction(name: str, upper: float = 1.0) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < upper:
+                problems[name] = f"{name.replace('_', ' ')} must be at least 0 and below {upper:g}."
+
+        for name in ("hosts", "pools", "hosts_per_domain", "planned_buffer_domains", "components", "seed"):
+            at_least(name, 0 if name == "seed" else 1)
+        for name in ("job_hosts_min", "job_hosts_max"):
+            at_least(name, 1, " host")
+        at_least("days", 0.01, " day")
+        at_least("tick_minutes", 0.1, " minute")
+        at_least("cycle_slo_hours", 0.1, " hour")
+        for name in ("upgrades_per_week", "optout_windows_per_week", "host_failures_per_day", "upgrades_at_start"):
+            at_least(name, 0)
+        for name in ("drain_minutes", "execute_minutes", "verify_minutes", "undrain_minutes"):
+            at_least(name, 0, " minutes")
+        for name in ("upgrade_failure_rate", "verify_failure_rate", "failure_buffer_fraction"):
+            fraction(name, 0.5)
+        fraction("slow_host_fraction")
+        at_least("slow_host_factor", 1, " times")
+        at_least("execute_spread", 0)
+        if "execute_spread" not in problems and self.execute_spread > 3:
+            problems["execute_spread"] = "execute spread must be at most 3 (a factor of e³ either way)."
+        problems.update(_scenario_and_start_errors(self))
+        if problems:
+            return problems
+        if self.hosts > 200_000:
+            problems["hosts"] = "Simulate at most 200,000 hosts."
+        if self.days > 366:
+            problems["days"] = "Simulate at most 366 days."
+        if self.pools > self.hosts:
+            problems["pools"] = f"{self.pools} pools need at least {self.pools} hosts."
+        elif self.hosts_per_domain > self.hosts_per_pool:
+            problems["hosts_per_domain"] = (
+                f"A domain of {self.hosts_per_domain} hosts does not fit in a pool of {self.hosts_per_pool} hosts."
+            )
+        elif self.planned_buffer_hosts + self.failure_buffer_hosts >= self.hosts_per_pool:
+            problems["planned_buffer_domains"] = (
+                f"A planned buffer of {self.planned_buffer_hosts} hosts plus a failure buffer of "
+                f"{self.failure_buffer_hosts} leaves nothing in service in a pool of {self.hosts_per_pool} hosts."
+            )
+        elif "trains" in self.policies and self.cycle_lower_bound_hours > self.cycle_slo_hours:
+            problems["cycle_slo_hours"] = (
+                f"A cycle of {self.domains_per_pool} domains of {self.hosts_per_domain} hosts takes at least "
+                f"{self.cycle_lower_bound_hours:g} hours; the SLO of {self.cycle_slo_hours:g} hours cannot be met."
+            )
+        if self.job_hosts_min > self.job_hosts_max:
+            problems["job_hosts_min"] = "The smallest job cannot be larger than the largest."
+        if self.components > MAX_COMPONENTS:
+            problems["components"] = f"Simulate at most {MAX_COMPONENTS} components."
+        if self.rolling_concurrency is not None and (
+            not isinstance(self.rolling_concurrency, int) or self.rolling_concurrency < 1
+        ):
+            problems["rolling_concurrency"] = "The rolling concurrency must be a whole number of at least 1 host."
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            problems["policies"] = (
+                f"Policies must be some of {', '.join(POLICIES)}; got {', '.join(unknown) or 'none'}."
+            )
+        elif len(set(self.policies)) != len(self.policies):
+            problems["policies"] = "Name each policy once."
+        return problems
+
+    def replace(self, **changes: Any) -> SimulationConfig:
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _scenario_and_start_errors(config: SimulationConfig) -> dict[str, str]:
+    from simulation.scenarios import SCENARIOS
+
+    problems: dict[str, str] = {}
+    if config.scenario not in SCENARIOS:
+        problems["scenario"] = f"Scenarios are {', '.join(SCENARIOS)}; got {config.scenario!r}."
+    if config.start_at:
+        try:
+            start = dt.datetime.fromisoformat(config.start_at)
+        except ValueError:
+            start = None
+        if start is None or start.tzinfo is None:
+            problems["start_at"] = f"start at must be an ISO 8601 time with its zone; got {config.start_at!r}."
+    return problems
+
+
+def config_fields() -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(SimulationConfig))
+
+
+@dataclass
+class Arrival:
+    """An upgrade arriving: at `at`, component `component` to `version` in pool number `pool`."""
+
+    at: dt.datetime
+    pool: int
+    component: str
+    version: str
+
+
+@dataclass
+class Failure:
+    at: dt.datetime
+    pool: int
+    host_index: int  # the host's position in its pool
+
+
+@dataclass
+class Workload:
+    arrivals: list[Arrival] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)

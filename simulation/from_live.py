@@ -1,0 +1,386 @@
+"""What-if on the live fleet: a pool's present copied into a scratch lane, and its next days forecast.
+
+`live_snapshot` reads (only reads: in a read-only transaction where it can) the live pool's hosts,
+domains, installed versions, components, jobs (services and placements), opt-out windows and
+reservations still ahead, its trains and its pending upgrades, as plain JSON-able data. Each lane
+(`live_world_create`, in a `simulate --shard` process on a scratch database) writes that data back
+as the world, and the pending upgrades arrive when time starts (`live_workload`); failures are drawn
+from the seed as in any run. The work in flight is assumed finished: every host starts in service,
+and a host already running an upgrade's version does not get it again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from fleet.models import (
+    CapacityReservation,
+    CompatibilityRule,
+    Component,
+    ComponentVersion,
+    Host,
+    HostState,
+    InstalledVersion,
+    MaintenanceDomain,
+    OptOutWindow,
+    Pool,
+    Service,
+    ServicePlacement,
+)
+from fleet.versions import version_sort_key
+from opsplanner.bulk import insert_missing
+from simulation.config import Arrival, Failure, SimulationConfig, Workload
+from simulation.runner import Job
+from simulation.world import SimPool, World
+
+PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
+
+
+class LiveSnapshotError(Exception):
+    """The live fleet cannot be forecast as asked (no such pool, a pool without hosts)."""
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def live_snapshot(pool_name: str | None, now: dt.datetime) -> list[dict[str, Any]]:
+    """One snapshot per live pool (or the one named), read without writing anything."""
+    fresh = not connection.in_atomic_block
+    with transaction.atomic():
+        if fresh and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:  # the first statement of the transaction: any write fails
+                cursor.execute("SET TRANSACTION READ ONLY")
+        pools = Pool.objects.order_by("name")
+        if pool_name:
+            pools = pools.filter(name=pool_name)
+        # As the lanes will read it back: JSON (lists, ISO times, floats).
+        snapshots = [json.loads(json.dumps(_pool_snapshot(pool, now), default=str)) for pool in pools]
+    if pool_name and not snapshots:
+        raise LiveSnapshotError(f"there is no pool named {pool_name!r}")
+    empty = [s["pool"]["name"] for s in snapshots if not s["hosts"]]
+    if pool_name and empty:
+        raise LiveSnapshotError(f"pool {pool_name!r} has no hosts to forecast")
+    snapshots = [s for s in snapshots if s["hosts"]]
+    if not snapshots:
+        raise LiveSnapshotError("the live fleet has no pool with hosts to forecast")
+    return snapshots
+
+
+def _pool_snapshot(pool: Pool, now: dt.datetime) -> dict[str, Any]:
+    hosts = list(
+        Host.objects.filter(pool=pool)
+        .order_by("domain__position", "domain__name", "hostname")
+        .values_list("id", "hostname", "domain__name", "sku", "gpu_count")
+    )
+    host_ids = [h[0] for h in hosts]
+    return {
+        "pool": {
+            "name": pool.name,
+            "workload_class": pool.workload_class,
+            "planned_buffer_hosts": pool.planned_buffer_hosts,
+            "planned_buffer_fraction": _decimal(pool.planned_buffer_fraction),
+            "failure_buffer_hosts": pool.failure_buffer_hosts,
+            "failure_buffer_fraction": _decimal(pool.failure_buffer_fraction),
+            "hard_floor_hosts": pool.hard_floor_hosts,
+        },
+        "domains": list(
+            MaintenanceDomain.objects.filter(pool=pool)
+            .order_by("position", "name")
+            .values_list("name", "kind", "position")
+        ),
+        "hosts": [[hostname, domain, sku, gpus] for _, hostname, domain, sku, gpus in hosts],
+        "installed": list(
+            InstalledVersion.objects.filter(host_id__in=host_ids)
+            .order_by("host__hostname", "component__name")
+            .values_list("host__hostname", "component__name", "version__version")
+        ),
+        **_catalogue_snapshot(),
+        **_jobs_snapshot(pool, host_ids, now),
+        **_trains_snapshot(pool),
+    }
+
+
+def _catalogue_snapshot() -> dict[str, Any]:
+    """Every component, its versions still offered, and the compatibility rules between them."""
+    return {
+        "components": list(
+            Component.objects.order_by("name").values_list(
+                "name", "display_name", "layer", "needs_reboot", "needs_drain"
+            )
+        ),
+        "versions": [
+            [name, version, _iso(released)]
+            for name, version, released in ComponentVersion.objects.filter(withdrawn_at__isnull=True)
+            .order_by("component__name", "sort_key")
+            .values_list("component__name", "version", "released_at")
+        ],
+        "rules": list(
+            CompatibilityRule.objects.order_by("id").values_list(
+                "job_facing_version__component__name",
+                "job_facing_version__version",
+                "lower_component__name",
+                "min_version",
+                "min_key",
+                "max_version",
+                "max_key",
+                "note",
+            )
+        ),
+    }
+
+
+def _jobs_snapshot(pool: Pool, host_ids: list[int], now: dt.datetime) -> dict[str, Any]:
+    """The services on the pool's hosts, their opt-out windows still ahead, the pool's reservations."""
+    placements = list(
+        ServicePlacement.objects.filter(host_id__in=host_ids)
+        .order_by("service__name", "host__hostname")
+        .values_list("service__name", "host__hostname", "running_jobs")
+    )
+    optouts = OptOutWindow.objects.filter(
+        service__name__in={p[0] for p in placements}, cancelled_at__isnull=True, ends_at__gt=now
+    ).order_by("starts_at", "id")
+    reservations = CapacityReservation.objects.filter(pool=pool, cancelled_at__isnull=True, ends_at__gt=now)
+    return {
+        "placements": placements,
+        "optouts": [
+            [service, _iso(starts), _iso(ends), reason]
+            for service, starts, ends, reason in optouts.values_list("service__name", "starts_at", "ends_at", "reason")
+        ],
+        "reservations": [
+            [service, _iso(starts), _iso(ends), reason, kept]
+            for service, starts, ends, reason, kept in reservations.order_by("starts_at", "id").values_list(
+                "service__name", "starts_at", "ends_at", "reason", "min_hosts_in_service"
+            )
+        ],
+    }
+
+
+def _trains_snapshot(pool: Pool) -> dict[str, Any]:
+    """The pool's trains (not emergency ones) and the upgrades they still have to apply."""
+    from trains.models import LIVE_TRAIN_STATES, Train, Upgrade
+
+    trains = Train.objects.filter(pool=pool, emergency=False, state__in=LIVE_TRAIN_STATES).order_by("name")
+    upgrades = Upgrade.objects.filter(pool=pool, state__in=PENDING_UPGRADE_STATES, emergency=False)
+    return {
+        "trains": [
+            {
+                "name": train.name,
+                "cycle_slo_s": train.cycle_slo_s,
+                "visit_estimate_s": train.visit_estimate_s,
+                "visit_concurrency": train.visit_concurrency,
+                "domain_order": list(train.stops.order_by("position").values_list("domain__name", flat=True)) or None,
+            }
+            for train in trains
+        ],
+        "upgrades": list(
+            upgrades.order_by("created_at", "id").values_list(
+                "component_version__component__name", "component_version__version"
+            )
+        ),
+    }
+
+
+def _decimal(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def snapshot_write(snapshot: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(snapshot, sort_keys=True))
+
+
+def snapshot_read(config: SimulationConfig) -> dict[str, Any]:
+    return json.loads(Path(config.live_snapshot).read_text())
+
+
+def live_config(base: SimulationConfig, snapshot: dict[str, Any], path: Path, now: dt.datetime) -> SimulationConfig:
+    """The configuration of one live pool's forecast: its size, its domains and buffers, its train's SLO."""
+    hosts = len(snapshot["hosts"])
+    per_domain: dict[str, int] = {}
+    for _, domain, _, _ in snapshot["hosts"]:
+        per_domain[domain] = per_domain.get(domain, 0) + 1
+    domain_size = max(per_domain.values())
+    pool = snapshot["pool"]
+    planned = pool["planned_buffer_hosts"]
+    if planned is None:
+        planned = math.floor(hosts * (pool["planned_buffer_fraction"] or 0))
+    failure = pool["failure_buffer_hosts"]
+    failure_fraction = failure / hosts if failure is not None else (pool["failure_buffer_fraction"] or 0)
+    train = (snapshot["trains"] or [None])[0]
+    changes: dict[str, Any] = {
+        "hosts": hosts,
+        "pools": 1,
+        "hosts_per_domain": domain_size,
+        "planned_buffer_domains": max(1, planned // domain_size),
+        "failure_buffer_fraction": min(0.49, failure_fraction),
+        "components": max(1, len(snapshot["components"])),
+        "upgrades_at_start": 0,
+        "live_snapshot": str(path),
+        "start_at": now.isoformat(),
+    }
+    if train is not None:
+        changes["cycle_slo_hours"] = train["cycle_slo_s"] / 3600
+    return base.replace(**changes)
+
+
+def live_workload(config: SimulationConfig) -> Workload:
+    """The pool's pending upgrades, all arriving when time starts; hosts break as the seed draws them."""
+    snapshot = snapshot_read(config)
+    arrivals = [Arrival(at=config.start, pool=0, component=c, version=v) for c, v in snapshot["upgrades"]]
+    seconds = config.days * 86_400
+    failures: list[Failure] = []
+    rng = random.Random(f"{config.seed}:failures")
+    rate = config.host_failures_per_day * len(snapshot["hosts"]) / 86_400
+    at = rng.expovariate(rate) if rate else seconds
+    while at < seconds:
+        failures.append(
+            Failure(
+                at=config.start + dt.timedelta(seconds=at), pool=0, host_index=rng.randrange(len(snapshot["hosts"]))
+            )
+        )
+        at += rng.expovariate(rate)
+    return Workload(arrivals=arrivals, failures=failures)
+
+
+def live_world_create(config: SimulationConfig, *, lockstep: bool = False) -> World:
+    """Write the snapshot's pool into the (emptied) scratch lane; the world the engine runs."""
+    snapshot = snapshot_read(config)
+    now = config.start
+    _catalogue(snapshot, now)
+    pool = snapshot["pool"]
+    hosts = len(snapshot["hosts"])
+    insert_missing(
+        Pool,
+        ["name", "workload_class", "description", "planned_buffer_hosts", "planned_buffer_fraction",
+         "failure_buffer_hosts", "failure_buffer_fraction", "hard_floor_hosts", "created_at"],
+        [(pool["name"], pool["workload_class"], "copied from the live fleet",
+          hosts if lockstep else pool["planned_buffer_hosts"], None if lockstep else pool["planned_buffer_fraction"],
+          0 if lockstep else pool["failure_buffer_hosts"], None if lockstep else pool["failure_buffer_fraction"],
+          None if lockstep else pool["hard_floor_hosts"], now)],
+    )  # fmt: skip
+    pool_id = Pool.objects.values_list("id", flat=True).get(name=pool["name"])
+    insert_missing(
+        MaintenanceDomain,
+        ["pool_id", "name", "kind", "position", "created_at"],
+        [(pool_id, name, kind, position, now) for name, kind, position in snapshot["domains"]],
+    )
+    domain_ids = dict(MaintenanceDomain.objects.filter(pool_id=pool_id).values_list("name", "id"))
+    insert_missing(
+        Host,
+        ["hostname", "pool_id", "domain_id", "state", "state_changed_at", "sku", "gpu_count", "created_at"],
+        [(name, pool_id, domain_ids[domain], HostState.IN_SERVICE, now, sku, gpus, now)
+         for name, domain, sku, gpus in snapshot["hosts"]],
+    )  # fmt: skip
+    host_ids = dict(Host.objects.filter(pool_id=pool_id).values_list("hostname", "id"))
+    _installed(snapshot, host_ids, now)
+    jobs = _jobs(snapshot, host_ids, pool_id, now)
+    world = World(
+        pools=[
+            SimPool(
+                id=pool_id, name=pool["name"], number=0,
+                host_ids=[host_ids[name] for name, *_ in snapshot["hosts"]], domain_ids=list(domain_ids.values()),
+            )
+        ],
+        components=[name for name, *_ in snapshot["components"]],
+        jobs=jobs,
+    )  # fmt: skip
+    world.trains = {pool_id: snapshot["trains"]}
+    world.optout_hours = sum(
+        (dt.datetime.fromisoformat(ends) - max(now, dt.datetime.fromisoformat(starts))).total_seconds() / 3600
+        for _, starts, ends, _ in snapshot["optouts"]
+    )
+    return world
+
+
+def _catalogue(snapshot: dict[str, Any], now: dt.datetime) -> None:
+    insert_missing(
+        Component,
+        ["name", "display_name", "layer", "needs_reboot", "needs_drain"],
+        [tuple(row) for row in snapshot["components"]],
+    )
+    component_ids = dict(Component.objects.values_list("name", "id"))
+    insert_missing(
+        ComponentVersion,
+        ["component_id", "version", "sort_key", "released_at"],
+        [
+            (component_ids[name], version, version_sort_key(version), released or now)
+            for name, version, released in snapshot["versions"]
+            if name in component_ids
+        ],
+    )
+    _rules(snapshot)
+
+
+def _rules(snapshot: dict[str, Any]) -> None:
+    """The compatibility rules, so a forecast refuses what the live planner would refuse."""
+    versions = {
+        (name, version): pk
+        for pk, name, version in ComponentVersion.objects.values_list("id", "component__name", "version")
+    }
+    component_ids = dict(Component.objects.values_list("name", "id"))
+    insert_missing(
+        CompatibilityRule,
+        ["job_facing_version_id", "lower_component_id", "min_version", "min_key", "max_version", "max_key", "note"],
+        [
+            (versions[(name, version)], component_ids[lower], *rest)
+            for name, version, lower, *rest in snapshot.get("rules", [])
+            if (name, version) in versions and lower in component_ids
+        ],
+    )
+
+
+def _installed(snapshot: dict[str, Any], host_ids: dict[str, int], now: dt.datetime) -> None:
+    versions = {
+        (name, version): pk
+        for pk, name, version in ComponentVersion.objects.values_list("id", "component__name", "version")
+    }
+    component_ids = dict(Component.objects.values_list("name", "id"))
+    insert_missing(
+        InstalledVersion,
+        ["host_id", "component_id", "version_id", "installed_at"],
+        [
+            (host_ids[host], component_ids[component], versions[(component, version)], now)
+            for host, component, version in snapshot["installed"]
+            if (component, version) in versions
+        ],
+    )
+
+
+def _jobs(snapshot: dict[str, Any], host_ids: dict[str, int], pool_id: int, now: dt.datetime) -> dict[int, list[int]]:
+    """The pool's services as jobs, with their opt-out windows and reservations still ahead."""
+    names = sorted({service for service, *_ in snapshot["placements"]} | {r[0] for r in snapshot["reservations"]})
+    insert_missing(
+        Service, ["name", "display_name", "description"], [(n, n, "copied from the live fleet") for n in names]
+    )
+    service_ids = dict(Service.objects.values_list("name", "id"))
+    insert_missing(
+        ServicePlacement,
+        ["service_id", "host_id", "running_jobs"],
+        [(service_ids[s], host_ids[h], jobs) for s, h, jobs in snapshot["placements"]],
+    )
+    insert_missing(
+        OptOutWindow,
+        ["service_id", "starts_at", "ends_at", "reason", "created_at"],
+        [(service_ids[s], starts, ends, reason, now) for s, starts, ends, reason in snapshot["optouts"]],
+    )
+    insert_missing(
+        CapacityReservation,
+        ["service_id", "pool_id", "starts_at", "ends_at", "reason", "min_hosts_in_service", "created_at"],
+        [(service_ids[s], pool_id, st, en, reason, kept, now) for s, st, en, reason, kept in snapshot["reservations"]],
+    )
+    jobs: dict[int, list[int]] = {}
+    for service, host, _ in snapshot["placements"]:
+        jobs.setdefault(service_ids[service], []).append(host_ids[host])
+    return jobs
+
+
+def live_jobs(configs: list[SimulationConfig]) -> list[Job]:
+    """One shard per live pool and policy (each pool has its own size, so its own configuration)."""
+    return [Job(policy=p, pools=(0,), config=c, key=p) for c in configs for p in c.policies]

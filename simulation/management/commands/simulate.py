@@ -1,0 +1,258 @@
+"""python manage.py simulate: the real planner in virtual time, policies side by side, a report.
+
+    manage.py simulate --hosts 10000 --pools 10 --days 30 --policies trains,rolling,lockstep
+    manage.py simulate --advise --hosts 1000 --domain-sizes 10,25,50,100 --interruption-cost 50
+    manage.py simulate --scenario meta --hosts 10000 --pools 10 --days 30 --policies trains,rolling
+    manage.py simulate --from-live --pool gpu-east --days 7   (what the live pool's pending work does)
+
+Each run happens in scratch databases (never the live one); see simulation/runner.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from opsplanner.progress import Progress
+from simulation.advisor import AdvisorRequest, advice, advice_svg
+from simulation.config import POLICIES, SimulationConfig, config_fields
+from simulation.runner import default_lanes, jobs_run, scratch_databases, scratch_databases_drop, shard_jobs
+from simulation.scenarios import SCENARIOS, scenario_config, scenario_describe
+
+# Set by the what-if on the live fleet, never on the command line.
+INTERNAL_FIELDS = ("live_snapshot", "start_at")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise CommandError(f"{text!r} is not a comma-separated list of whole numbers") from None
+
+
+class Command(BaseCommand):
+    help = "Simulate maintenance policies over a generated fleet in virtual time and report what each costs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = SimulationConfig()
+        # No parser defaults for the knobs: a scenario fills in what the command line leaves out.
+        for field in config_fields():
+            if field.name in INTERNAL_FIELDS:
+                continue
+            option = "--" + field.name.replace("_", "-")
+            default = getattr(defaults, field.name)
+            if field.name == "policies":
+                parser.add_argument(option, default=None, help=f"some of {', '.join(POLICIES)} (default trains)")
+            elif field.name == "rolling_concurrency":
+                parser.add_argument(option, type=int, default=None, help="hosts at once (default: the planned buffer)")
+            elif field.name == "scenario":
+                parser.add_argument(option, default="default", help="; ".join(map(scenario_describe, SCENARIOS)))
+            else:
+                parser.add_argument(option, type=type(default), default=None, help=f"default {default}")
+        parser.add_argument("--lanes", type=int, default=default_lanes(), help="processes in parallel")
+        parser.add_argument("--out", type=Path, default=None, help="report directory (default var/simulations/…)")
+        parser.add_argument("--keep-databases", action="store_true", help="keep the scratch databases afterwards")
+        parser.add_argument("--advise", action="store_true", help="sweep domain sizes for one pool of --hosts")
+        parser.add_argument("--domain-sizes", default="10,25,50,100", help="advisor: sizes to try")
+        parser.add_argument("--interruption-cost", type=float, default=100.0, help="advisor: cost of one interruption")
+        parser.add_argument("--capacity-hour-cost", type=float, default=1.0, help="advisor: cost of a host-hour")
+        parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+        parser.add_argument(
+            "--from-live", action="store_true", help="forecast the live fleet's pending work over --days, each policy"
+        )
+        parser.add_argument("--pool", default=None, help="--from-live: only this pool")
+        # Internal: one shard of one policy, in a scratch database (the runner starts these).
+        parser.add_argument("--shard", default=None, help="(internal)")
+        parser.add_argument("--shard-pools", default="", help="(internal)")
+        parser.add_argument("--config-json", default="", help="(internal)")
+        parser.add_argument("--result", type=Path, default=None, help="(internal)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["shard"]:
+            return self._shard(options)
+        config = self._config(options)
+        lanes = options["lanes"]
+        if not 1 <= lanes <= 16:
+            raise CommandError("--lanes must be from 1 to 16")
+        out = options["out"] or Path(settings.VAR_DIR) / "simulations" / time.strftime("%Y%m%d-%H%M%S")
+        if options["advise"]:
+            return self._advise(config, options, lanes, out)
+        if options.get("from_live"):
+            return self._from_live(config, options, lanes, out)
+        return self._simulate(config, options, lanes, out)
+
+    def _config(self, options: dict[str, Any]) -> SimulationConfig:
+        values: dict[str, Any] = {}
+        for field in config_fields():
+            value = options.get(field.name)
+            if field.name in INTERNAL_FIELDS or field.name == "scenario" or value is None:
+                continue
+            if field.name == "policies":
+                value = tuple(p.strip() for p in value.split(",") if p.strip())
+            values[field.name] = value
+        scenario = options.get("scenario") or "default"
+        if options.get("pool") and not options.get("from_live"):
+            raise CommandError("--pool: only with --from-live")
+        if options.get("from_live"):
+            if options.get("advise"):
+                raise CommandError("--from-live: not with --advise")
+            if options.get("upgrades_per_week") or options.get("upgrades_at_start"):
+                raise CommandError("--from-live forecasts the live pending upgrades; new arrivals do not apply")
+            values = {"policies": POLICIES, **values, "upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
+        if scenario not in SCENARIOS:
+            raise CommandError(f"--scenario: one of {', '.join(SCENARIOS)}; got {scenario!r}")
+        config = scenario_config(scenario, **values)
+        if options["advise"]:  # --hosts is the one pool's size
+            config = config.replace(pools=1, policies=("trains",))
+        problems = config.errors()
+        if problems and not options["advise"]:
+            raise CommandError("; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in problems.items()))
+        return config
+
+    def _simulate(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        from simulation.report import report_text, report_write
+
+        started = time.monotonic()
+        lanes = min(lanes, config.pools * len(config.policies))
+        say = self._say
+        say(f"simulate: {config.hosts:,} hosts in {config.pools} pools, {config.days:g} days, policies "
+            f"{', '.join(config.policies)}, scenario {config.scenario}, {lanes} lanes")  # fmt: skip
+        urls = scratch_databases(lanes)
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                runs = jobs_run(shard_jobs(config), urls, Path(work), say=say)
+        finally:
+            if not options["keep_databases"]:
+                scratch_databases_drop(urls)
+        paths = report_write(out, config, runs)
+        summary = json.loads(paths["summary.json"].read_text())
+        self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
+        say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
+
+    def _from_live(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        from opsplanner import clock
+        from simulation.from_live import (
+            LiveSnapshotError,
+            live_config,
+            live_jobs,
+            live_snapshot,
+            snapshot_write,
+        )
+        from simulation.report import report_text, report_write
+
+        started = time.monotonic()
+        now = clock.now().replace(microsecond=0)
+        try:
+            snapshots = live_snapshot(options.get("pool"), now)
+        except LiveSnapshotError as error:
+            raise CommandError(f"--from-live: {error}") from None
+        with tempfile.TemporaryDirectory() as work:
+            configs = []
+            for snapshot in snapshots:
+                path = Path(work) / f"live-{snapshot['pool']['name']}.json"
+                snapshot_write(snapshot, path)
+                pool_config = live_config(config, snapshot, path, now)
+                problems = pool_config.errors()
+                if problems:
+                    raise CommandError(
+                        f"--from-live: pool {snapshot['pool']['name']}: "
+                        + "; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in problems.items())
+                    )
+                configs.append(pool_config)
+            jobs = live_jobs(configs)
+            lanes = min(lanes, len(jobs))
+            self._say(f"simulate: forecast of {len(configs)} live pools from {now:%Y-%m-%d %H:%M} UTC, "
+                      f"{config.days:g} days, policies {', '.join(config.policies)}, {lanes} lanes")  # fmt: skip
+            urls = scratch_databases(lanes, tag="_live")
+            try:
+                runs = jobs_run(jobs, urls, Path(work), say=self._say)
+            finally:
+                if not options["keep_databases"]:
+                    scratch_databases_drop(urls)
+        fleet = configs[0].replace(hosts=sum(c.hosts for c in configs), pools=len(configs), live_snapshot="")
+        paths = report_write(out, fleet, runs)
+        summary = json.loads(paths["summary.json"].read_text())
+        self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
+        self._say(f"simulate: forecast done in {time.monotonic() - started:.0f} s; report in {out}")
+
+    def _advise(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
+        request = AdvisorRequest(
+            config=config,
+            sizes=_ints(options["domain_sizes"]),
+            interruption_cost=options["interruption_cost"],
+            capacity_hour_cost=options["capacity_hour_cost"],
+        )
+        problems = request.errors()
+        if problems:
+            raise CommandError("; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items()))
+        started = time.monotonic()
+        lanes = min(lanes, len(request.sizes))
+        urls = scratch_databases(lanes, tag="_advisor")
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                results = jobs_run(request.jobs(), urls, Path(work), say=self._say)
+        finally:
+            if not options["keep_databases"]:
+                scratch_databases_drop(urls)
+        result = advice(request, results)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "advice.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        (out / "advice.svg").write_text(advice_svg(result))
+        if options["json"]:
+            self.stdout.write(json.dumps(result, indent=1, sort_keys=True))
+        else:
+            self.stdout.write(advice_text(result))
+        self._say(f"simulate: advice in {time.monotonic() - started:.0f} s; written to {out}")
+
+    def _shard(self, options: dict[str, Any]) -> None:
+        from simulation.engine import SimulationError, policy_run
+        from simulation.measure import run_measure
+        from simulation.world import workload_draw
+
+        raw = json.loads(options["config_json"])
+        raw["policies"] = tuple(raw["policies"])
+        config = SimulationConfig(**raw)
+        pools = list(_ints(options["shard_pools"]))
+        label = f"simulate[{options['shard']} pools {options['shard_pools']}]"
+        try:
+            log = policy_run(
+                config, workload_draw(config), options["shard"], pools=pools, progress=Progress(label, interval=5)
+            )
+        except SimulationError as error:
+            raise CommandError(str(error)) from error
+        options["result"].write_text(json.dumps(run_measure(config, log)))
+
+    def _say(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def advice_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"Domain-size advice for a pool of {result['pool_hosts']} hosts, per {result['cycle_slo_hours']:g} h cycle "
+        f"(interruption {result['interruption_cost']:g}, host-hour {result['capacity_hour_cost']:g})",
+        "",
+        f"{'size':>6} {'domains':>8} {'interrupted':>12} {'buffer h':>10} {'worst cycle h':>14} {'missed':>7} "
+        f"{'cost':>12}",
+    ]
+    for p in result["points"]:
+        if p["cost"] is None:
+            lines.append(f"{p['size']:>6} {p['domains']:>8}  not simulated: {p['why']}")
+            continue
+        worst = "—" if p["worst_cycle_hours"] is None else f"{p['worst_cycle_hours']:.1f}"
+        lines.append(
+            f"{p['size']:>6} {p['domains']:>8} {p['interrupted_jobs']:>12} {p['buffer_host_hours']:>10.0f} "
+            f"{worst:>14} {p['cycles_missed']:>7} {p['cost']:>12.1f}"
+        )
+    if result["recommended"] is None:
+        lines += ["", f"no recommendation: {result['reason']}", ""]
+    else:
+        lines += ["", f"recommended: {result['recommended']} hosts per domain ({result['reason']})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""What a run cost, read from the scratch database and the run log right after the run: capacity
+out, drains, interrupted jobs, rollouts, cycles and visits, per pool, as plain JSON-able data
+(shards of one simulation run in separate processes and are merged by the report)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from typing import Any
+
+from django.db.models import Q
+
+from fleet.models import HostState
+from opsplanner.models import Event
+from simulation.config import SimulationConfig
+from simulation.engine import RunLog
+from simulation.rollout_measures import rollout_measures_add
+
+
+def hours(config: SimulationConfig, at: dt.datetime | None) -> float | None:
+    return None if at is None else round((at - config.start).total_seconds() / 3600, 4)
+
+
+def run_measure(config: SimulationConfig, log: RunLog) -> dict[str, Any]:
+    pools = {pool.id: _pool_base(config, pool.name) for pool in log.world.pools}
+    _capacity(config, log, pools)
+    _drains_and_interruptions(log, pools)
+    _trains(config, pools)
+    rollout_measures_add(config, log, pools)
+    for rollout in log.policy.rollouts():
+        pool = next(p for p in pools.values() if p["name"] == rollout.pool)
+        pool["rollouts"].append(
+            [
+                rollout.component,
+                rollout.version,
+                hours(config, rollout.arrived),
+                hours(config, rollout.finished),
+                rollout.outcome,
+            ]
+        )
+    for kind, key in (("train.autostopped", "autostops"), ("upgrade.offboarded", "offboardings")):
+        for pool_id in Event.objects.filter(kind=kind).values_list("pool_id", flat=True):
+            if pool_id in pools:
+                pools[pool_id][key] += 1
+    return {
+        "policy": log.policy.name,
+        "label": log.policy.label,
+        "wall_seconds": round(log.wall_seconds, 2),
+        "ticks": log.ticks,
+        "rounds": log.rounds,
+        "invariant_checks": log.invariant_checks,
+        "violations": log.violations[:20],
+        "failures_applied": log.failures_applied,
+        "failures_absorbed": log.failures_absorbed,
+        "pools": sorted(pools.values(), key=lambda p: p["name"]),
+    }
+
+
+def _pool_base(config: SimulationConfig, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "hosts": config.hosts_per_pool,
+        "domains": config.domains_per_pool,
+        # The floor every policy is held to: the configuration's buffers (lock-step gives its up).
+        "floor": config.hosts_per_pool - config.planned_buffer_hosts - config.failure_buffer_hosts,
+        "samples": [],
+        "planned_hours": 0.0,
+        "failure_hours": 0.0,
+        "hours_below_floor": 0.0,
+        "min_in_service": config.hosts_per_pool,
+        "drains": 0,
+        "jobs": 0,
+        "interrupted_by_drains": 0,
+        "interrupted_by_failures": 0,
+        "autostops": 0,
+        "offboardings": 0,
+        "cycles": [],
+        "visits": [],
+        "rollouts": [],
+    }
+
+
+def _capacity(config: SimulationConfig, log: RunLog, pools: dict[int, dict[str, Any]]) -> None:
+    """Host counts only change on ticks, and every tick that moved hosts was sampled: integrating
+    the step function is exact."""
+    for pool_id, pool in pools.items():
+        series = [(s.at, *s.counts[pool_id]) for s in log.samples if pool_id in s.counts]
+        compact: list[list[Any]] = []  # [hour, in service, planned out, failed out]
+        for at, in_service, planned, failure in series:
+            if not compact or compact[-1][1:] != [in_service, planned, failure]:
+                compact.append([hours(config, at), in_service, planned, failure])
+        pool["samples"] = compact
+        ends = [row[0] for row in compact[1:]] + [config.days * 24]
+        for row, end in zip(compact, ends, strict=True):
+            span = max(0.0, end - row[0])
+            pool["planned_hours"] += row[2] * span
+            pool["failure_hours"] += row[3] * span
+            if row[1] < pool["floor"]:
+                pool["hours_below_floor"] += span
+            pool["min_in_service"] = min(pool["min_in_service"], row[1])
+        for key in ("planned_hours", "failure_hours", "hours_below_floor"):
+            pool[key] = round(pool[key], 2)
+
+
+def _drains_and_interruptions(log: RunLog, pools: dict[int, dict[str, Any]]) -> None:
+    """A job runs on consecutive hosts; it is interrupted when its first host leaves service (by a
+    drain or by breaking) and runs again once all its hosts are back."""
+    job_of: dict[int, int] = {}
+    pool_of_job: dict[int, int] = {}
+    host_pool = {h: pool.id for pool in log.world.pools for h in pool.host_ids}
+    for job_id, hosts in log.world.jobs.items():
+        for host in hosts:
+            job_of[host] = job_id
+        pool_of_job[job_id] = host_pool[hosts[0]]
+        pools[pool_of_job[job_id]]["jobs"] += 1
+    out: dict[int, int] = defaultdict(int)
+    transitions = (
+        Event.objects.filter(kind="host.state_changed")
+        .filter(Q(data__from=HostState.IN_SERVICE) | Q(data__to=HostState.IN_SERVICE))
+        .order_by("created_at", "id")
+        .values_list("host_id", "data")
+    )
+    for host_id, data in transitions.iterator(chunk_size=10_000):
+        if host_id is None:  # host events always name their host
+            continue
+        job = job_of.get(host_id)
+        pool = pools.get(host_pool.get(host_id, -1))
+        if pool is None:
+            continue
+        if data.get("from") == HostState.IN_SERVICE:
+            drained = data.get("to") == HostState.DRAINING
+            pool["drains"] += drained
+            if job is not None:
+                out[job] += 1
+                if out[job] == 1:
+                    pool["interrupted_by_drains" if drained else "interrupted_by_failures"] += 1
+        elif job is not None and out[job] > 0:
+            out[job] -= 1
+
+
+def _trains(config: SimulationConfig, pools: dict[int, dict[str, Any]]) -> None:
+    from trains.models import Cycle, Visit
+
+    for pool_id, number, started, ended, deadline in Cycle.objects.values_list(
+        "train__pool_id", "number", "started_at", "ended_at", "deadline_at"
+    ).order_by("train__pool_id", "number"):
+        if pool_id in pools:
+            pools[pool_id]["cycles"].append(
+                [number, hours(config, started), hours(config, ended), hours(config, deadline)]
+            )
+    for pool_id, domain, visit_started, visit_ended, state, skips in (
+        Visit.objects.filter(started_at__isnull=False)
+        .values_list("train__pool_id", "domain__name", "started_at", "ended_at", "state", "skips")
+        .order_by("train__pool_id", "started_at", "id")
+    ):
+        if pool_id in pools:
+            pools[pool_id]["visits"].append(
+                [domain, hours(config, visit_started), hours(config, visit_ended), state, skips]
+            )

@@ -1,0 +1,272 @@
+"""The policies a simulation compares, each driving the real services in virtual time.
+
+- trains: OpsPlanner's own maintenance trains (one train per pool visits a domain at a time and
+  applies every pending upgrade in one drain);
+- rolling: how node reboot and upgrade controllers work today: each upgrade rolls through the pool
+  on its own, a fixed number of hosts at a time, one drain per upgrade; upgrades queue per pool;
+- lockstep: each upgrade drains the whole pool at once (a gang over every host that needs it).
+The peers submit ordinary operations; the core admits, drains, verifies and returns them as it
+does for any other work, so all three are measured by the same code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from fleet.models import Host, HostState, InstalledVersion, Pool
+from opsplanner import clock
+from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind
+from opsplanner.services.operations import operation_submit
+from simulation.config import Arrival, SimulationConfig
+from simulation.scenarios import (
+    simulated_hardware_apply,
+    upgrade_duration_register,
+    upgrade_execute_seconds,
+)
+from simulation.world import World
+
+ACTOR = "simulator"
+
+
+@dataclass
+class Rollout:
+    """One upgrade in one pool: when it arrived and when every host ran it."""
+
+    pool: str
+    component: str
+    version: str
+    arrived: dt.datetime
+    finished: dt.datetime | None = None
+    outcome: str = ""
+
+
+class Policy:
+    name = ""
+    label = ""
+
+    def __init__(self, config: SimulationConfig, world: World) -> None:
+        self.config = config
+        self.world = world
+
+    def setup(self) -> None:
+        """Called once, before virtual time starts: the scenario's simulated hardware."""
+        simulated_hardware_apply(self.config)
+
+    def arrive(self, arrival: Arrival) -> None:
+        raise NotImplementedError
+
+    def upgrade_known(self, arrival: Arrival) -> int | None:
+        """The simulated executor learns how long this upgrade takes on a host (the scenario's spread);
+        that time, as the release would announce it (None without a spread: the default estimate).
+        Without it, the execution deadline (three times the estimate) fails every long upgrade."""
+        upgrade_duration_register(self.config, arrival.component, arrival.version)
+        if not self.config.execute_spread:
+            return None
+        return max(1, round(upgrade_execute_seconds(self.config, arrival.component, arrival.version)))
+
+    def step(self, pool_ids: set[int] | None) -> bool:
+        """Act for these pools (None: all) at the current instant; True when it changed something."""
+        return False
+
+    def rollouts(self) -> list[Rollout]:
+        raise NotImplementedError
+
+
+class TrainsPolicy(Policy):
+    name = "trains"
+    label = "maintenance trains"
+    pace = "domain"  # domain-synchronous; TrainsSlidingPolicy slides (a live train's own pace is not kept)
+
+    def setup(self) -> None:
+        from trains.services.trains import train_create
+
+        super().setup()
+        for pool in Pool.objects.filter(pk__in=self.world.pool_ids()).order_by("name"):
+            live = self.world.trains.get(pool.pk)
+            if live:  # a what-if on the live fleet: its own trains, as configured there, at this pace
+                for spec in live:
+                    train_create(pool=pool, auto_resume_after_s=3600, actor=ACTOR, **{**spec, "pace": self.pace})
+                continue
+            train_create(
+                pool=pool,
+                pace=self.pace,
+                name=f"train-{pool.name}",
+                cycle_slo_s=round(self.config.cycle_slo_hours * 3600),
+                visit_estimate_s=max(1, round(self.config.visit_minutes * 60)),
+                visit_concurrency=self.config.planned_buffer_domains,
+                auto_resume_after_s=3600,
+                actor=ACTOR,
+            )
+
+    def arrive(self, arrival: Arrival) -> None:
+        from trains.services.upgrades import upgrade_create
+
+        duration_s = self.upgrade_known(arrival)
+        pool = Pool.objects.get(pk=self.world.pool(arrival.pool).id)
+        upgrade_create(
+            pool=pool,
+            component=arrival.component,
+            version=arrival.version,
+            reason=f"simulated release of {arrival.component} {arrival.version}",
+            # Offboard on a failure rate well above the simulated one, not on a handful of hosts.
+            max_failures=self.config.hosts_per_pool,
+            max_failure_rate=0.1,
+            failure_rate_min_hosts=50,
+            duration_s=duration_s,
+            actor=ACTOR,
+        )
+
+    def step(self, pool_ids: set[int] | None) -> bool:
+        from trains.models import Train, TrainState
+        from trains.services.tick import train_tick
+
+        trains = Train.objects.filter(state__in=[TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED])
+        if pool_ids is not None:
+            trains = trains.filter(pool_id__in=pool_ids)
+        changed = False
+        for train_id in trains.order_by("pk").values_list("pk", flat=True):
+            changed |= bool(train_tick(train_id=train_id).events)
+        return changed
+
+    def rollouts(self) -> list[Rollout]:
+        from trains.models import Upgrade, UpgradeState
+
+        names = {pool.id: pool.name for pool in self.world.pools}
+        return [
+            Rollout(
+                pool=names[upgrade.pool_id],
+                component=upgrade.component_version.component.name,
+                version=upgrade.component_version.version,
+                arrived=upgrade.created_at,
+                finished=upgrade.finished_at if upgrade.state == UpgradeState.COMPLETED else None,
+                outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
+            )
+            for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id")
+        ]
+
+
+class TrainsSlidingPolicy(TrainsPolicy):
+    """The same trains at the sliding pace (trains/services/pace.py): hosts return as each finishes
+    and hosts of the next domain start, never more than a visit's worth out."""
+
+    name = "trains-sliding"
+    label = "maintenance trains, sliding pace"
+    pace = "sliding"
+
+
+@dataclass
+class _PoolQueue:
+    pool_id: int
+    name: str
+    waiting: deque[Rollout] = field(default_factory=deque)
+    current: Rollout | None = None
+    operations: list[int] = field(default_factory=list)
+
+
+class RollingPolicy(Policy):
+    """One upgrade at a time per pool, `concurrency` hosts at a time, each upgrade its own drain."""
+
+    name = "rolling"
+    label = "rolling per upgrade"
+    gang = False
+
+    def __init__(self, config: SimulationConfig, world: World) -> None:
+        super().__init__(config, world)
+        self.queues = {p.number: _PoolQueue(pool_id=p.id, name=p.name) for p in world.pools}
+        self.done: list[Rollout] = []
+        self.durations: dict[tuple[str, str], int] = {}  # the announced execution times (a spread scenario)
+
+    def concurrency(self, pool_hosts: int) -> int:
+        return self.config.rolling_concurrency or self.config.planned_buffer_hosts
+
+    def arrive(self, arrival: Arrival) -> None:
+        duration_s = self.upgrade_known(arrival)
+        queue = self.queues[arrival.pool]
+        rollout = Rollout(pool=queue.name, component=arrival.component, version=arrival.version, arrived=clock.now())
+        queue.waiting.append(rollout)
+        if duration_s is not None:
+            self.durations[(rollout.component, rollout.version)] = duration_s
+
+    def step(self, pool_ids: set[int] | None) -> bool:
+        changed = False
+        for queue in self.queues.values():
+            if pool_ids is None or queue.pool_id in pool_ids:
+                changed |= self._advance(queue)
+        return changed
+
+    def _advance(self, queue: _PoolQueue) -> bool:
+        if queue.current is None:
+            if not queue.waiting:
+                return False
+            queue.current, queue.operations = queue.waiting.popleft(), []
+        rollout = queue.current
+        hosts = Host.objects.filter(pool_id=queue.pool_id)
+        behind = hosts.exclude(
+            pk__in=InstalledVersion.objects.filter(
+                component__name=rollout.component, version__version=rollout.version
+            ).values("host_id")
+        )
+        open_tasks = HostTask.objects.filter(operation_id__in=queue.operations, state__in=OPEN_TASK_STATES)
+        in_flight = open_tasks.count()
+        if not in_flight and not behind.exists():
+            rollout.finished = clock.now()
+            self.done.append(rollout)
+            queue.current = None
+            return True
+        free = self.concurrency(self.config.hosts_per_pool) - in_flight
+        if free <= 0:
+            return False
+        busy = HostTask.objects.filter(Q(state__in=OPEN_TASK_STATES), pool_id=queue.pool_id).values("host_id")
+        ready = list(
+            behind.filter(state=HostState.IN_SERVICE)
+            .exclude(pk__in=busy)
+            .order_by("hostname")[:free]
+            .values_list("id", flat=True)
+        )
+        if not ready or (self.gang and in_flight):
+            return False
+        operation = operation_submit(
+            kind=OperationKind.UPGRADE,
+            scope=f"{self.name}: {len(ready)} hosts of pool {queue.name}",
+            host_ids=ready,
+            component=rollout.component,
+            version=rollout.version,
+            reason=f"{self.label}: {rollout.component} {rollout.version}",
+            priority=200,
+            gang=self.gang,
+            **self._estimate(rollout),
+            actor=ACTOR,
+        )
+        queue.operations.append(operation.pk)
+        return True
+
+    def _estimate(self, rollout: Rollout) -> dict[str, Any]:
+        seconds = self.durations.get((rollout.component, rollout.version))
+        return {} if seconds is None else {"estimated_duration_s": seconds}
+
+    def rollouts(self) -> list[Rollout]:
+        unfinished = [r for q in self.queues.values() for r in ([q.current] if q.current else []) + list(q.waiting)]
+        for rollout in unfinished:
+            rollout.outcome = "unfinished"
+        return sorted(self.done + unfinished, key=lambda r: (r.arrived, r.pool))
+
+
+class LockStepPolicy(RollingPolicy):
+    """Each upgrade takes every host of the pool that needs it at once (a gang), one upgrade at a time."""
+
+    name = "lockstep"
+    label = "lock-step per pool"
+    gang = True
+
+    def concurrency(self, pool_hosts: int) -> int:
+        return pool_hosts
+
+
+POLICY_CLASSES: dict[str, type[Policy]] = {
+    p.name: p for p in (TrainsPolicy, TrainsSlidingPolicy, RollingPolicy, LockStepPolicy)
+}

@@ -1,0 +1,138 @@
+"""Rollout measures: how fast each upgrade reaches its pool, and which cycles broke a promise they could keep.
+
+- reach: per upgrade, the share of the pool's hosts running it (or a later version of the same
+  component, which supersedes it) 24 hours, 72 hours and 7 days after it arrived; None where the run
+  ended before that horizon. Read from the lane's `host.version_installed` events and the versions
+  the world started with, so every policy is measured by the same code.
+- cycles missed: the cycles that ended after their deadline (or were still open past it at the end),
+  counting only cycles whose SLO is at or above the lower bound (the shortest cycle the buffers and
+  visit times allow): a train cannot be blamed for a promise no schedule could keep.
+
+`rollout_measures_add` runs in a shard, on the lane's database, and adds to the pools measured by
+`measure.run_measure`; `rollout_summary` runs in the report, over the merged pools.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+from collections import defaultdict
+from typing import Any
+
+from fleet.models import InstalledVersion
+from fleet.versions import version_sort_key
+from opsplanner.models import Event
+from simulation.config import SimulationConfig
+from simulation.engine import RunLog
+from simulation.policies import Rollout
+
+REACH_HOURS = (24, 72, 168)
+REACH_KEYS = ("reach_24h", "reach_72h", "reach_7d")
+
+# (at, host id, version sort key) per (pool id, component)
+_Installs = dict[tuple[int, str], list[tuple[dt.datetime, int, str]]]
+
+
+def _installs(config: SimulationConfig, host_pool: dict[int, int]) -> _Installs:
+    """Every version a host got, with when: the world's versions at the start, then the events."""
+    installs: _Installs = defaultdict(list)
+    at_start = InstalledVersion.objects.filter(installed_at__lte=config.start).values_list(
+        "host_id", "component__name", "version__sort_key"
+    )
+    for host_id, component, key in at_start.iterator(chunk_size=20_000):
+        if host_id in host_pool:
+            installs[(host_pool[host_id], component)].append((config.start, host_id, key))
+    events = Event.objects.filter(kind="host.version_installed").values_list("created_at", "host_id", "data")
+    keys: dict[str, str] = {}
+    for at, event_host, data in events.iterator(chunk_size=20_000):
+        if event_host is None or event_host not in host_pool or not data.get("component") or not data.get("to"):
+            continue
+        version = data["to"]
+        if version not in keys:
+            keys[version] = version_sort_key(version)
+        installs[(host_pool[event_host], data["component"])].append((at, event_host, keys[version]))
+    for rows in installs.values():
+        rows.sort()
+    return installs
+
+
+def reach_shares(
+    config: SimulationConfig, rollout: Rollout, installs: list[tuple[dt.datetime, int, str]], hosts: int
+) -> list[float | None]:
+    """The share of `hosts` running the rollout's version or a later one at each of REACH_HOURS."""
+    wanted = version_sort_key(rollout.version)
+    first: dict[int, dt.datetime] = {}
+    for at, host_id, key in installs:
+        if key >= wanted and host_id not in first:
+            first[host_id] = at
+    times = sorted(first.values())
+    shares: list[float | None] = []
+    for horizon in REACH_HOURS:
+        at = rollout.arrived + dt.timedelta(hours=horizon)
+        if at > config.end or not hosts:
+            shares.append(None)
+        else:
+            shares.append(round(min(1.0, bisect.bisect_right(times, at) / hosts), 4))
+    return shares
+
+
+def rollout_reach(config: SimulationConfig, log: RunLog) -> dict[int, list[list[Any]]]:
+    """{pool id: [[component, version, arrived hour, reach 24 h, 72 h, 7 days], …]} in arrival order."""
+    host_pool = {h: pool.id for pool in log.world.pools for h in pool.host_ids}
+    pool_by_name = {pool.name: pool for pool in log.world.pools}
+    installs = _installs(config, host_pool)
+    reach: dict[int, list[list[Any]]] = {pool.id: [] for pool in log.world.pools}
+    for rollout in log.policy.rollouts():
+        pool = pool_by_name.get(rollout.pool)
+        if pool is None:
+            continue
+        shares = reach_shares(config, rollout, installs.get((pool.id, rollout.component), []), len(pool.host_ids))
+        arrived = round((rollout.arrived - config.start).total_seconds() / 3600, 4)
+        reach[pool.id].append([rollout.component, rollout.version, arrived, *shares])
+    return reach
+
+
+def rollout_measures_add(config: SimulationConfig, log: RunLog, pools: dict[int, dict[str, Any]]) -> None:
+    """Add `reach` to each pool measured by run_measure (the hook: one call after its `_trains`)."""
+    for pool_id, rows in rollout_reach(config, log).items():
+        if pool_id in pools:
+            pools[pool_id]["reach"] = rows
+
+
+def cycle_lower_bound_hours(config: SimulationConfig, domains: int) -> float:
+    """The shortest cycle of `domains` domains: every visit at its best, as many at once as the planned buffer holds."""
+    visits = -(-domains // max(1, config.planned_buffer_domains))
+    return visits * max(1, round(config.visit_minutes * 60)) / 3600
+
+
+def cycles_missed_keepable(config: SimulationConfig, pool: dict[str, Any]) -> int:
+    """Cycles [number, start h, end h, deadline h] that missed a deadline at or above the lower bound."""
+    end = config.days * 24
+    bound = cycle_lower_bound_hours(config, pool.get("domains") or config.domains_per_pool)
+    missed = 0
+    for _, started, ended, deadline in pool.get("cycles") or []:
+        if started is None or deadline is None or deadline - started < bound - 1e-9:
+            continue
+        missed += (end if ended is None else ended) > deadline
+    return missed
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def rollout_summary(config: SimulationConfig, pools: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over merged pools: the mean reach of the upgrades that were observed long enough at each
+    horizon, and the cycles that missed an SLO they could have kept (None without cycles)."""
+    rows = [row for pool in pools for row in pool.get("reach") or []]
+    summary: dict[str, Any] = {}
+    for offset, key in enumerate(REACH_KEYS):
+        observed = [row[3 + offset] for row in rows if row[3 + offset] is not None]
+        summary[f"{key}_mean"] = _mean(observed)
+        summary[f"{key}_upgrades"] = len(observed)
+        summary[f"{key}_complete"] = sum(1 for share in observed if share >= 1.0)
+    has_cycles = any(pool.get("cycles") for pool in pools)
+    summary["cycles_missed_keepable"] = (
+        sum(cycles_missed_keepable(config, pool) for pool in pools) if has_cycles else None
+    )
+    return summary

@@ -1,0 +1,235 @@
+"""Running a simulation safely and in parallel: scratch databases, lanes, shards.
+
+A simulation empties and rewrites the product tables, so it never runs in the live database:
+each lane is a scratch database next to it (`<name>_<lane>_sim` on PostgreSQL, a file under
+var/sim/ on SQLite), migrated once per simulation. Pools are independent in a simulation (one train
+or controller per pool), so each policy's pools run one by one as separate `manage.py simulate
+--shard` processes, as many at once as there are lanes, and their measures are merged afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import connection
+
+from simulation.config import SimulationConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Job:
+    policy: str
+    pools: tuple[int, ...]
+    config: SimulationConfig
+    key: str  # names the result (a policy, or a domain size for the advisor)
+
+
+def default_lanes() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def shard_jobs(config: SimulationConfig, *, key: str = "") -> list[Job]:
+    """One job per policy and pool. Each pool runs alone in a freshly reset database, so its ids,
+    and with them the simulated outcomes, do not depend on how many lanes run the jobs."""
+    return [
+        Job(policy=p, pools=(n,), config=config, key=key or p) for p in config.policies for n in range(config.pools)
+    ]
+
+
+def _database_url(name: str) -> str:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{name}"
+    auth = db.get("USER") or ""
+    if db.get("PASSWORD"):
+        auth += f":{db['PASSWORD']}"
+    return f"postgresql://{auth}@{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{name}"
+
+
+def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
+    """Create `lanes` migrated scratch databases (replacing any of the same name); their URLs."""
+    db = settings.DATABASES["default"]
+    base = Path(str(db["NAME"])).stem if db["ENGINE"].endswith("sqlite3") else str(db["NAME"])
+    names = [f"{base}{tag}_{lane}_sim" for lane in range(lanes)]
+    if db["ENGINE"].endswith("sqlite3"):
+        directory = Path(settings.VAR_DIR) / "sim"
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / f"{name}.sqlite3" for name in names]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        _migrate(_database_url(str(paths[0])))
+        for path in paths[1:]:
+            shutil.copyfile(paths[0], path)
+        return [_database_url(str(path)) for path in paths]
+    with connection.cursor() as cursor:
+        for name in names:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cursor.execute(f'CREATE DATABASE "{names[0]}"')
+    _migrate(_database_url(names[0]))
+    _scratch_tables_unlogged(names[0])
+    with connection.cursor() as cursor:
+        for name in names[1:]:  # a copy of the migrated first lane, much faster than migrating again
+            cursor.execute(f'CREATE DATABASE "{name}" TEMPLATE "{names[0]}"')
+        for name in names:
+            # Nothing here outlives the run: a crash loses a shard, which fails and says so.
+            cursor.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    return [_database_url(name) for name in names]
+
+
+# Every table of a scratch database UNLOGGED (no write-ahead log: the simulator writes hundreds of
+# thousands of rows it throws away). A table can only turn unlogged after the tables whose foreign
+# keys point at it, so the loop goes round until nothing more changes.
+_ALL_TABLES_UNLOGGED = """
+DO $$
+DECLARE table_name regclass; changed boolean;
+BEGIN
+  LOOP
+    changed := false;
+    FOR table_name IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relpersistence = 'p' LOOP
+      BEGIN
+        EXECUTE format('ALTER TABLE %s SET UNLOGGED', table_name);
+        changed := true;
+      EXCEPTION WHEN feature_not_supported OR invalid_table_definition OR object_not_in_prerequisite_state THEN
+        NULL;  -- still referenced by a logged table: next round
+      END;
+    END LOOP;
+    EXIT WHEN NOT changed;
+  END LOOP;
+END $$
+"""
+
+
+def _scratch_tables_unlogged(name: str) -> None:
+    db = settings.DATABASES["default"]
+    with psycopg.connect(
+        dbname=name, user=db.get("USER") or None, password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None, port=db.get("PORT") or None, autocommit=True,
+    ) as scratch:  # fmt: skip
+        scratch.execute(_ALL_TABLES_UNLOGGED)
+        logged = scratch.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relpersistence = 'p'"
+        ).fetchone()
+    if logged and logged[0]:
+        raise RuntimeError(f"{logged[0]} tables of scratch database {name} could not be made unlogged")
+
+
+def lane_analyze() -> None:
+    """Refresh the planner's statistics of the lane's tables (on the current connection, a scratch
+    database): autovacuum may be off, and a month of simulated work leaves tables of millions of rows
+    the planner still thinks empty; the end-of-run invariant check then took minutes instead of seconds.
+    Call it before `check_invariants` at the end of a run."""
+    from simulation.engine import scratch_database_check
+
+    scratch_database_check()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def scratch_databases_drop(urls: list[str]) -> None:
+    for url in urls:
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).unlink(missing_ok=True)
+            continue
+        name = url.rsplit("/", 1)[-1]
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def scratch_databases_drop_tagged(tag: str) -> list[str]:
+    """Drop every scratch database made with `tag` (what a killed run left behind); their names.
+    Runs outside a transaction (PostgreSQL drops databases only there)."""
+    db = settings.DATABASES["default"]
+    sqlite = db["ENGINE"].endswith("sqlite3")
+    base = Path(str(db["NAME"])).stem if sqlite else str(db["NAME"])
+    lane = re.compile(rf"{re.escape(base + tag)}_\d+_sim")
+    if sqlite:
+        paths = [p for p in (Path(settings.VAR_DIR) / "sim").glob("*_sim.sqlite3") if lane.fullmatch(p.stem)]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return sorted(path.stem for path in paths)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database")
+        names = sorted(name for (name,) in cursor.fetchall() if lane.fullmatch(name))
+        for name in names:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return names
+
+
+def _child_env(database_url: str) -> dict[str, str]:
+    # DEBUG off: Django would otherwise keep every query of a month-long run in memory.
+    return dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(40),
+        LOG_FORMAT="text",
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def _migrate(database_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=ROOT,
+        env=_child_env(database_url),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"migrating the scratch database failed:\n{result.stderr[-2000:]}")
+
+
+def jobs_run(
+    jobs: list[Job], lanes: list[str], work_dir: Path, *, say: Callable[[str], None] = print
+) -> dict[str, list[dict[str, Any]]]:
+    """Run the jobs, one per lane at a time; {job key: [shard results]}. A failed shard stops the run."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    pending = list(enumerate(jobs))
+    running: dict[int, tuple[subprocess.Popen[bytes], Job, Path, float]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    try:
+        while pending or running:
+            free = [lane for lane in range(len(lanes)) if lane not in running]
+            while free and pending:
+                lane = free.pop(0)
+                number, job = pending.pop(0)
+                result_path = work_dir / f"shard-{number:03d}.json"
+                command = [
+                    sys.executable, "manage.py", "simulate", "--shard", job.policy,
+                    "--shard-pools", ",".join(map(str, job.pools)), "--config-json", json.dumps(job.config.as_dict()),
+                    "--result", str(result_path),
+                ]  # fmt: skip
+                say(f"simulate: lane {lane}: {job.key} ({job.policy}), pools {', '.join(map(str, job.pools))}")
+                process = subprocess.Popen(command, cwd=ROOT, env=_child_env(lanes[lane]))
+                running[lane] = (process, job, result_path, time.monotonic())
+            time.sleep(0.2)
+            for lane, (process, job, result_path, started) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[lane]
+                if process.returncode != 0:
+                    raise RuntimeError(f"the {job.key} shard (pools {job.pools}) failed with exit {process.returncode}")
+                results.setdefault(job.key, []).append(json.loads(result_path.read_text()))
+                say(f"simulate: lane {lane}: {job.key} done in {time.monotonic() - started:.0f} s")
+    finally:
+        for process, *_ in running.values():
+            process.kill()
+    return results

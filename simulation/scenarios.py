@@ -1,0 +1,84 @@
+"""Named scenarios: presets of the simulation's knobs for the regimes worth comparing.
+
+- default: today's defaults (a few components, two upgrades a week per pool);
+- meta: the regime the trains exist for, as the seeds describe it: more than 50 components, new
+  upgrades several times a day, execution times that vary from upgrade to upgrade (a log-normal
+  spread, so some upgrades run much longer) and a share of slow hosts whose drains take longer.
+
+A scenario only fills in defaults: what the command line (or a caller) names explicitly wins, and the
+seed decides everything drawn from the scenario's distributions.
+"""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+from simulation.config import SimulationConfig
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "meta": {
+        "components": 60,
+        "upgrades_per_week": 21.0,  # per pool: three a day
+        "hosts_per_domain": 40,
+        "execute_spread": 0.6,  # the slowest tenth of upgrades run over twice the median
+        "slow_host_fraction": 0.05,
+        "slow_host_factor": 4.0,
+        "cycle_slo_hours": 72.0,
+    },
+}
+
+
+def scenario_config(name: str, **explicit: Any) -> SimulationConfig:
+    """The scenario's values over the defaults, then the explicit ones over both. An unknown scenario
+    name gives a configuration whose `errors()` says so."""
+    values = {**SCENARIOS.get(name, {}), **explicit, "scenario": name}
+    return SimulationConfig(**values)
+
+
+def scenario_describe(name: str) -> str:
+    """One line: what the scenario changes from the defaults."""
+    changes = SCENARIOS.get(name)
+    if changes is None:
+        return f"unknown scenario {name!r}"
+    if not changes:
+        return f"{name}: the defaults"
+    return f"{name}: " + ", ".join(f"{key.replace('_', ' ')} {value:g}" for key, value in changes.items())
+
+
+def upgrade_execute_seconds(config: SimulationConfig, component: str, version: str) -> float:
+    """How long one host takes to apply this upgrade: execute_minutes, spread log-normally per upgrade
+    (the median stays execute_minutes); the seed and the upgrade decide, not the policy or the order."""
+    base = config.execute_minutes * 60
+    if not config.execute_spread:
+        return base
+    rng = random.Random(f"{config.seed}:execute:{component}:{version}")
+    return round(base * rng.lognormvariate(0.0, config.execute_spread), 1)
+
+
+def simulated_hardware_apply(config: SimulationConfig) -> None:
+    """The scenario's slow hosts on the simulated drainer (the engine wrote the other durations)."""
+    from opsplanner.models import SimulatorProfile
+
+    profile = SimulatorProfile.current()
+    profile.slow_host_fraction = Decimal(str(config.slow_host_fraction))
+    profile.slow_drain_factor = config.slow_host_factor
+    profile.full_clean()
+    profile.save(update_fields=["slow_host_fraction", "slow_drain_factor"])
+
+
+def upgrade_duration_register(config: SimulationConfig, component: str, version: str) -> None:
+    """Tell the simulated executor this upgrade's own execution time (nothing to do without a spread)."""
+    if not config.execute_spread:
+        return
+    from opsplanner.models import OperationKind, SimulatorProfile
+
+    profile = SimulatorProfile.current()
+    key = f"{OperationKind.UPGRADE.value}:{component}:{version}"
+    profile.execute_by_kind = {
+        **profile.execute_by_kind,
+        key: {"seconds": upgrade_execute_seconds(config, component, version)},
+    }
+    profile.save(update_fields=["execute_by_kind"])
