@@ -1,5 +1,8 @@
 """Which fragments each live page wants pushed, registered by the module that renders the page.
 
+Each app imports its page modules in its `ready()` (as the trains register their approval handlers
+there): one registration mechanism, and the consumer finds every page without knowing the apps.
+
 A page names itself in `<body data-live-page=… data-live-params=…>`; live.js tells the consumer on
 every (re)connect, the consumer answers with a full resync (group None) and later with the
 fragments of each group that changed. A renderer returns HTML whose elements carry
@@ -7,7 +10,6 @@ fragments of each group that changed. A renderer returns HTML whose elements car
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,15 +22,6 @@ class LiveRenderer(Protocol):
 
 _RENDERERS: dict[str, LiveRenderer] = {}
 _ACTIONS: dict[str, Action] = {}
-# Modules that register renderers; imported on first use so the consumer needs no app wiring.
-LIVE_PAGE_MODULES = (
-    "console.views.pages",
-    "console.views.gantt",
-    "console.views.approvals",
-    "trains.views.trains_pages",
-    "fleet.views.hosts",
-)
-_loaded = False
 
 
 def live_page(name: str, *, action: Action = Action.READ) -> Callable[[LiveRenderer], LiveRenderer]:
@@ -45,11 +38,6 @@ def live_page(name: str, *, action: Action = Action.READ) -> Callable[[LiveRende
 def live_renderer(name: str, user: Any) -> LiveRenderer | None:
     """The page's renderer, or None when there is no such page or this user may not watch it
     (the same `user_can` as the page itself)."""
-    global _loaded
-    if not _loaded:
-        for module in LIVE_PAGE_MODULES:
-            importlib.import_module(module)
-        _loaded = True
     renderer = _RENDERERS.get(name)
     if renderer is None or not user_can(user, _ACTIONS[name]):
         return None

@@ -16,3 +16,5 @@ class TrainsConfig(AppConfig):
         approval_handler_register(kind=ApprovalKind.EMERGENCY_TRAIN, handler=on_emergency_decided)
         approval_handler_register(kind=ApprovalKind.REONBOARD_UPGRADE, handler=on_reonboard_decided)
         approval_handler_register(kind=ApprovalKind.SKIP_PHASE, handler=on_phase_skip_decided)
+        # The trains page's live renderer registers when its module is imported.
+        from trains.views import trains_pages  # noqa: F401
