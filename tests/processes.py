@@ -106,7 +106,7 @@ def start_beat(tmp_path: Path, *, queue: str, extra_env: dict[str, str] | None =
         "-m",
         "celery",
         "-A",
-        "opsplanner",
+        "config",
         "beat",
         "--loglevel",
         "INFO",
