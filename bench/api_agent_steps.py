@@ -58,6 +58,8 @@ def run(seconds: float | None = None) -> list[Figure]:
     busy, token, hostnames = _seed()
     web = start_web_server(url, workers=WEB_WORKERS, name="api-agents")
     processes = _start_workers_and_beat(url)
+    assert isinstance(busy, _ExternalBusyDomains)
+    busy.keep_busy()  # the operations first: the agents' window starts when they start
     measure_from = time.time() + WARM_UP_SECONDS
     stop_at = measure_from + seconds
     share = -(-len(hostnames) // AGENT_PROCESSES)
@@ -68,7 +70,6 @@ def run(seconds: float | None = None) -> list[Figure]:
     loads = []
     try:
         while time.time() < stop_at:
-            assert isinstance(busy, _ExternalBusyDomains)
             busy.keep_busy()
             loads.append(load_average())
             time.sleep(1)

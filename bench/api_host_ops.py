@@ -54,11 +54,16 @@ def run(seconds: float | None = None) -> list[Figure]:
     busy, token = _seed()
     web = start_web_server(url, workers=WEB_WORKERS, name="api-host-ops")
     processes = _start_workers_and_beat(url)
-    stop_at = time.time() + WARM_UP_SECONDS + seconds + 5
-    adapters = [_start_adapter(web.port, token, name, kinds, stop_at) for name, kinds in ADAPTERS]
+    # The first operations before the adapters start (400 submissions take most of a minute), and
+    # the adapters run until told to stop: with a fixed end time they stopped before the measuring
+    # did whenever the submissions ran long, which looked like a stalled orchestrator.
+    busy.keep_busy()
+    stop_file = _stop_file()
+    adapters = [_start_adapter(web.port, token, name, kinds, stop_file) for name, kinds in ADAPTERS]
     try:
         rate, load = _measure(seconds, busy)
     finally:
+        stop_file.touch()
         stats = [_adapter_stats(process) for process in adapters]
         for process in [*processes, web.process]:
             stop_process(process, timeout=30)
@@ -153,10 +158,22 @@ def _measure(seconds: float, busy: _ExternalBusyDomains) -> tuple[float, str]:
     return (_finished() - first) / elapsed, loads[len(loads) // 2] if loads else load_average()
 
 
-def _start_adapter(port: int, token: str, name: str, kinds: list[str], stop_at: float) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "bench.api_host_ops", "adapter", str(port), name, ",".join(kinds), str(stop_at)]
+def _logs() -> Path:
     logs = Path(os.environ.get("OPSPLANNER_VAR_DIR", ROOT / "var")) / "bench"
     logs.mkdir(parents=True, exist_ok=True)
+    return logs
+
+
+def _stop_file() -> Path:
+    """A file whose existence tells the adapter processes to finish their batch and stop."""
+    path = _logs() / f"api-adapters-stop-{uuid.uuid4().hex[:8]}"
+    path.unlink(missing_ok=True)
+    return path
+
+
+def _start_adapter(port: int, token: str, name: str, kinds: list[str], stop_file: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "bench.api_host_ops", "adapter", str(port), name, ",".join(kinds), str(stop_file)]
+    logs = _logs()
     with (logs / f"api-adapter-{name}.log").open("w") as log:
         env = dict(os.environ, BENCH_ADAPTER_TOKEN=token)  # not on the command line
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -211,11 +228,11 @@ def _result(item: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def adapter_main(port: int, name: str, kinds: list[str], stop_at: float) -> dict[str, Any]:
-    """Claim (long poll), heartbeat the batch, report it done in one request; until stop_at."""
+def adapter_main(port: int, name: str, kinds: list[str], stop_file: Path) -> dict[str, Any]:
+    """Claim (long poll), heartbeat the batch, report it done in one request; until stop_file exists."""
     client = JsonClient(port, os.environ["BENCH_ADAPTER_TOKEN"])
     stats: dict[str, Any] = {"name": name, "reported": 0, "requests": 0, "refused": 0, "max_batch": 0}
-    while time.time() < stop_at:
+    while not stop_file.exists():
         claim = {"kinds": kinds, "limit": CLAIM_LIMIT, "lease_seconds": LEASE_S, "wait_seconds": CLAIM_WAIT_S}
         items = client.post("/api/work-items/claim/", {**claim, "worker": name})
         stats["requests"] += 1
@@ -244,9 +261,9 @@ def _adapter_cli() -> int:
     parser.add_argument("port", type=int)
     parser.add_argument("name")
     parser.add_argument("kinds")
-    parser.add_argument("stop_at", type=float)
+    parser.add_argument("stop_file", type=Path)
     args = parser.parse_args()
-    print(json.dumps(adapter_main(args.port, args.name, args.kinds.split(","), args.stop_at)), flush=True)
+    print(json.dumps(adapter_main(args.port, args.name, args.kinds.split(","), args.stop_file)), flush=True)
     return 0
 
 
