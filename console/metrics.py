@@ -263,9 +263,38 @@ def _recent_task_families(pools: dict[int, str], since: dt.datetime) -> list[Met
     return [window, admissions, failures]
 
 
+# Per (kind, adapter, latency name): [items measured, total seconds, longest seconds], over both outcomes.
+_Latencies = dict[tuple[str, str, str], list[float]]
+
+
 def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFamily]:
     """Open work items (the queues executors and drainers claim from) and the latencies of the items
     finished in the window: two queries, on open rows and on the window's finishing events."""
+    open_counts, oldest_ready = _open_work_items()
+    finished, latency = _finished_work_items(since)
+    items = MetricFamily("opsplanner_work_items", "Open work items per kind, adapter and state.")
+    oldest = MetricFamily(
+        "opsplanner_work_item_oldest_ready_age_seconds",
+        "Age of the oldest ready (unclaimed) work item per kind and adapter; 0 when none is ready.",
+    )
+    done = MetricFamily(
+        "opsplanner_recent_work_items_finished", "Work items finished in the recent window, per kind, adapter, outcome."
+    )
+    stats = _latency_families()
+    for kind in WorkKind.values:
+        for adapter in Adapter.values:
+            for state in OPEN_WORK_STATES:
+                items.add(open_counts.get((kind, adapter, state), 0), kind=kind, adapter=adapter, state=state)
+            since_ready = oldest_ready.get((kind, adapter))
+            oldest.add(max((now - since_ready).total_seconds(), 0.0) if since_ready else 0, kind=kind, adapter=adapter)
+            for state in (WorkState.DONE, WorkState.FAILED):
+                done.add(finished.get((kind, adapter, state), 0), kind=kind, adapter=adapter, outcome=state)
+            _add_latencies(stats, latency, kind=kind, adapter=adapter)
+    return [items, oldest, done, *(family for pair in stats.values() for family in pair)]
+
+
+def _open_work_items() -> tuple[dict[tuple[str, str, str], int], dict[tuple[str, str], dt.datetime]]:
+    """({(kind, adapter, state): open items}, {(kind, adapter): creation of the oldest ready one}): one query."""
     open_rows = (
         WorkItem.objects.filter(state__in=OPEN_WORK_STATES)
         .values("kind", "adapter", "state")
@@ -278,7 +307,12 @@ def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFami
         open_counts[(kind, adapter, state)] = n
         if state == WorkState.READY and oldest is not None:
             oldest_ready[(kind, adapter)] = oldest
+    return open_counts, oldest_ready
 
+
+def _finished_work_items(since: dt.datetime) -> tuple[dict[tuple[str, str, str], int], _Latencies]:
+    """({(kind, adapter, outcome): items finished since}, their wait and run latencies): one query,
+    the items picked by their finishing events so the work item table is not scanned."""
     finished_ids = Event.objects.filter(
         kind__in=FINISHED_ITEM_EVENTS, created_at__gte=since, subject_type="opsplanner.workitem"
     ).values("subject_id")
@@ -301,8 +335,7 @@ def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFami
         .values_list("kind", "adapter", "state", "n", "wait_n", "wait_sum", "wait_max", "run_n", "run_sum", "run_max")
     )
     finished: dict[tuple[str, str, str], int] = {}
-    # Per (kind, adapter) and latency: [items measured, total seconds, longest seconds], over both outcomes.
-    latency: dict[tuple[str, str, str], list[float]] = {}
+    latency: _Latencies = {}
     for kind, adapter, state, n, *measured in finished_rows:
         finished[(kind, adapter, state)] = n
         for name, (count, total, top) in (("wait", measured[:3]), ("run", measured[3:])):
@@ -312,16 +345,11 @@ def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFami
             entry[0] += count
             entry[1] += total.total_seconds()
             entry[2] = max(entry[2], top.total_seconds())
+    return finished, latency
 
-    items = MetricFamily("opsplanner_work_items", "Open work items per kind, adapter and state.")
-    oldest = MetricFamily(
-        "opsplanner_work_item_oldest_ready_age_seconds",
-        "Age of the oldest ready (unclaimed) work item per kind and adapter; 0 when none is ready.",
-    )
-    done = MetricFamily(
-        "opsplanner_recent_work_items_finished", "Work items finished in the recent window, per kind, adapter, outcome."
-    )
-    families = [items, oldest, done]
+
+def _latency_families() -> dict[str, tuple[MetricFamily, MetricFamily]]:
+    """{latency name: (its mean family, its max family)}, wait before run."""
     stats: dict[str, tuple[MetricFamily, MetricFamily]] = {}
     for name, what in (("wait", "creation (ready) to the last claim"), ("run", "the last claim to the outcome")):
         stats[name] = (
@@ -334,23 +362,19 @@ def _work_item_families(now: dt.datetime, since: dt.datetime) -> list[MetricFami
                 f"Longest seconds from {what}, over work items finished in the recent window.",
             ),
         )
-        families += stats[name]
-    for kind in WorkKind.values:
-        for adapter in Adapter.values:
-            for state in OPEN_WORK_STATES:
-                items.add(open_counts.get((kind, adapter, state), 0), kind=kind, adapter=adapter, state=state)
-            since_ready = oldest_ready.get((kind, adapter))
-            oldest.add(max((now - since_ready).total_seconds(), 0.0) if since_ready else 0, kind=kind, adapter=adapter)
-            for state in (WorkState.DONE, WorkState.FAILED):
-                done.add(finished.get((kind, adapter, state), 0), kind=kind, adapter=adapter, outcome=state)
-            for name, (mean_family, max_family) in stats.items():
-                seconds = latency.get((kind, adapter, name))
-                if seconds is None:
-                    continue  # nothing finished: no latency, rather than a misleading 0
-                count, total, top = seconds
-                mean_family.add(total / count, kind=kind, adapter=adapter)
-                max_family.add(top, kind=kind, adapter=adapter)
-    return families
+    return stats
+
+
+def _add_latencies(
+    stats: dict[str, tuple[MetricFamily, MetricFamily]], latency: _Latencies, *, kind: str, adapter: str
+) -> None:
+    for name, (mean_family, max_family) in stats.items():
+        seconds = latency.get((kind, adapter, name))
+        if seconds is None:
+            continue  # nothing finished: no latency, rather than a misleading 0
+        count, total, top = seconds
+        mean_family.add(total / count, kind=kind, adapter=adapter)
+        max_family.add(top, kind=kind, adapter=adapter)
 
 
 def _worker_families(now: dt.datetime) -> list[MetricFamily]:

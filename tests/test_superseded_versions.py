@@ -28,8 +28,8 @@ from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
-from opsplanner.services.tick.advance import _pre_return_problems
 from opsplanner.services.tick.context import task_refs
+from opsplanner.services.tick.returning import _pre_return_problems
 from tests.builders import make_fleet, make_version
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_user

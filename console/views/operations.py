@@ -10,8 +10,10 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.form_views import posted, service_form_page
 from console.forms import OperationListFilter, OperationSubmitForm, ReasonForm, ScopePreviewForm
 from console.selectors.operations_pages import (
     all_operations,
@@ -21,7 +23,7 @@ from console.selectors.operations_pages import (
 )
 from console.selectors.scope_preview import scope_preview
 from console.web import action_required
-from opsplanner.models import OperationState, TaskState
+from opsplanner.models import Operation, OperationState, TaskState
 from opsplanner.permissions import Action
 from opsplanner.services.operations import operation_cancel, operation_submit
 
@@ -65,27 +67,27 @@ def _render_detail(request: HttpRequest, pk: int, *, cancel_form: ReasonForm, st
 @action_required(Action.OPERATE)
 @require_http_methods(["GET", "POST"])
 def operation_new(request: HttpRequest) -> HttpResponse:
-    form = OperationSubmitForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        data = form.cleaned_data
-        try:
-            operation = operation_submit(
-                kind=data["kind"],
-                scope=data["scope"],
-                reason=data["reason"],
-                component=data["component"],
-                version=data["version"],
-                priority=data["priority"],
-                needs_drain=data["needs_drain"],
-                gang=data["gang"],
-                actor=request.user,
-            )
-        except ValidationError as error:
-            form.add_service_error(error)  # the service wrote nothing (one transaction)
-        else:
-            messages.success(request, f"Operation #{operation.pk} submitted: {operation.scope}.")
-            return redirect("operation-detail", pk=operation.pk)
-    return render(request, "operations/new.html", {"form": form}, status=400 if form.is_bound else 200)
+    def submit(data: dict[str, Any]) -> Operation:
+        return operation_submit(
+            kind=data["kind"],
+            scope=data["scope"],
+            reason=data["reason"],
+            component=data["component"],
+            version=data["version"],
+            priority=data["priority"],
+            needs_drain=data["needs_drain"],
+            gang=data["gang"],
+            actor=request.user,
+        )
+
+    return service_form_page(
+        request,
+        OperationSubmitForm(posted(request)),
+        "operations/new.html",
+        write=submit,
+        success=lambda operation: f"Operation #{operation.pk} submitted: {operation.scope}.",
+        next_url=lambda operation: reverse("operation-detail", kwargs={"pk": operation.pk}),
+    )
 
 
 @action_required(Action.OPERATE)

@@ -65,47 +65,57 @@ def operation_submit(
 
     Callers inside the product (trains, offboarding) that have already chosen the hosts pass them as
     host_ids; scope is then only the label the operation shows."""
-    _check_request(
-        kind=kind,
-        source=source,
-        executor=executor,
-        drainer=drainer,
-        priority=priority,
-        reason=reason,
-        override_buffers=override_buffers,
-    )
-    target = _target_version(kind=kind, component=component, version=version)
-    if needs_drain is None:
-        needs_drain = target.component.needs_drain if target else True
-    hosts = _hosts_in_scope(scope=scope, host_ids=host_ids)
-    if gang:
-        _check_gang(hosts.host_ids, hosts.pools, needs_drain)
-    refusal = target_refusal(hosts.host_ids, target) if target is not None else None
-    if refusal is not None:
-        raise refusal.error("component_version")
-
     _, actor_label = actor_fields(actor)
-    now = clock.now()
+    # Built as requested; _check_and_save refuses it or completes and normalises it before saving.
     operation = Operation(
         kind=kind,
-        component_version=target,
-        scope=scope.strip(),
+        scope=scope,
         priority=priority,
         source=source,
         requested_by=actor_user(actor),
         requester=actor_label,
-        reason=reason.strip(),
-        needs_drain=needs_drain,
+        reason=reason,
         gang=gang,
         estimated_duration_s=estimated_duration_s,
         executor=executor,
         drainer=drainer,
         max_attempts=max_attempts,
         drain_timeout_s=drain_timeout_s,
-        hold_reason=hold_reason[:300],
+        hold_reason=hold_reason,
         override_buffers=override_buffers,
-        created_at=now,
     )
+    return _check_and_save(
+        operation, component=component, version=version, needs_drain=needs_drain, host_ids=host_ids, actor=actor
+    )
+
+
+def _check_and_save(
+    operation: Operation,
+    *,
+    component: str,
+    version: str,
+    needs_drain: bool | None,
+    host_ids: list[int] | None,
+    actor: Actor,
+) -> Operation:
+    """Refuse the requested operation with the reason, or save it (its target version resolved) with
+    one pending task per host in scope and the submission event."""
+    _check_request(operation)
+    target = _target_version(kind=operation.kind, component=component, version=version)
+    if needs_drain is None:
+        needs_drain = target.component.needs_drain if target else True
+    hosts = _hosts_in_scope(scope=operation.scope, host_ids=host_ids)
+    if operation.gang:
+        _check_gang(hosts.host_ids, hosts.pools, needs_drain)
+    refusal = target_refusal(hosts.host_ids, target) if target is not None else None
+    if refusal is not None:
+        raise refusal.error("component_version")
+
+    operation.component_version = target
+    operation.needs_drain = needs_drain
+    operation.scope, operation.reason = operation.scope.strip(), operation.reason.strip()
+    operation.hold_reason = operation.hold_reason[:300]
+    operation.created_at = clock.now()
     # The table's check constraints are checked above, in words (each would otherwise cost a query).
     operation.full_clean(validate_constraints=False)
     operation.save()
@@ -114,30 +124,22 @@ def operation_submit(
     return operation
 
 
-def _check_request(
-    *,
-    kind: str,
-    source: str,
-    executor: str,
-    drainer: str,
-    priority: int,
-    reason: str,
-    override_buffers: bool,
-) -> None:
+def _check_request(operation: Operation) -> None:
     """Refuse a request malformed on its own, before anything is read."""
-    _choice("kind", kind, OperationKind)
-    _choice("source", source, OperationSource)
+    _choice("kind", operation.kind, OperationKind)
+    _choice("source", operation.source, OperationSource)
     for refusal in (
-        adapter_refusal(field="executor", value=executor, allowed=EXECUTORS, blank=True),
-        adapter_refusal(field="drainer", value=drainer, allowed=DRAINERS, blank=True),
+        adapter_refusal(field="executor", value=operation.executor, allowed=EXECUTORS, blank=True),
+        adapter_refusal(field="drainer", value=operation.drainer, allowed=DRAINERS, blank=True),
     ):
         if refusal:
             raise refusal
+    priority, reason = operation.priority, operation.reason
     if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
         raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
     if not reason or not reason.strip():
         raise ValidationError({"reason": "Say why this operation is needed."})
-    if override_buffers and source != OperationSource.EMERGENCY:
+    if operation.override_buffers and operation.source != OperationSource.EMERGENCY:
         raise ValidationError({"override_buffers": "Only an approved emergency may override the buffers."})
 
 

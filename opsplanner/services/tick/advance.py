@@ -14,7 +14,6 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, QuerySet, Value
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
-from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.bulk import insert_missing
 from opsplanner.events import EventRow, events_copy_rows
@@ -32,8 +31,6 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
-from opsplanner.services.tick import supersede
-from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import (
     ACTOR,
     SUBJECT_HOST,
@@ -45,6 +42,7 @@ from opsplanner.services.tick.context import (
     task_refs,
 )
 from opsplanner.services.tick.repair import send_to_repair
+from opsplanner.services.tick.returning import _pre_return_problems, _successors
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -339,38 +337,6 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     start_verification(ctx, finishing)
 
 
-def _successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
-    """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
-    host only if admission would let it: not one whose target became incompatible (it keeps waiting,
-    with the reason, and the host is verified and returned). Upgrades the drained host must not get
-    end here instead: one older than a newer target of the component pending for the host or just
-    applied to it (superseded), one at or below what the host runs (nothing to do)."""
-    candidates = task_refs(
-        HostTask.objects.filter(
-            host_id__any=applied,
-            state=TaskState.PENDING,
-            operation__state=OperationState.OPEN,
-            operation__gang=False,
-            operation__hold_reason="",
-        ).order_by("host_id", "-priority", "created_at", "id")
-    )
-    incompatible = incompatible_targets(candidates.values())
-    # Every candidate not refused is applied in this drain, in turn: the newest of a component may
-    # replace the older ones whatever their order.
-    newer = supersede.newer_pending(candidates.values(), may_replace=lambda _, new: new.id not in incompatible)
-    left = [task for task in candidates.values() if task.id not in newer]
-    newer.update(supersede.older_than_applied(left, applied))
-    left = [task for task in left if task.id not in newer]
-    runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
-    supersede.finish_superseded(ctx, candidates, newer)
-    supersede.finish_nothing_to_do(ctx, candidates, runs)
-    successor: dict[int, TaskRef] = {}
-    for task in left:
-        if task.id not in incompatible and task.id not in runs:
-            successor.setdefault(task.host_id, task)
-    return successor
-
-
 def _is_repair(task: TaskRef) -> bool:
     """A host under repair stays in the repair state (and the failure buffer) until it is back."""
     return task.kind == OperationKind.REPAIR
@@ -467,69 +433,6 @@ def _fail_verifying(
     expected = HostState.REPAIR if _is_repair(task) else HostState.VERIFYING
     ctx.move_hosts([task.host_id], expected=expected, new=HostState.FAILED, reason=reason)
     repair.append((task, reason))
-
-
-def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
-    """Invariant 3: every upgrade of this drain is at its target and the versions are compatible."""
-    if not tasks:
-        return {}
-    by_key = {task.drain_key: task for task in tasks}
-    chain = HostTask.objects.filter(
-        drain_key__in=by_key,
-        state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING, TaskState.FAILED],
-        operation__kind="upgrade",
-    ).values_list(
-        "drain_key",
-        "host_id",
-        "operation__component_version_id",
-        "operation__component_version__component_id",
-        "operation__component_version__sort_key",
-        "state",
-    )
-    # Two upgrades of one component in a drain: the newest target is the one the host must run,
-    # whatever order they were applied in (the handover never applies an older one after a newer).
-    newest: dict[tuple[int, int], tuple[str, tuple[int, int, int, int]]] = {}
-    # An upgrade of the drain that failed after applying its version (a failed check sent the host
-    # to repair) leaves that version installed: the repaired host may return with it, not be sent
-    # back to repair for running something newer than the task it superseded.
-    failed_targets: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for drain_key, host_id, target_id, component_id, sort_key, state in chain:
-        if drain_key is None:  # filtered on drain_key: never, but the column may be null
-            continue
-        if state == TaskState.FAILED:
-            failed_targets[(drain_key, component_id)].add(target_id)
-        elif (drain_key, component_id) not in newest or sort_key > newest[(drain_key, component_id)][0]:
-            newest[(drain_key, component_id)] = (sort_key, (drain_key, host_id, target_id, component_id))
-    targets = [target for _, target in newest.values()]
-    installed = {
-        (host_id, component_id): version_id
-        for host_id, component_id, version_id in InstalledVersion.objects.filter(
-            host_id__any={t.host_id for t in tasks}
-        ).values_list("host_id", "component_id", "version_id")
-    }
-    names = dict(
-        ComponentVersion.objects.filter(pk__any=set(installed.values()) | {row[2] for row in targets}).values_list(
-            "id", "version"
-        )
-    )
-    problems: dict[int, list[str]] = defaultdict(list)
-    for drain_key, host_id, target_id, component_id in targets:
-        actual = installed.get((host_id, component_id))
-        if actual != target_id and actual not in failed_targets[(drain_key, component_id)]:
-            problems[by_key[drain_key].id].append(
-                f"version {names.get(actual, 'none') if actual else 'none'} installed where the target is "
-                f"{names.get(target_id)}"
-            )
-    incompatible = host_incompatibilities([t.host_id for t in tasks])
-    withdrawn: dict[int, list[str]] = defaultdict(list)
-    for host_id, component, version, why in InstalledVersion.objects.filter(
-        host_id__any={t.host_id for t in tasks}, version__withdrawn_at__isnull=False
-    ).values_list("host_id", "component__name", "version__version", "version__withdrawn_reason"):
-        withdrawn[host_id].append(f"runs withdrawn {component} {version} ({why})")
-    for task in tasks:
-        problems[task.id].extend(incompatible.get(task.host_id, []))
-        problems[task.id].extend(withdrawn.get(task.host_id, []))
-    return {task_id: reasons for task_id, reasons in problems.items() if reasons}
 
 
 def _returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
