@@ -514,3 +514,22 @@ def test_a_viewer_cannot_decide_an_approval(operator) -> None:
 
 
 # Query counts of the list endpoints.
+
+
+def test_an_exhausted_connection_pool_is_a_busy_503_with_retry_after_and_other_database_errors_are_not() -> None:
+    from django.db import OperationalError
+    from psycopg_pool import PoolTimeout
+
+    from console.api.errors import exception_handler
+
+    try:
+        try:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
+        except PoolTimeout as timeout:
+            raise OperationalError("couldn't get a connection") from timeout
+    except OperationalError as error:
+        busy = exception_handler(error, {})
+    assert busy is not None
+    assert (busy.status_code, busy.data["code"], busy["Retry-After"]) == (503, "busy", "2")
+    assert "retry" in busy.data["detail"]
+    assert exception_handler(OperationalError("server closed the connection unexpectedly"), {}) is None

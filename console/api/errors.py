@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import IntegrityError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -86,7 +86,28 @@ def _flatten(detail: Any) -> dict[str, list[str]]:
     return {NON_FIELD: [str(detail)]}
 
 
+BUSY_RETRY_AFTER_S = 2
+
+
+def _no_connection_came_free(exc: Exception) -> bool:
+    """The web process's connection pool had none free within its timeout (an overload, not a fault)."""
+    try:
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # no pool on this installation (SQLite, the embedded default)
+        return False
+    return isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if _no_connection_came_free(exc):
+        return Response(
+            {
+                "detail": "The server is busy: no database connection came free in time; retry shortly.",
+                "code": "busy",
+            },
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
     if isinstance(exc, DjangoValidationError):
         return django_validation_response(exc)
     if isinstance(exc, IntegrityError):
