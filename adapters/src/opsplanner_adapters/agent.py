@@ -39,17 +39,16 @@ import signal
 import socket
 import sys
 import threading
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Backoff
+from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Backoff, Heartbeat
+from opsplanner_adapters.config import HTTP_SCHEMES, ConfigError, api_settings, read_toml, setting, table
 from opsplanner_adapters.steps import (
     DEFAULT_BOOT_ID_FILE,
     Abandon,
-    ConfigError,
     LocalTransport,
     Outcome,
     RebootPending,
@@ -84,80 +83,32 @@ class AgentConfig:
         return f"agent@{self.hostname}"
 
 
-def _get(table: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
-    value = table.get(key, default)
-    if value is None:
-        raise ConfigError(f"{where}.{key} is missing")
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where}.{key} has the wrong type ({type(value).__name__})")
-    return value
-
-
 def load_config(path: Path) -> AgentConfig:
-    """The agent's configuration from its TOML file; ConfigError with one clear line otherwise."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from None
-    api, agent = data.get("api") or {}, data.get("agent") or {}
-    token = api.get("token")
-    if token is None and "token_file" in api:
-        try:
-            token = Path(_get(api, "token_file", str, "api")).read_text().strip()
-        except OSError as error:
-            raise ConfigError(f"cannot read api.token_file: {error.strerror or error}") from None
-    if not isinstance(token, str) or not token:
-        raise ConfigError("api.token or api.token_file is required")
-    url = _get(api, "url", str, "api")
-    if not url.startswith(("http://", "https://")):
+    """The agent's configuration from its TOML file; ConfigError with one clear line otherwise.
+    Relative paths (token_file, state_dir, log_dir) are relative to the working directory."""
+    data = read_toml(path)
+    api, agent = table(data, "api"), table(data, "agent")
+    url = api.get("url")
+    if isinstance(url, str) and not url.startswith(HTTP_SCHEMES):  # the agent's documented wording
         raise ConfigError(f"api.url must start with http:// or https:// (got {url!r})")
+    settings = api_settings(data, base=Path(), default_worker="agent")  # the worker is agent@hostname
     config = AgentConfig(
-        url=url,
-        token=token,
-        hostname=_get(agent, "hostname", str, "agent", socket.gethostname()),
-        state_dir=Path(_get(agent, "state_dir", str, "agent")),
-        log_dir=Path(_get(agent, "log_dir", str, "agent")),
-        steps=step_config_from(data.get("steps") or {}),
-        keep_logs=_get(agent, "keep_logs", int, "agent", 200),
-        lease_seconds=_get(agent, "lease_seconds", int, "agent", 300),
-        heartbeat_seconds=float(_get(agent, "heartbeat_seconds", (int, float), "agent", 60)),
-        wait_seconds=_get(agent, "wait_seconds", int, "agent", 20),
-        timeout_s=float(_get(api, "timeout_s", (int, float), "api", 30)),
-        boot_id_file=_get(agent, "boot_id_file", str, "agent", DEFAULT_BOOT_ID_FILE),
+        url=settings.url,
+        token=settings.token,
+        hostname=setting(agent, "hostname", str, "[agent]", socket.gethostname()),
+        state_dir=Path(setting(agent, "state_dir", str, "[agent]")),
+        log_dir=Path(setting(agent, "log_dir", str, "[agent]")),
+        steps=step_config_from(table(data, "steps")),
+        keep_logs=setting(agent, "keep_logs", int, "[agent]", 200),
+        lease_seconds=setting(agent, "lease_seconds", int, "[agent]", 300),
+        heartbeat_seconds=float(setting(agent, "heartbeat_seconds", (int, float), "[agent]", 60)),
+        wait_seconds=setting(agent, "wait_seconds", int, "[agent]", 20),
+        timeout_s=settings.timeout_s,
+        boot_id_file=setting(agent, "boot_id_file", str, "[agent]", DEFAULT_BOOT_ID_FILE),
     )
     if not 0 < config.heartbeat_seconds < config.lease_seconds:
         raise ConfigError("agent.heartbeat_seconds must be above 0 and below agent.lease_seconds")
     return config
-
-
-class Heartbeat:
-    """Keeps one item's lease alive from a thread until stopped; `lost` once the API says it is not ours."""
-
-    def __init__(self, client: ApiClient, item: Mapping[str, Any], *, every_s: float, lease_seconds: int) -> None:
-        self.client, self.item, self.every_s, self.lease_seconds = client, item, every_s, lease_seconds
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{item['id']}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.client.timeout_s + 1)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                if not self.client.heartbeat(self.item, lease_seconds=self.lease_seconds):
-                    log.warning("item %s is no longer ours; its outcome will not be reported", self.item["id"])
-                    self.lost.set()
-                    return
-            except (ApiUnreachable, ApiError) as error:
-                log.warning("heartbeat of item %s failed: %s", self.item["id"], error)
 
 
 class Agent:
@@ -219,12 +170,12 @@ class Agent:
     def work(self, item: Mapping[str, Any]) -> None:
         """Do one item while heartbeating it, then report the outcome."""
         with Heartbeat(
-            self.client, item, every_s=self.config.heartbeat_seconds, lease_seconds=self.config.lease_seconds
+            self.client, item, lease_seconds=self.config.lease_seconds, every_s=self.config.heartbeat_seconds
         ) as beat:
             outcome = self._outcome(item)
         if outcome is None:
             return
-        if beat.lost.is_set():
+        if beat.lost:
             return  # someone else has it now; our state stays for when it comes back
         self._report(item, outcome)
 
@@ -252,21 +203,16 @@ class Agent:
                 return
 
     def _report(self, item: Mapping[str, Any], outcome: Outcome) -> None:
-        key = f"{self.config.worker}:{item['id']}:{item['attempt']}"
-        while True:
-            try:
-                self.client.report(item, ok=outcome.ok, reason=outcome.reason, result=outcome.result, report_key=key)
-                self.backoff.reset()
-                self.runner.forget(item["id"])
-                log.info("item %s reported %s", item["id"], "done" if outcome.ok else "failed")
-                return
-            except ApiUnreachable as error:
-                if self.stopping.is_set():
-                    return  # the state file keeps the outcome; it is reported after the restart
-                self._pause(error)
-            except ApiError as error:
-                log.error("item %s: the report was refused: %s", item["id"], error)
-                return
+        """Report until the API answers; the state file keeps an outcome not reported yet."""
+        if self.client.report_until_answered(
+            item,
+            ok=outcome.ok,
+            reason=outcome.reason,
+            result=outcome.result,
+            backoff=self.backoff,
+            stopping=self.stopping,
+        ):
+            self.runner.forget(item["id"])
 
     def _pause(self, error: Exception) -> None:
         delay = self.backoff.next_delay()

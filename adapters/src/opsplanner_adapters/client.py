@@ -20,12 +20,17 @@ loop waits with a `Backoff` after `ApiUnreachable` and resets it after a success
 
 The worker name is sent with every call: the server knows the claimer as "<user>/<worker>", so two
 processes with the same token and different worker names never heartbeat or report each other's items.
-A report's `report_key` is its idempotency key: sending the same report again is harmless."""
+A report's `report_key` is its idempotency key: sending the same report again is harmless.
+
+The agent and the SSH executor keep an item's lease with a `Heartbeat` thread while its steps run,
+and report it with `report_until_answered` (the same key on every retry)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -35,6 +40,7 @@ CLAIM_PATH = "/api/work-items/claim/"
 USER_AGENT = "opsplanner-adapters/0.1"
 # Reasons are stored up to 500 characters by the API.
 MAX_REASON = 500
+log = logging.getLogger("opsplanner_adapters.client")
 
 
 class ApiError(Exception):
@@ -143,6 +149,37 @@ class ApiClient:
         }
         return self.post(f"/api/work-items/{item['id']}/report/", body, headers={"Idempotency-Key": report_key})
 
+    def report_until_answered(
+        self,
+        item: Mapping[str, Any],
+        *,
+        ok: bool,
+        reason: str,
+        result: Mapping[str, Any],
+        backoff: Backoff,
+        stopping: threading.Event,
+    ) -> bool:
+        """Report, again with the same key while the API is unreachable: True once accepted; False
+        when refused (logged) or when stopping with the API unreachable (the caller's state keeps
+        the outcome for the next start)."""
+        key = f"{self.worker}:{item['id']}:{item['attempt']}"[:128]
+        while True:
+            try:
+                self.report(item, ok=ok, reason=reason, result=result, report_key=key)
+            except ApiUnreachable as error:
+                if stopping.is_set():
+                    return False
+                delay = backoff.next_delay()
+                log.warning("cannot report item %s yet (%s); again in %.1fs", item["id"], error, delay)
+                stopping.wait(delay)
+                continue
+            except ApiError as error:
+                log.error("the report of item %s was refused: %s", item["id"], error)
+                return False
+            backoff.reset()
+            log.info("item %s reported %s %s", item["id"], "done" if ok else "failed", reason)
+            return True
+
     def item(self, item_id: int) -> dict[str, Any]:
         """One item as the API shows it now (state, claimed_by, attempt ...)."""
         return self.request("GET", f"/api/work-items/{item_id}/")
@@ -184,6 +221,48 @@ class ApiClient:
             # URLError wraps refused connections and DNS failures; OSError covers timeouts and resets.
             reason = getattr(error, "reason", error)
             raise ApiUnreachable(f"{method} {self.base_url}{path}: {reason}") from None
+
+
+class Heartbeat:
+    """Keeps one item's lease alive from a thread while the item runs, every `every_s` (by default a
+    third of the lease); `lost` once the API says the item is no longer ours (its report is then
+    skipped: someone else has it now). A failed heartbeat is logged: the lease has room for misses.
+
+        with Heartbeat(client, item, lease_seconds=300) as beat:
+            outcome = run(item)
+        if not beat.lost:
+            client.report(item, ...)"""
+
+    def __init__(
+        self, client: ApiClient, item: Mapping[str, Any], *, lease_seconds: int, every_s: float | None = None
+    ) -> None:
+        self.client, self.item, self.lease_seconds = client, item, lease_seconds
+        self.every_s = every_s if every_s is not None else max(1.0, lease_seconds / 3)
+        self._lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{item['id']}", daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=self.client.timeout_s + 1)  # at most one request in flight
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every_s):
+            try:
+                if not self.client.heartbeat(self.item, lease_seconds=self.lease_seconds):
+                    log.warning("item %s is no longer ours; its outcome will not be reported", self.item["id"])
+                    self._lost.set()
+                    return
+            except (ApiUnreachable, ApiError) as error:
+                log.warning("heartbeat of item %s failed: %s", self.item["id"], error)
 
 
 def _decode(raw: bytes) -> Any:

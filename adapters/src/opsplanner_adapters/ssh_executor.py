@@ -18,14 +18,13 @@ import signal
 import socket
 import sys
 import threading
-import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Backoff
+from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Backoff, Heartbeat
+from opsplanner_adapters.config import ConfigError, api_settings, path_setting, read_toml, setting
 from opsplanner_adapters.ssh import BOOT_ID_ARGV, SshError, SshHost, SshOptions, SshTransport
 from opsplanner_adapters.steps import (
     TAIL_BYTES,
@@ -37,17 +36,12 @@ from opsplanner_adapters.steps import (
     StepRunner,
     step_config_from,
 )
-from opsplanner_adapters.steps import ConfigError as StepConfigError
 
 ADAPTER = "ssh"
 KINDS = ("execute", "verify")
 # The API keeps a step's output tail up to 8192 characters.
 MAX_TAIL_BYTES = 8192
 log = logging.getLogger("opsplanner.ssh_executor")
-
-
-class ConfigError(Exception):
-    """The configuration file is wrong; the message is one line saying where and how."""
 
 
 @dataclass(frozen=True)
@@ -67,26 +61,10 @@ class ExecutorConfig:
 
 
 # -- configuration ------------------------------------------------------------------------------------
-def _get(table: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
-    if key not in table:
-        if default is ...:
-            raise ConfigError(f"{where}: `{key}` is required")
-        return default
-    value = table[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ConfigError(f"{where}: `{key}` must be {names}, not {value!r}")
-    return value
-
-
-def _path(table: Mapping[str, Any], key: str, where: str, base: Path) -> Path:
-    return (base / Path(_get(table, key, str, where)).expanduser()).resolve()
-
-
 def _hosts(doc: Mapping[str, Any], base: Path) -> dict[str, SshHost]:
     """[hosts.NAME] tables; port, user and key_file default to those of [ssh]."""
-    defaults = {k: v for k, v in _get(doc, "ssh", dict, "the file", {}).items() if k in ("port", "user", "key_file")}
-    hosts = _get(doc, "hosts", dict, "the file")
+    defaults = {k: v for k, v in setting(doc, "ssh", dict, "the file", {}).items() if k in ("port", "user", "key_file")}
+    hosts = setting(doc, "hosts", dict, "the file")
     if not hosts:
         raise ConfigError("[hosts]: name at least one host ([hosts.NAME] with address and key_file)")
     result = {}
@@ -97,10 +75,10 @@ def _hosts(doc: Mapping[str, Any], base: Path) -> dict[str, SshHost]:
         merged = {**defaults, **table}
         host = SshHost(
             name=name,
-            address=_get(merged, "address", str, where),
-            port=_get(merged, "port", int, where, 22),
-            user=_get(merged, "user", str, where, "root"),
-            key_file=_path(merged, "key_file", where, base),
+            address=setting(merged, "address", str, where),
+            port=setting(merged, "port", int, where, 22),
+            user=setting(merged, "user", str, where, "root"),
+            key_file=path_setting(merged, "key_file", where, base),
         )
         if not 0 < host.port < 65536:
             raise ConfigError(f"{where}: `port` must be 1 to 65535, not {host.port}")
@@ -111,21 +89,21 @@ def _hosts(doc: Mapping[str, Any], base: Path) -> dict[str, SshHost]:
 
 
 def _ssh_options(doc: Mapping[str, Any], base: Path) -> SshOptions:
-    table = _get(doc, "ssh", dict, "the file", {})
+    table = setting(doc, "ssh", dict, "the file", {})
     where = "[ssh]"
-    boot_id = _get(table, "boot_id_command", list, where, list(BOOT_ID_ARGV))
+    boot_id = setting(table, "boot_id_command", list, where, list(BOOT_ID_ARGV))
     if not boot_id or not all(isinstance(part, str) for part in boot_id):
         raise ConfigError(f"{where}: `boot_id_command` must be a non-empty list of strings")
-    known_hosts = _path(table, "known_hosts", where, base)
+    known_hosts = path_setting(table, "known_hosts", where, base)
     if not known_hosts.is_file():
         raise ConfigError(f"{where}: the known_hosts file {known_hosts} does not exist")
     return SshOptions(
         known_hosts=known_hosts,
         boot_id_argv=tuple(boot_id),
-        connect_timeout_s=float(_get(table, "connect_timeout_s", (int, float), where, 10)),
-        output_tail_bytes=_tail_bytes(_get(table, "output_tail_bytes", int, where, TAIL_BYTES)),
-        reboot_timeout_s=float(_get(table, "reboot_timeout_s", (int, float), where, 900)),
-        reboot_poll_s=float(_get(table, "reboot_poll_s", (int, float), where, 3)),
+        connect_timeout_s=float(setting(table, "connect_timeout_s", (int, float), where, 10)),
+        output_tail_bytes=_tail_bytes(setting(table, "output_tail_bytes", int, where, TAIL_BYTES)),
+        reboot_timeout_s=float(setting(table, "reboot_timeout_s", (int, float), where, 900)),
+        reboot_poll_s=float(setting(table, "reboot_poll_s", (int, float), where, 3)),
     )
 
 
@@ -137,42 +115,29 @@ def _tail_bytes(value: int) -> int:
 
 def config_load(path: Path) -> ExecutorConfig:
     """Read and check the TOML file; relative paths are relative to the file's folder."""
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read the configuration {path}: {error.strerror or error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    doc = read_toml(path)
     base = path.resolve().parent
-    api = _get(doc, "api", dict, "the file")
-    token = _get(api, "token", str, "[api]", "")
-    if not token and "token_file" in api:
-        token = _read_token(_path(api, "token_file", "[api]", base))
-    if not token:
-        raise ConfigError("[api]: give `token` or `token_file` (an executor token)")
-    executor = _get(doc, "executor", dict, "the file", {})
-    concurrency = _get(executor, "concurrency", int, "[executor]", 4)
+    api = api_settings(doc, base=base, default_worker=f"ssh-executor@{socket.gethostname()}")
+    executor = setting(doc, "executor", dict, "the file", {})
+    concurrency = setting(executor, "concurrency", int, "[executor]", 4)
     if not 1 <= concurrency <= 256:
         raise ConfigError(f"[executor]: `concurrency` must be 1 to 256, not {concurrency}")
-    lease_seconds = _get(executor, "lease_seconds", int, "[executor]", 300)
-    wait_seconds = _get(executor, "wait_seconds", int, "[executor]", 10)
+    lease_seconds = setting(executor, "lease_seconds", int, "[executor]", 300)
+    wait_seconds = setting(executor, "wait_seconds", int, "[executor]", 10)
     if not 2 <= lease_seconds <= 86400 or not 0 <= wait_seconds <= 20:
         raise ConfigError("[executor]: `lease_seconds` must be 2 to 86400 and `wait_seconds` 0 to 20")
-    url = _get(api, "url", str, "[api]")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"[api]: `url` must start with http:// or https://, not {url!r}")
     return ExecutorConfig(
-        api_url=url,
-        token=token,
-        api_timeout_s=float(_get(api, "timeout_s", (int, float), "[api]", 30)),
-        worker=_get(api, "worker", str, "[api]", f"ssh-executor@{socket.gethostname()}"),
+        api_url=api.url,
+        token=api.token,
+        api_timeout_s=api.timeout_s,
+        worker=api.worker,
         hosts=_hosts(doc, base),
         ssh=_ssh_options(doc, base),
-        state_dir=_state_dir(_path(executor, "state_dir", "[executor]", base)),
+        state_dir=_state_dir(path_setting(executor, "state_dir", "[executor]", base)),
         concurrency=concurrency,
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
-        pool=_get(executor, "pool", int, "[executor]", None),
+        pool=setting(executor, "pool", int, "[executor]", None),
         steps=_steps_config(doc),
     )
 
@@ -185,18 +150,12 @@ def _state_dir(path: Path) -> Path:
     return path
 
 
-def _read_token(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError as error:
-        raise ConfigError(f"[api]: cannot read the token file {path}: {error.strerror or error}") from None
-
-
 def _steps_config(doc: Mapping[str, Any]) -> StepConfig:
     """[steps]: the agent's format (components, verify, reboot, reboot_exit_code, repair)."""
+    table = setting(doc, "steps", dict, "the file", {})
     try:
-        steps = step_config_from(_get(doc, "steps", dict, "the file", {}))
-    except StepConfigError as error:
+        steps = step_config_from(table)
+    except ConfigError as error:
         raise ConfigError(f"[steps]: {error}") from None
     if not steps.components and not steps.verify:
         raise ConfigError("[steps]: configure [steps.components.NAME] (install, check) and [steps.verify.CLASS]")
@@ -204,35 +163,6 @@ def _steps_config(doc: Mapping[str, Any]) -> StepConfig:
 
 
 # -- the process ----------------------------------------------------------------------------------------
-class Heartbeat:
-    """Extends an item's lease every third of it while the item runs; `lost` once the API says the
-    item is no longer ours (the report is then skipped: someone else has it now)."""
-
-    def __init__(self, client: ApiClient, item: Mapping[str, Any], lease_seconds: int) -> None:
-        self.client, self.item, self.lease_seconds = client, item, lease_seconds
-        self.lost = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{item['id']}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._done.wait(max(1.0, self.lease_seconds / 3)):
-            try:
-                if not self.client.heartbeat(self.item, lease_seconds=self.lease_seconds):
-                    self.lost = True
-                    log.warning("item %s is no longer ours; its outcome will not be reported", self.item["id"])
-                    return
-            except (ApiUnreachable, ApiError) as error:
-                log.warning("heartbeat of item %s failed: %s", self.item["id"], error)
-
-
 class Executor:
     """Worker threads that claim ssh items, run them on their hosts and report them."""
 
@@ -342,7 +272,7 @@ class Executor:
             self._report(item, Outcome(False, reason, {}))
             return
         # Heartbeat first: waiting for another item of the same host must not lose this one's lease.
-        with Heartbeat(self.client, item, self.config.lease_seconds) as beat, self._host_locks[name]:
+        with Heartbeat(self.client, item, lease_seconds=self.config.lease_seconds) as beat, self._host_locks[name]:
             outcome = self._run(item, host)
         if outcome is None:
             return
@@ -369,23 +299,11 @@ class Executor:
             transport.close()
 
     def _report(self, item: Mapping[str, Any], outcome: Outcome) -> bool:
-        """Report until the API answers (the same key each time: a retry is harmless); True if accepted."""
-        key = f"{self.config.worker}:{item['id']}:{item['attempt']}"[:128]
+        """Report until the API answers; True if accepted (a stop leaves the outcome in the state)."""
         backoff = Backoff(base_s=1, cap_s=30)
-        while True:
-            try:
-                self.client.report(item, ok=outcome.ok, reason=outcome.reason, result=outcome.result, report_key=key)
-                log.info("item %s reported %s %s", item["id"], "done" if outcome.ok else "failed", outcome.reason)
-                return True
-            except ApiUnreachable as error:
-                if self.stopping.is_set():
-                    return False  # the state keeps the outcome; the restarted executor reports it
-                delay = backoff.next_delay()
-                log.warning("cannot report item %s yet (%s); again in %.1fs", item["id"], error, delay)
-                time.sleep(delay)
-            except ApiError as error:
-                log.error("the report of item %s was refused: %s", item["id"], error)
-                return False
+        return self.client.report_until_answered(
+            item, ok=outcome.ok, reason=outcome.reason, result=outcome.result, backoff=backoff, stopping=self.stopping
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

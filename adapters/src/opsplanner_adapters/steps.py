@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from opsplanner_adapters.config import ConfigError as ConfigError  # re-exported: the step tables' errors
+
 REBOOT_NEEDED = 194
 TAIL_BYTES = 4096
 DEFAULT_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -61,10 +63,6 @@ class Transport(Protocol):
     def boot_id(self) -> str: ...
 
     def reboot(self, argv: list[str]) -> None: ...
-
-
-class ConfigError(ValueError):
-    """The step configuration is wrong; the message names the key."""
 
 
 class Abandon(Exception):
