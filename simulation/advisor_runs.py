@@ -1,6 +1,9 @@
-"""Domain-size advisor runs: an operator asks which maintenance-domain size suits a pool; a worker
-simulates the pool's trains with each candidate size in scratch databases (never the live one) and
-stores the advice. The same flow as `manage.py simulate --advise`, as a queued, audited run.
+"""Advisor runs, queued and audited, each simulated by a worker in scratch databases (never the live one):
+- domain size: which maintenance-domain size suits a pool; the pool's trains are simulated with each
+  candidate size and the advice stored. The same flow as `manage.py simulate --advise`.
+- live forecast: what-if on the live fleet; one live pool is copied and its next days forecast under each
+  policy, the measures stored. The same flow as `manage.py simulate --from-live --pool P` (from_live.py);
+  the live database is only read, apart from the run's own row and events.
 
 A run is queued → running → done or failed; every transition is a guarded update with an event.
 At most MAX_ACTIVE_RUNS are queued or running at once: each holds a worker process and a few
@@ -25,9 +28,10 @@ from django.db.models import Q
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import AdvisorRun, AdvisorRunState
-from opsplanner.models.advisor import ACTIVE_ADVISOR_STATES
+from opsplanner.models.advisor import ACTIVE_ADVISOR_STATES, AdvisorRunKind
 from simulation.advisor import AdvisorRequest, advice
-from simulation.config import SimulationConfig
+from simulation.config import POLICIES, SimulationConfig
+from simulation.from_live import live_forecast, live_forecast_measures, live_pool_refusal
 from simulation.runner import (
     default_lanes,
     jobs_run,
@@ -42,6 +46,8 @@ MAX_POOL_HOSTS = 20_000
 MAX_ACTIVE_RUNS = 1  # each run holds a worker process for minutes; the ticks need the others
 MAX_CYCLE_SLO_HOURS = 720.0  # 30 days: the simulated time (and the run's duration) grows with it
 MAX_COST = 1e12
+MAX_FORECAST_DAYS = 30
+LIVE_FORECAST_POLICIES = ("trains", "trains-sliding", "rolling")  # the train paces and rolling, by default
 # A run queued or running this long was lost (a worker killed mid-run, a task never delivered): it is
 # marked failed when the next run is requested, so it does not hold a slot for ever.
 ABANDONED_AFTER = dt.timedelta(hours=12)
@@ -194,6 +200,32 @@ def _enqueue(run_id: int) -> None:
     advisor_run.delay(run_id)
 
 
+def _queue(*, kind: AdvisorRunKind, params: dict[str, Any], reason: str, actor: Actor) -> AdvisorRun:
+    """Save a queued run (in the caller's transaction) unless MAX_ACTIVE_RUNS are active; a worker gets it
+    after the commit. Runs lost for ABANDONED_AFTER are failed first, so they do not hold a slot."""
+    _lock_requests()
+    now = clock.now()
+    _abandoned_fail(now)
+    active = list(
+        AdvisorRun.objects.filter(state__in=ACTIVE_ADVISOR_STATES).order_by("created_at", "id").values_list("pk")
+    )
+    if len(active) >= MAX_ACTIVE_RUNS:
+        numbers = ", ".join(f"#{pk}" for (pk,) in active)
+        raise ValidationError(
+            f"{len(active)} advisor runs are already queued or running ({numbers}); "
+            f"try again when run #{active[0][0]} finishes.",
+            code="conflict",
+        )
+    _, label = actor_fields(actor)
+    run = AdvisorRun(kind=kind, params=params, requested_by=actor_user(actor), requester=label, created_at=now)
+    run.full_clean()
+    run.save()
+    event_record(kind="advisor_run.requested", subject=run, actor=actor, reason=reason, data={"kind": kind, **params})
+    run_id = run.pk
+    transaction.on_commit(lambda: _enqueue(run_id), robust=True)
+    return run
+
+
 @transaction.atomic
 def advisor_run_request(
     *,
@@ -219,33 +251,53 @@ def advisor_run_request(
         seed=seed,
         hardware=hardware,
     )
-    _lock_requests()
-    now = clock.now()
-    _abandoned_fail(now)
-    active = list(
-        AdvisorRun.objects.filter(state__in=ACTIVE_ADVISOR_STATES).order_by("created_at", "id").values_list("pk")
-    )
-    if len(active) >= MAX_ACTIVE_RUNS:
-        numbers = ", ".join(f"#{pk}" for (pk,) in active)
-        raise ValidationError(
-            f"{len(active)} advisor runs are already queued or running ({numbers}); "
-            f"try again when run #{active[0][0]} finishes.",
-            code="conflict",
-        )
-    _, label = actor_fields(actor)
-    run = AdvisorRun(params=params, requested_by=actor_user(actor), requester=label, created_at=now)
-    run.full_clean()
-    run.save()
-    event_record(
-        kind="advisor_run.requested",
-        subject=run,
-        actor=actor,
+    return _queue(
+        kind=AdvisorRunKind.DOMAIN_SIZE,
+        params=params,
         reason=f"domain sizes {', '.join(map(str, params['sizes']))} for a pool of {pool_hosts} hosts",
-        data=params,
+        actor=actor,
     )
-    run_id = run.pk
-    transaction.on_commit(lambda: _enqueue(run_id), robust=True)
-    return run
+
+
+def live_forecast_params_validate(*, pool: str, days: int, policies: list[str] | None, seed: int) -> dict[str, Any]:
+    """The params to store, or a ValidationError keyed by the request's field names."""
+    problems: dict[str, str] = {}
+    if not isinstance(pool, str) or not pool.strip():
+        problems["pool"] = "Name the live pool to forecast."
+    else:
+        refusal = live_pool_refusal(pool.strip(), max_hosts=MAX_POOL_HOSTS)
+        if refusal:
+            problems["pool"] = refusal[0].upper() + refusal[1:] + "."
+    if not _is_whole(days) or not 1 <= days <= MAX_FORECAST_DAYS:
+        problems["days"] = f"Forecast 1 to {MAX_FORECAST_DAYS} days, in whole days."
+    chosen = list(LIVE_FORECAST_POLICIES if policies is None else policies)
+    unknown = [str(p) for p in chosen if p not in POLICIES]
+    if unknown:
+        problems["policies"] = (
+            f"Unknown policy {', '.join(map(repr, unknown))}; the policies are {', '.join(POLICIES)}."
+        )
+    elif not chosen:
+        problems["policies"] = f"Choose at least one policy of {', '.join(POLICIES)}."
+    elif len(set(chosen)) != len(chosen):
+        problems["policies"] = "Give each policy once."
+    if not _is_whole(seed) or seed < 0:
+        problems["seed"] = "The seed must be a whole number, 0 or more."
+    if problems:
+        raise ValidationError(problems)
+    return {"pool": pool.strip(), "days": days, "policies": [p for p in POLICIES if p in chosen], "seed": seed}
+
+
+@transaction.atomic
+def advisor_live_forecast_request(
+    *, pool: str, days: int, policies: list[str] | None = None, seed: int = 1, actor: Actor
+) -> AdvisorRun:
+    """Queue a forecast of the live `pool` over the next `days` under each of `policies` (default
+    LIVE_FORECAST_POLICIES); a worker runs it after the commit. Refused, writing nothing: invalid input
+    (by field: no such pool, a pool without hosts, days out of range, an unknown policy), and
+    MAX_ACTIVE_RUNS runs already queued or running (code conflict)."""
+    params = live_forecast_params_validate(pool=pool, days=days, policies=policies, seed=seed)
+    reason = f"live forecast of pool {params['pool']} over {days} days: {', '.join(params['policies'])}"
+    return _queue(kind=AdvisorRunKind.LIVE_FORECAST, params=params, reason=reason, actor=actor)
 
 
 def _finish(run_id: int, *, state: AdvisorRunState, result: dict[str, Any] | None = None, reason: str = "") -> None:
@@ -257,7 +309,7 @@ def _finish(run_id: int, *, state: AdvisorRunState, result: dict[str, Any] | Non
             log.warning("advisor run %s finished but was no longer running; outcome %s dropped", run_id, state)
             return
         run = AdvisorRun.objects.get(pk=run_id)
-        data = {"recommended": result.get("recommended")} if result else {}
+        data = {"recommended": result.get("recommended")} if result and "recommended" in result else {}
         event_record(kind=f"advisor_run.{state}", subject=run, actor=WORKER_ACTOR, reason=reason, data=data)
 
 
@@ -274,6 +326,22 @@ def _sweep(run_id: int, request: AdvisorRequest) -> dict[str, Any]:
     return advice(request, results)
 
 
+def _live(run_id: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The live pool forecast, its measures per policy (from_live.py; reads the live database only)."""
+    base = SimulationConfig(
+        pools=1, days=float(params["days"]), policies=tuple(params["policies"]), seed=params["seed"]
+    )
+    lanes = max(1, min(default_lanes(), len(base.policies)))
+    forecast = live_forecast(base, params["pool"], lanes=lanes, tag=f"_advisor{run_id}", say=log.info)
+    return {"pool": params["pool"], **live_forecast_measures(forecast)}
+
+
+def _work(run: AdvisorRun) -> dict[str, Any]:
+    if run.kind == AdvisorRunKind.LIVE_FORECAST:
+        return _live(run.pk, run.params)
+    return _sweep(run.pk, advisor_request_from_params(run.params))
+
+
 def advisor_run_execute(*, run_id: int) -> None:
     """Run a queued run to done or failed. Anything but a queued run (a redelivered task, a run
     another worker took) is left alone. The sweep runs outside any transaction: it creates databases."""
@@ -286,7 +354,7 @@ def advisor_run_execute(*, run_id: int) -> None:
         run = AdvisorRun.objects.get(pk=run_id)
         event_record(kind="advisor_run.started", subject=run, actor=WORKER_ACTOR)
     try:
-        result = _sweep(run_id, advisor_request_from_params(run.params))
+        result = _work(run)
     except Exception as error:
         log.exception("advisor run %s failed", run_id)
         _finish(run_id, state=AdvisorRunState.FAILED, reason=f"{type(error).__name__}: {error}")

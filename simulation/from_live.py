@@ -15,6 +15,9 @@ import datetime as dt
 import json
 import math
 import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +38,58 @@ from fleet.models import (
     ServicePlacement,
 )
 from fleet.versions import version_sort_key
+from opsplanner import clock
 from opsplanner.bulk import insert_missing
 from simulation.config import Arrival, Failure, SimulationConfig, Workload
-from simulation.runner import Job
+from simulation.report import Runs, summarise
+from simulation.runner import Job, jobs_run, scratch_databases, scratch_databases_drop
 from simulation.world import SimPool, World
 
 PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
+# Whatever a forecast is asked, its work is the live pending upgrades: no arrivals or windows are drawn.
+LIVE_FIXED: dict[str, Any] = {"upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
+_NO_POOL = "there is no pool named {!r}"
+_NO_HOSTS = "pool {!r} has no hosts to forecast"
 
 
 class LiveSnapshotError(Exception):
     """The live fleet cannot be forecast as asked (no such pool, a pool without hosts)."""
 
 
+class LiveConfigError(LiveSnapshotError):
+    """A live pool whose shape the simulator cannot take (`problems`: SimulationConfig.errors())."""
+
+    def __init__(self, pool: str, problems: dict[str, str]) -> None:
+        self.pool = pool
+        self.problems = problems
+        super().__init__(f"pool {pool}: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items()))
+
+
+@dataclass(frozen=True)
+class LiveForecast:
+    """A finished forecast: when it started, the whole fleet forecast (every pool summed) and the runs."""
+
+    now: dt.datetime
+    config: SimulationConfig
+    runs: Runs
+
+
 def _iso(at: dt.datetime | None) -> str | None:
     return None if at is None else at.isoformat()
+
+
+def live_pool_refusal(pool_name: str, *, max_hosts: int | None = None) -> str | None:
+    """Why the named live pool cannot be forecast (no such pool, no hosts, more than `max_hosts`), or
+    None: a cheap check before anything is queued."""
+    pool = Pool.objects.filter(name=pool_name).first()
+    if pool is None:
+        return _NO_POOL.format(pool_name)
+    hosts = Host.objects.filter(pool=pool)
+    if not hosts.exists():
+        return _NO_HOSTS.format(pool_name)
+    if max_hosts is not None and hosts.count() > max_hosts:
+        return f"pool {pool_name!r} has more than {max_hosts:,} hosts, too many to forecast here"
+    return None
 
 
 def live_snapshot(pool_name: str | None, now: dt.datetime) -> list[dict[str, Any]]:
@@ -64,10 +105,10 @@ def live_snapshot(pool_name: str | None, now: dt.datetime) -> list[dict[str, Any
         # As the lanes will read it back: JSON (lists, ISO times, floats).
         snapshots = [json.loads(json.dumps(_pool_snapshot(pool, now), default=str)) for pool in pools]
     if pool_name and not snapshots:
-        raise LiveSnapshotError(f"there is no pool named {pool_name!r}")
+        raise LiveSnapshotError(_NO_POOL.format(pool_name))
     empty = [s["pool"]["name"] for s in snapshots if not s["hosts"]]
     if pool_name and empty:
-        raise LiveSnapshotError(f"pool {pool_name!r} has no hosts to forecast")
+        raise LiveSnapshotError(_NO_HOSTS.format(pool_name))
     snapshots = [s for s in snapshots if s["hosts"]]
     if not snapshots:
         raise LiveSnapshotError("the live fleet has no pool with hosts to forecast")
@@ -384,3 +425,81 @@ def _jobs(snapshot: dict[str, Any], host_ids: dict[str, int], pool_id: int, now:
 def live_jobs(configs: list[SimulationConfig]) -> list[Job]:
     """One shard per live pool and policy (each pool has its own size, so its own configuration)."""
     return [Job(policy=p, pools=(0,), config=c, key=p) for c in configs for p in c.policies]
+
+
+def live_forecast(
+    base: SimulationConfig,
+    pool_name: str | None,
+    *,
+    lanes: int,
+    tag: str = "_live",
+    keep_databases: bool = False,
+    say: Callable[[str], None] = print,
+) -> LiveForecast:
+    """Forecast the live pool (or every pool) from now over `base.days`, each of `base.policies`, in
+    scratch lanes named with `tag`. Reads the live database once, writes nothing to it. Raises
+    LiveSnapshotError (LiveConfigError for a pool the simulator cannot take) before any lane starts."""
+    now = clock.now().replace(microsecond=0)
+    snapshots = live_snapshot(pool_name, now)
+    base = base.replace(**LIVE_FIXED)
+    with tempfile.TemporaryDirectory(prefix="live-") as work:
+        configs = []
+        for snapshot in snapshots:
+            path = Path(work) / f"live-{snapshot['pool']['name']}.json"
+            snapshot_write(snapshot, path)
+            pool_config = live_config(base, snapshot, path, now)
+            problems = pool_config.errors()
+            if problems:
+                raise LiveConfigError(snapshot["pool"]["name"], problems)
+            configs.append(pool_config)
+        jobs = live_jobs(configs)
+        lanes = max(1, min(lanes, len(jobs)))
+        say(f"simulate: forecast of {len(configs)} live pools from {now:%Y-%m-%d %H:%M} UTC, "
+            f"{base.days:g} days, policies {', '.join(base.policies)}, {lanes} lanes")  # fmt: skip
+        urls = scratch_databases(lanes, tag=tag)
+        try:
+            runs = jobs_run(jobs, urls, Path(work), say=say)
+        finally:
+            if not keep_databases:
+                scratch_databases_drop(urls)
+    fleet = configs[0].replace(hosts=sum(c.hosts for c in configs), pools=len(configs), live_snapshot="")
+    return LiveForecast(now=now, config=fleet, runs=runs)
+
+
+def _upgrades(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pending upgrade: hours to full rollout (None: not within the forecast) and its reach."""
+    reach = {(pool.get("name"), r[0], r[1]): r[3:] for pool in pools for r in pool.get("reach") or []}
+    rows = []
+    for pool in pools:
+        for component, version, arrived, finished, outcome in pool.get("rollouts") or []:
+            shares = reach.get((pool.get("name"), component, version)) or [None, None, None]
+            full = None if arrived is None or finished is None else round(finished - arrived, 2)
+            rows.append(
+                {"pool": pool.get("name"), "component": component, "version": version, "full_rollout_hours": full,
+                 "outcome": outcome, "reach_24h": shares[0], "reach_72h": shares[1], "reach_7d": shares[2]}
+            )  # fmt: skip
+    return rows
+
+
+def live_forecast_measures(forecast: LiveForecast) -> dict[str, Any]:
+    """The forecast as plain data: per policy the measures the report prints (report.summarise's totals
+    row) and, per pending upgrade, its time to full rollout and reach."""
+    summary = summarise(forecast.config, forecast.runs)
+    config = forecast.config
+    return {
+        "start_at": forecast.now.isoformat(),
+        "days": config.days,
+        "hosts": config.hosts,
+        "pools": sorted(
+            {str(p.get("name")) for s in forecast.runs.values() for sh in s for p in sh.get("pools") or []}
+        ),
+        "policies": [
+            {
+                "policy": policy,
+                "label": summary["labels"][policy],
+                "measures": summary["totals"][policy],
+                "upgrades": _upgrades([pool for shard in forecast.runs.get(policy) or [] for pool in shard["pools"]]),
+            }
+            for policy in summary["policies"]
+        ],
+    }

@@ -6,8 +6,8 @@ from celery import shared_task
 # The name is the one queued messages carry from before the simulator had its own app.
 @shared_task(name="opsplanner.tasks.advisor_run")
 def advisor_run(run_id: int) -> None:
-    """Run a queued domain-size advisor run (minutes: simulations in scratch databases); a second
-    delivery finds it no longer queued and does nothing."""
+    """Run a queued advisor run, a domain-size advice or a live forecast (minutes: simulations in scratch
+    databases); a second delivery finds it no longer queued and does nothing."""
     from simulation.advisor_runs import advisor_run_execute
 
     advisor_run_execute(run_id=run_id)

@@ -106,6 +106,17 @@ def test_a_forecast_of_a_pool_that_does_not_exist_or_has_no_hosts_is_refused_in_
 
 
 @pytest.mark.django_db
+def test_a_live_train_faster_than_the_simulated_hardware_allows_is_refused_naming_the_setting() -> None:
+    from trains.services.trains import train_create
+
+    pool, _ = make_fleet(domains=4, hosts_per_domain=5, failure_buffer_hosts=1, pool_name="live-fast")
+    train_create(pool=pool, name="train-live-fast", cycle_slo_s=1800, visit_estimate_s=450, actor="test")
+
+    with pytest.raises(CommandError, match=r"^--from-live: pool live-fast: --cycle-slo-hours: .*cannot be met"):
+        call_command("simulate", "--from-live", "--pool", "live-fast", "--days", "1")
+
+
+@pytest.mark.django_db
 def test_the_live_snapshot_holds_the_pools_hosts_versions_train_pending_upgrade_and_windows_ahead() -> None:
     name = live_pool()
 

@@ -1,5 +1,6 @@
-"""Domain-size advisor runs: one request to simulate a pool's trains with several domain sizes, run
-by a worker in scratch databases (simulation/advisor_runs.py), and its advice."""
+"""Advisor runs: one request to simulate, run by a worker in scratch databases (simulation/advisor_runs.py).
+A domain-size run simulates a pool's trains with several domain sizes and advises one; a live forecast
+copies a live pool and forecasts its next days under each policy."""
 
 from __future__ import annotations
 
@@ -17,17 +18,28 @@ class AdvisorRunState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class AdvisorRunKind(models.TextChoices):
+    DOMAIN_SIZE = "domain_size", "Domain-size advice"
+    LIVE_FORECAST = "live_forecast", "Live forecast"
+
+
 ACTIVE_ADVISOR_STATES = (AdvisorRunState.QUEUED, AdvisorRunState.RUNNING)
 
 
 class AdvisorRun(models.Model):
+    kind = models.CharField(max_length=16, choices=AdvisorRunKind.choices, default=AdvisorRunKind.DOMAIN_SIZE)
     params = models.JSONField(
         default=dict,
-        help_text="pool_hosts, sizes, interruption_cost, capacity_hour_cost, cycle_slo_hours, seed and the "
-        "simulated hardware, as validated",
+        help_text="as validated; domain size: pool_hosts, sizes, interruption_cost, capacity_hour_cost, "
+        "cycle_slo_hours, seed and the simulated hardware; live forecast: pool, days, policies, seed",
     )
     state = models.CharField(max_length=16, choices=AdvisorRunState.choices, default=AdvisorRunState.QUEUED)
-    result = models.JSONField(null=True, blank=True, help_text="the advice: points per size, recommended, reason")
+    result = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="domain size: the advice (points per size, recommended, reason); live forecast: the measures "
+        "per policy and per pending upgrade",
+    )
     failure_reason = models.CharField(max_length=2000, blank=True, default="")
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -40,6 +52,11 @@ class AdvisorRun(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=AdvisorRunKind.values),
+                name="advisor_run_kind_valid",
+                violation_error_message="An advisor run is a domain-size advice or a live forecast.",
+            ),
             models.CheckConstraint(
                 condition=Q(state__in=AdvisorRunState.values),
                 name="advisor_run_state_valid",

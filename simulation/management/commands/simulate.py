@@ -105,7 +105,9 @@ class Command(BaseCommand):
                 raise CommandError("--from-live: not with --advise")
             if options.get("upgrades_per_week") or options.get("upgrades_at_start"):
                 raise CommandError("--from-live forecasts the live pending upgrades; new arrivals do not apply")
-            values = {"policies": POLICIES, **values, "upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
+            from simulation.from_live import LIVE_FIXED
+
+            values = {"policies": POLICIES, **values, **LIVE_FIXED}
         if scenario not in SCENARIOS:
             raise CommandError(f"--scenario: one of {', '.join(SCENARIOS)}; got {scenario!r}")
         config = scenario_config(scenario, **values)
@@ -137,47 +139,22 @@ class Command(BaseCommand):
         say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
 
     def _from_live(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
-        from opsplanner import clock
-        from simulation.from_live import (
-            LiveSnapshotError,
-            live_config,
-            live_jobs,
-            live_snapshot,
-            snapshot_write,
-        )
+        from simulation.from_live import LiveConfigError, LiveSnapshotError, live_forecast
         from simulation.report import report_text, report_write
 
         started = time.monotonic()
-        now = clock.now().replace(microsecond=0)
         try:
-            snapshots = live_snapshot(options.get("pool"), now)
+            forecast = live_forecast(
+                config, options.get("pool"), lanes=lanes, keep_databases=options["keep_databases"], say=self._say
+            )
+        except LiveConfigError as error:
+            raise CommandError(
+                f"--from-live: pool {error.pool}: "
+                + "; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in error.problems.items())
+            ) from None
         except LiveSnapshotError as error:
             raise CommandError(f"--from-live: {error}") from None
-        with tempfile.TemporaryDirectory() as work:
-            configs = []
-            for snapshot in snapshots:
-                path = Path(work) / f"live-{snapshot['pool']['name']}.json"
-                snapshot_write(snapshot, path)
-                pool_config = live_config(config, snapshot, path, now)
-                problems = pool_config.errors()
-                if problems:
-                    raise CommandError(
-                        f"--from-live: pool {snapshot['pool']['name']}: "
-                        + "; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in problems.items())
-                    )
-                configs.append(pool_config)
-            jobs = live_jobs(configs)
-            lanes = min(lanes, len(jobs))
-            self._say(f"simulate: forecast of {len(configs)} live pools from {now:%Y-%m-%d %H:%M} UTC, "
-                      f"{config.days:g} days, policies {', '.join(config.policies)}, {lanes} lanes")  # fmt: skip
-            urls = scratch_databases(lanes, tag="_live")
-            try:
-                runs = jobs_run(jobs, urls, Path(work), say=self._say)
-            finally:
-                if not options["keep_databases"]:
-                    scratch_databases_drop(urls)
-        fleet = configs[0].replace(hosts=sum(c.hosts for c in configs), pools=len(configs), live_snapshot="")
-        paths = report_write(out, fleet, runs)
+        paths = report_write(out, forecast.config, forecast.runs)
         summary = json.loads(paths["summary.json"].read_text())
         self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
         self._say(f"simulate: forecast done in {time.monotonic() - started:.0f} s; report in {out}")
