@@ -225,6 +225,7 @@ def _operation_form(w: World) -> dict[str, str]:
     return {"kind": "reboot", "scope": scope, "priority": "100", "needs_drain": "", "reason": "kernel fix"}
 
 
+LIVE_FORECAST_FORM = {"kind": "live_forecast", "live-pool": POOL_NAME, "live-days": "1", "live-policies": ["rolling"]}
 ADVISOR_FORM = {
     "pool_hosts": "120",
     "sizes": "20, 40",
@@ -252,6 +253,7 @@ FORMS: dict[str, Form] = {
     "approve": Form("/approvals/{w.approval.pk}/decide/", {"decision": "approve", **REASON}, OPERATORS),
     "reject": Form("/approvals/{w.approval.pk}/decide/", {"decision": "reject", **REASON}, OPERATORS),
     "advisor run": Form("/simulations/advisor/", ADVISOR_FORM, OPERATORS),
+    "live forecast": Form("/simulations/advisor/", LIVE_FORECAST_FORM, OPERATORS),
     "opt-out new": Form(svc("optouts/new/"), _window_form, MANAGERS),
     "opt-out edit": Form(svc("optouts/{w.window.pk}/edit/"), _window_form, MANAGERS),
     "opt-out cancel": Form(svc("optouts/{w.window.pk}/cancel/"), REASON, MANAGERS),
