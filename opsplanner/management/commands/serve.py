@@ -21,11 +21,17 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.supervisor import ChildSpec, Supervisor, TooManyCrashes
 from opsplanner.demo_users import demo_users_ensure
+from opsplanner.services.work_items import MAX_WAITERS
 
 POLL_SECONDS = 0.5
 # Web processes per core with PostgreSQL and Redis (measured: see BENCHMARKS.md, api_*). The
 # embedded mode runs one: SQLite takes one writer at a time and its channel layer is in-process.
 WEB_WORKERS_PER_CORE = 2
+# granian: requests a worker admits besides the long-polling claims (those doing work wait for one of
+# the process's database connections anyway), and the listen queue of new connections (agents
+# reconnecting after their work).
+BUSY_REQUESTS_PER_WORKER = 256
+LISTEN_BACKLOG = 4096
 
 
 class Command(BaseCommand):
@@ -128,9 +134,13 @@ def asgi_server_command(server: str, *, host: str, port: int, workers: int = 1) 
                 "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "off",
                 "--no-access-log", "--timeout-keep-alive", "75", "--timeout-graceful-shutdown", "5"]  # fmt: skip
     if server == "granian":
-        # asginl: ASGI without lifespan.
+        # asginl: ASGI without lifespan. granian admits backlog/workers requests at once per worker by
+        # default (256 with 4): long-polling claims filled that and every other request queued behind
+        # them for seconds. Admit every waiter the process allows and the requests doing work.
+        backpressure = MAX_WAITERS + BUSY_REQUESTS_PER_WORKER
         return [python, "-m", "granian", "--interface", "asginl", "--host", host, "--port", str(port),
-                "--workers", str(workers), "--loop", "uvloop", "--no-access-log", app]  # fmt: skip
+                "--workers", str(workers), "--loop", "uvloop", "--no-access-log",
+                "--backlog", str(LISTEN_BACKLOG), "--backpressure", str(backpressure), app]  # fmt: skip
     if server == "daphne":
         return [python, "-m", "daphne", "-b", host, "-p", str(port), app]
     raise CommandError(f"unknown ASGI server {server!r}: uvicorn, daphne or granian")
