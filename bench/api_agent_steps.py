@@ -48,7 +48,7 @@ WEB_WORKERS = int(os.environ.get("BENCH_WEB_WORKERS", str(2 * (os.cpu_count() or
 # requests a second of 2 cores that also run the workers, the beat, PostgreSQL and the agents.)
 WORK_SECONDS = (20.0, 60.0)  # an item's work on the host
 IDLE_SECONDS = (1.0, 3.0)  # an agent whose long poll came back empty waits this long
-LONG_POLL_S = 20
+LONG_POLL_S = 50  # as opsplanner-agent asks
 BUSY_RETRY_S = 2.0  # the API's Retry-After on a 503 busy
 LEASE_S = 300
 

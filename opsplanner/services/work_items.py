@@ -32,7 +32,7 @@ SUBJECT = "opsplanner.workitem"
 MAX_CLAIM = 1000
 MAX_LEASE_SECONDS = 24 * 3600
 MAX_BATCH = 500
-MAX_WAIT_SECONDS = 20
+MAX_WAIT_SECONDS = 60  # the agent asks 50 s: under the usual 60-s idle timeout of a load balancer
 # Long-polling claims waiting at once in one process; past this a claim answers at once. A waiter
 # holds a request thread (the ASGI handler runs each sync request on a thread of its own) but no
 # database connection while it sleeps: the process's one ready watcher looks for all of them.

@@ -17,7 +17,7 @@ One TOML file configures it (a bad file is one line on stderr and exit code 2):
     keep_logs = 200                    # command logs kept, newest first
     lease_seconds = 300
     heartbeat_seconds = 60
-    wait_seconds = 20                  # long poll of a claim
+    wait_seconds = 50                  # long poll of a claim (0 to 60)
     boot_id_file = "/proc/sys/kernel/random/boot_id"
 
     [steps]                            # see steps.py: components, verify, reboot, reboot_exit_code
@@ -74,7 +74,7 @@ class AgentConfig:
     keep_logs: int = 200
     lease_seconds: int = 300
     heartbeat_seconds: float = 60.0
-    wait_seconds: int = 20
+    wait_seconds: int = 50
     timeout_s: float = 30.0
     boot_id_file: str = DEFAULT_BOOT_ID_FILE
 
@@ -102,7 +102,7 @@ def load_config(path: Path) -> AgentConfig:
         keep_logs=setting(agent, "keep_logs", int, "[agent]", 200),
         lease_seconds=setting(agent, "lease_seconds", int, "[agent]", 300),
         heartbeat_seconds=float(setting(agent, "heartbeat_seconds", (int, float), "[agent]", 60)),
-        wait_seconds=setting(agent, "wait_seconds", int, "[agent]", 20),
+        wait_seconds=setting(agent, "wait_seconds", int, "[agent]", 50),
         timeout_s=settings.timeout_s,
         boot_id_file=setting(agent, "boot_id_file", str, "[agent]", DEFAULT_BOOT_ID_FILE),
     )

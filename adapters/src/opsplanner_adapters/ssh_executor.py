@@ -124,8 +124,8 @@ def config_load(path: Path) -> ExecutorConfig:
         raise ConfigError(f"[executor]: `concurrency` must be 1 to 256, not {concurrency}")
     lease_seconds = setting(executor, "lease_seconds", int, "[executor]", 300)
     wait_seconds = setting(executor, "wait_seconds", int, "[executor]", 10)
-    if not 2 <= lease_seconds <= 86400 or not 0 <= wait_seconds <= 20:
-        raise ConfigError("[executor]: `lease_seconds` must be 2 to 86400 and `wait_seconds` 0 to 20")
+    if not 2 <= lease_seconds <= 86400 or not 0 <= wait_seconds <= 60:
+        raise ConfigError("[executor]: `lease_seconds` must be 2 to 86400 and `wait_seconds` 0 to 60")
     return ExecutorConfig(
         api_url=api.url,
         token=api.token,
