@@ -40,6 +40,7 @@ class SimulationConfig:
     verify_minutes: float = 10.0
     undrain_minutes: float = 5.0
     execute_spread: float = 0.0  # per upgrade, the log-normal spread of its execution time around execute_minutes
+    host_spread: float = 0.0  # per host and kind of work, the log-normal spread (mean 1) of its durations
     slow_host_fraction: float = 0.02  # the share of hosts whose drain takes slow_host_factor times longer
     slow_host_factor: float = 3.0
     host_failures_per_day: float = 0.0005  # per host
@@ -121,9 +122,10 @@ class SimulationConfig:
             fraction(name, 0.5)
         fraction("slow_host_fraction")
         at_least("slow_host_factor", 1, " times")
-        at_least("execute_spread", 0)
-        if "execute_spread" not in problems and self.execute_spread > 3:
-            problems["execute_spread"] = "execute spread must be at most 3 (a factor of e³ either way)."
+        for name in ("execute_spread", "host_spread"):
+            at_least(name, 0)
+            if name not in problems and getattr(self, name) > 3:
+                problems[name] = f"{name.replace('_', ' ')} must be at most 3 (a factor of e³ either way)."
         problems.update(_scenario_and_start_errors(self))
         if problems:
             return problems

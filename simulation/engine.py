@@ -31,7 +31,7 @@ from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, SimulatorProfil
 from opsplanner.progress import Progress
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.simulator import WORKER, simulated_work_step
+from opsplanner.services.simulator import WORKER, simulated_work_step, simulator_host_spread_set
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.run import pools_with_work
 from simulation.config import Failure, SimulationConfig, Workload
@@ -134,6 +134,16 @@ def simulated_time(start: dt.datetime) -> Iterator[VirtualClock]:
             logger.setLevel(level)
 
 
+@contextmanager
+def _host_spread_for_the_run() -> Iterator[None]:
+    """The policy's setup sets the scenario's spread of durations per host (simulation/scenarios.py);
+    it is the process's, so it ends with the run rather than stretch whatever the process runs next."""
+    try:
+        yield
+    finally:
+        simulator_host_spread_set(0.0)
+
+
 def simulator_profile_set(config: SimulationConfig) -> SimulatorProfile:
     profile = SimulatorProfile.current()
     profile.seed = config.seed
@@ -168,7 +178,7 @@ def policy_run(
         raise SimulationError("; ".join(problems.values()))
     started = time.perf_counter()
     tables_reset()
-    with simulated_time(config.start) as virtual:
+    with simulated_time(config.start) as virtual, _host_spread_for_the_run():
         if pools is not None:
             workload = Workload(
                 arrivals=[a for a in workload.arrivals if a.pool in pools],

@@ -3,7 +3,8 @@
 - default: today's defaults (a few components, two upgrades a week per pool);
 - meta: the regime the trains exist for, as the seeds describe it: more than 50 components, new
   upgrades several times a day, execution times that vary from upgrade to upgrade (a log-normal
-  spread, so some upgrades run much longer) and a share of slow hosts whose drains take longer.
+  spread, so some upgrades run much longer), hosts that each take their own time for each kind of
+  work (a log-normal spread per host and kind) and a share of slow hosts whose drains take longer.
 
 A scenario only fills in defaults: what the command line (or a caller) names explicitly wins, and the
 seed decides everything drawn from the scenario's distributions.
@@ -24,6 +25,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "upgrades_per_week": 21.0,  # per pool: three a day
         "hosts_per_domain": 40,
         "execute_spread": 0.6,  # the slowest tenth of upgrades run over twice the median
+        "host_spread": 0.15,  # the slowest tenth of hosts take about 1.2 times the mean for a kind of work
         "slow_host_fraction": 0.05,
         "slow_host_factor": 4.0,
         "cycle_slo_hours": 72.0,
@@ -59,9 +61,12 @@ def upgrade_execute_seconds(config: SimulationConfig, component: str, version: s
 
 
 def simulated_hardware_apply(config: SimulationConfig) -> None:
-    """The scenario's slow hosts on the simulated drainer (the engine wrote the other durations)."""
+    """The scenario's slow hosts on the simulated drainer and its spread of durations per host (the
+    engine wrote the other durations)."""
     from opsplanner.models import SimulatorProfile
+    from opsplanner.services.simulator import simulator_host_spread_set
 
+    simulator_host_spread_set(config.host_spread)
     profile = SimulatorProfile.current()
     profile.slow_host_fraction = Decimal(str(config.slow_host_fraction))
     profile.slow_drain_factor = config.slow_host_factor

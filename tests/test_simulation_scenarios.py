@@ -13,6 +13,7 @@ from django.db import connection
 
 from fleet.versions import version_sort_key
 from opsplanner.models import SimulatorProfile
+from opsplanner.services.simulator import host_spread_factor
 from simulation.config import EPOCH, SimulationConfig
 from simulation.engine import SimulationError, policy_run
 from simulation.management.commands.simulate import Command
@@ -43,6 +44,7 @@ def test_the_meta_scenario_has_many_components_upgrades_every_day_a_duration_spr
     assert meta.components > 50
     assert meta.upgrades_per_week / 7 >= 2  # several a day per pool
     assert meta.execute_spread > 0
+    assert meta.host_spread > 0
     assert 0 < meta.slow_host_fraction < 1
     assert meta.slow_host_factor > 1
     assert scenario_config("default") == SimulationConfig()
@@ -149,6 +151,7 @@ def test_a_small_meta_run_keeps_the_invariants_and_measures_how_far_each_upgrade
     rollout_measures_add(META_SMALL, log, pools)
 
     assert result["violations"] == []
+    assert host_spread_factor(1, 1, "drain") == 1.0  # the run's spread of host durations ended with it
     profile = SimulatorProfile.current()
     assert float(profile.slow_host_fraction) == META_SMALL.slow_host_fraction
     upgrade_times = {key: v["seconds"] for key, v in profile.execute_by_kind.items() if key.startswith("upgrade:")}

@@ -170,8 +170,10 @@ def test_first_fit_takes_the_first_candidate_alone_over_the_budget_and_skips_wha
     sizing = VisitSizing(budget_s=1000, overhead_s=100, hosts_at_once=10, factor=1.0, domains=1, largest_domain=10)
     works = {"big": 2000, "mid": 500, "small": 300}
 
-    alone = select_within_budget(["big", "small"], sizing=sizing, hosts_of=lambda _: {1}, work_of=works.get)
-    fit = select_within_budget(["mid", "big", "small"], sizing=sizing, hosts_of=lambda _: {1}, work_of=works.get)
+    alone = select_within_budget(["big", "small"], sizing=sizing, hosts_of=lambda _: {1}, work_of=works.__getitem__)
+    fit = select_within_budget(
+        ["mid", "big", "small"], sizing=sizing, hosts_of=lambda _: {1}, work_of=works.__getitem__
+    )
 
     assert (alone.taken, alone.left, alone.over_budget) == (["big"], ["small"], True)
     assert (fit.taken, fit.left, fit.cost_s, fit.over_budget) == (["mid", "small"], ["big"], 900, False)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
+from statistics import NormalDist
 
 from django.conf import settings
 from django.db import transaction
@@ -30,6 +32,32 @@ SUBJECT = "opsplanner.workitem"
 # more than the rest of the simulated executor.
 _CLAIM_FIELDS = ("params", "claimed_at")
 _FINISH_FIELDS = ("id", "kind", "verify_class", "host_id", "pool_id", "attempts", "params")
+SPREAD_Z_BOUND = 3.0  # a host is at most e^(3 sigma) slower or faster than the median: no absurd outlier
+# The log-normal spread of each host's durations around the profile's (sigma; 0: every host alike).
+# Set by the simulation for the process it runs in (simulation/scenarios.py); not a profile column.
+_host_spread = 0.0
+_NORMAL = NormalDist()
+
+
+def simulator_host_spread_set(sigma: float) -> None:
+    """Every simulated host takes its own time for each kind of work: a log-normal factor of spread
+    `sigma` (mean 1), fixed by the seed, the host and the kind. 0 switches the spread off."""
+    if not isinstance(sigma, int | float) or isinstance(sigma, bool) or not 0 <= sigma <= 3:
+        raise ValueError(f"the host spread must be a number from 0 to 3; got {sigma!r}")
+    global _host_spread
+    _host_spread = float(sigma)
+
+
+def host_spread_factor(seed: int, host_id: int | None, kind: str, sigma: float | None = None) -> float:
+    """How much longer (or shorter) this host takes for this kind of work than the profile says: a
+    log-normal factor with mean 1 (median below 1), its normal draw bounded to ±SPREAD_Z_BOUND;
+    exactly 1 without a spread. Deterministic: the seed, the host and the kind decide."""
+    sigma = _host_spread if sigma is None else sigma
+    if not sigma or host_id is None:
+        return 1.0
+    u = min(max(chance(seed, "spread", host_id, kind), 1e-12), 1 - 1e-12)
+    z = max(-SPREAD_Z_BOUND, min(SPREAD_Z_BOUND, _NORMAL.inv_cdf(u)))
+    return math.exp(sigma * z - sigma * sigma / 2)
 
 
 def chance(*parts: object) -> float:
@@ -39,9 +67,21 @@ def chance(*parts: object) -> float:
 
 
 def _duration(profile: SimulatorProfile, item: WorkItem) -> float:
+    """How long the item takes: the profile's time, times the host's own factor for this kind of
+    work. A slow host's drain takes slow_drain_factor times the profile's, spread or not (that
+    factor is the tail of the drains, set against the drain deadline; spread again, it broke it)."""
+    if item.kind == WorkKind.DRAIN and _slow(profile, item.host_id):
+        return profile.drain_seconds * profile.slow_drain_factor
+    return _base_duration(profile, item) * host_spread_factor(profile.seed, item.host_id, item.kind)
+
+
+def _slow(profile: SimulatorProfile, host_id: int | None) -> bool:
+    return chance(profile.seed, "slow", host_id) < float(profile.slow_host_fraction)
+
+
+def _base_duration(profile: SimulatorProfile, item: WorkItem) -> float:
     if item.kind == WorkKind.DRAIN:
-        slow = chance(profile.seed, "slow", item.host_id) < float(profile.slow_host_fraction)
-        return profile.drain_seconds * (profile.slow_drain_factor if slow else 1.0)
+        return profile.drain_seconds
     if item.kind == WorkKind.EXECUTE:
         return _execution(profile, item)[0]
     seconds: dict[str, float] = {
@@ -83,6 +123,7 @@ def simulator_profile_instant(**overrides: object) -> SimulatorProfile:
     for name in ("slow_host_fraction", "refusing_host_fraction", "execute_failure_rate", "verify_failure_rate"):
         setattr(profile, name, Decimal(0))
     profile.execute_by_kind = {}
+    simulator_host_spread_set(0.0)
     for name, value in overrides.items():
         if isinstance(value, float) and name.endswith(("_fraction", "_rate")):
             value = Decimal(str(value))  # 0.05, not 0.05000000000000000277
@@ -116,7 +157,9 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
             return
         by_duration: dict[float, list[int]] = defaultdict(list)
         for item in items:
-            by_duration[_duration(profile, item)].append(item.pk)
+            duration = _duration(profile, item)
+            # With a spread every host differs: whole seconds keep the updates few where durations repeat.
+            by_duration[round(duration) if _host_spread else duration].append(item.pk)
         claimed_at = items[0].claimed_at
         assert claimed_at is not None  # work_items_claim sets it on every item it claims
         for duration, ids in by_duration.items():

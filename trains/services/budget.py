@@ -5,14 +5,20 @@ for the next cycle (still one drain per host per cycle).
 The cost model of one visit: hosts of a domain work in parallel, as many at once as the visit's
 share of the planned buffer allows (waves), and each host applies its upgrades one after another in
 one drain (handover). So a visit costs waves x (overhead + the sum of the upgrades' work), corrected
-by how long the train's recent visits really took against what they were planned to take.
+by how long the train's recent visits really took against that cost. A visit lasts as long as its
+slowest host, so the correction is a high quantile of the recent ratios, not their mean: sized on
+the mean, half the visits ran over and the cycle missed its SLO.
+
+Each visit's budget is its share of the SLO, and never more than the time left before the cycle's
+deadline shared among the visits still to start (`sizing_within_cycle`): a visit that ran long, or a
+domain skipped for an opt-out window, is made up by the visits after it, not by the deadline.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from django.db.models import Count, F, Window
@@ -25,6 +31,7 @@ from trains.models import BudgetCode, Train, TrainStop, Upgrade, Visit, VisitSta
 
 MEASURED_VISITS = 10  # recent visits that correct the estimates
 MIN_MEASURED = 3  # fewer than this and the estimates stand as they are
+MEASURED_QUANTILE = 0.9  # the correction covers this share of the recent visits, not just the average one
 FACTOR_BOUNDS = (0.25, 10.0)  # one odd visit cannot make the budget absurd
 ACTOR = "train-scheduler"
 
@@ -109,9 +116,10 @@ def _largest_domain(domain_ids: list[int]) -> int:
 
 
 def measured_factor(train: Train) -> float:
-    """How long the train's recent visits took against the cost they were planned at (one query);
-    1 until enough visits were measured. A sliding visit (its plan counts the hosts it "released")
-    overlaps its neighbours, so its span says little about its cost: only domain-paced visits count."""
+    """How long the train's recent visits took against their uncorrected cost (the plan's cost_s;
+    one query); 1 until enough visits were measured. A sliding visit (its plan counts the hosts it
+    "released") overlaps its neighbours, so its span says little about its cost: only domain-paced
+    visits count."""
     ranked = (
         Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
         .exclude(plan__has_key="released")
@@ -128,11 +136,25 @@ def measured_factor(train: Train) -> float:
 
 
 def factor_from(ratios: list[float]) -> float:
-    """The correction from measured visits (real length over planned cost); 1 until enough."""
+    """The correction from measured visits (real length over uncorrected cost): the ratio that
+    MEASURED_QUANTILE of them stay at or under (nearest rank); 1 until enough were measured."""
     if len(ratios) < MIN_MEASURED:
         return 1.0
+    ordered = sorted(ratios)
+    rank = max(1, math.ceil(MEASURED_QUANTILE * len(ordered)))
     low, high = FACTOR_BOUNDS
-    return min(high, max(low, sum(ratios) / len(ratios)))
+    return min(high, max(low, ordered[rank - 1]))
+
+
+def sizing_within_cycle(sizing: VisitSizing, *, train: Train, seconds_left: float, visits_left: int) -> VisitSizing:
+    """The sizing for a visit starting now in a cycle with `seconds_left` before its deadline and
+    `visits_left` visits still to start (this one included): its budget is its share of the SLO, or
+    of the time left if that is less (visit_concurrency visits run at once), so a cycle that fell
+    behind catches up on the visits still to come."""
+    if visits_left <= 0:
+        return sizing
+    share = max(0.0, seconds_left) * train.visit_concurrency / visits_left
+    return replace(sizing, budget_s=min(sizing.budget_s, share)) if share < sizing.budget_s else sizing
 
 
 @dataclass
@@ -146,24 +168,53 @@ class Selection:
 
 
 def select_within_budget(
-    candidates: Sequence[T], *, sizing: VisitSizing, hosts_of: Callable[[T], set[int]], work_of: Callable[[T], float]
+    candidates: Sequence[T],
+    *,
+    sizing: VisitSizing,
+    hosts_of: Callable[[T], set[int]],
+    work_of: Callable[[T], float],
+    restrict: Callable[[T, set[int]], T] | None = None,
 ) -> Selection:
     """First fit in the given order: each candidate joins the visit if the visit still fits the
-    budget with it. The first one is taken even alone over the budget (the train says so), so a
-    backlog never stops moving."""
+    budget with it. A visit lasts as long as its busiest host, so the cost counts, per host, the
+    work of the candidates it is in: a long upgrade retried on one host does not keep the others
+    from their upgrades. With `restrict` (a candidate narrowed to some hosts), a candidate that does
+    not fit on every host is taken on the hosts where it fits and left for the next cycle on the
+    others. The first one is taken even alone over the budget (the train says so), so a backlog
+    never stops moving."""
     selection = Selection()
-    hosts: set[int] = set()
-    works: list[float] = []
+    chains: dict[int, float] = {}  # host -> the work it does in this visit
     for candidate in candidates:
-        more_hosts = hosts | hosts_of(candidate)
-        cost = sizing.cost_s(len(more_hosts), [*works, work_of(candidate)])
+        its_hosts, work = hosts_of(candidate), work_of(candidate)
+        hosts = chains.keys() | its_hosts
+        cost = _chain_cost(sizing, chains, its_hosts, work, hosts)
         if cost <= sizing.budget_s or not selection.taken:
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             selection.taken.append(candidate)
-            hosts, works, selection.cost_s = more_hosts, [*works, work_of(candidate)], cost
-        else:
+            _add_work(chains, its_hosts, work)
+            selection.cost_s = cost
+            continue
+        fitting = {h for h in its_hosts if _chain_cost(sizing, chains, {h}, work, hosts) <= sizing.budget_s}
+        if restrict is None or not fitting:
             selection.left.append(candidate)
+            continue
+        selection.taken.append(restrict(candidate, fitting))
+        selection.left.append(restrict(candidate, its_hosts - fitting))
+        _add_work(chains, fitting, work)
+        selection.cost_s = _chain_cost(sizing, chains, set(), 0.0, chains.keys())
     return selection
+
+
+def _chain_cost(sizing: VisitSizing, chains: dict[int, float], more: set[int], work: float, hosts: Iterable) -> float:
+    """The visit's cost over `hosts` with `work` added on the hosts in `more`: its busiest host's."""
+    busiest = max((chains.get(h, 0.0) + work for h in more), default=0.0)
+    busiest = max(busiest, max(chains.values(), default=0.0))
+    return sizing.cost_s(len(set(hosts)), [busiest])
+
+
+def _add_work(chains: dict[int, float], hosts: set[int], work: float) -> None:
+    for host in hosts:
+        chains[host] = chains.get(host, 0.0) + work
 
 
 # --- the train says at once when one upgrade cannot fit a visit ---------------------------------------

@@ -37,7 +37,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
-from trains.services.budget import VisitSizing, train_budget_check, train_sizing
+from trains.services.budget import VisitSizing, sizing_within_cycle, train_budget_check, train_sizing
 from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
@@ -440,6 +440,7 @@ def _start_visits(
         return
     optouts = {} if train.emergency else optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
     sizing = None
+    visits_left = len(planned)  # a domain skipped for now still needs its share of the time left
     for visit in planned:
         if (running >= train.visit_concurrency) if room is None else (room <= 0):
             break
@@ -449,9 +450,12 @@ def _start_visits(
         if sizing is None:  # read once per tick, and only when a visit starts
             sizing = train_sizing(train)
             _budget_step(train, plans, sizing, now)
-        selection = visit_start(train=train, visit=visit, plans=plans, sizing=sizing, now=now, release=room)
+        left_s = (cycle.deadline_at - now).total_seconds()
+        share = sizing_within_cycle(sizing, train=train, seconds_left=left_s, visits_left=visits_left)
+        selection = visit_start(train=train, visit=visit, plans=plans, sizing=share, now=now, release=room)
         if selection is None:
             continue
+        visits_left -= 1
         if selection.taken:
             running += 1
             if room is not None:

@@ -95,7 +95,13 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
 
 
 def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
-    return select_within_budget(steps, sizing=sizing, hosts_of=lambda s: s.hosts, work_of=lambda s: s.work_s)
+    return select_within_budget(
+        steps,
+        sizing=sizing,
+        hosts_of=lambda s: s.hosts,
+        work_of=lambda s: s.work_s,
+        restrict=lambda s, hosts: replace(s, hosts=hosts),
+    )
 
 
 def visit_start(
@@ -195,7 +201,18 @@ def _plan_record(selection: Selection, sizing: VisitSizing) -> dict:
         "upgrades": [_entry(step, joined=False) for step in taken],
         "left": [{"upgrade": s.plan.upgrade.pk, "hosts": len(s.hosts)} for s in selection.left],
         "budget_s": round(sizing.budget_s),
-        "cost_s": round(selection.cost_s),
+        **_cost_record(selection.cost_s, sizing),
+    }
+
+
+def _cost_record(estimate_s: float, sizing: VisitSizing) -> dict:
+    """The visit's cost as planned: before the measured correction (cost_s, what the next visits
+    measure their length against: measured against the corrected one, the correction fed on itself
+    and settled at the square root of the truth), the correction, and the estimate it gave."""
+    return {
+        "cost_s": round(estimate_s / sizing.factor),
+        "factor": round(sizing.factor, 4),
+        "estimate_s": round(estimate_s),
     }
 
 
@@ -270,11 +287,13 @@ def _join_visit(
     plan_record["late_seen"] = sorted({*plan_record.get("late_seen", []), *seen})
     hosts = set(plan_record.get("hosts", []))
     works = [float(e.get("work_s", 0)) for e in plan_record.get("upgrades", [])]
+    # The budget the visit was given when it started (a cycle behind its deadline gives less).
+    budget = min(sizing.budget_s, float(plan_record.get("budget_s", sizing.budget_s)))
     joins = []
     waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
     for step in domain_steps(plans, drained | waiting, sizing) if drained or waiting else []:
         cost = sizing.cost_s(len(hosts | step.hosts), [*works, step.work_s])
-        if cost > sizing.budget_s:
+        if cost > budget:
             continue  # it waits for the next cycle, like any work that does not fit
         if step.hosts - waiting:
             visit_step_submit(train, visit, replace(step, hosts=step.hosts - waiting), joined=True)
@@ -284,7 +303,7 @@ def _join_visit(
         hosts |= step.hosts
         works.append(step.work_s)
         plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]
-        plan_record["cost_s"] = round(cost)
+        plan_record.update(_cost_record(cost, sizing))
         joins.append((visit.pk, step.plan.upgrade.pk, len(step.hosts)))
         event_record(
             kind="train.visit_joined",

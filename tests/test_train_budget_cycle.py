@@ -1,0 +1,149 @@
+"""Visits sized to keep the cycle: the measured correction covers the slow visits (a visit lasts as long
+as its slowest host), is measured against the uncorrected cost so it settles on the truth, and a cycle
+behind its deadline gives the visits still to start only the time left."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from fleet.models import Pool
+from tests.driving import drive_trains
+from tests.test_train_budget import SLO_S, create_upgrades, drains_per_host, four_components_fleet
+from tests.test_train_late_joiners import a_visit_draining
+from tests.trains_builders import make_train
+from trains.models import Cycle, Train, Visit, VisitOperation, VisitState
+from trains.services.budget import (
+    FACTOR_BOUNDS,
+    VisitSizing,
+    factor_from,
+    measured_factor,
+    select_within_budget,
+    sizing_within_cycle,
+)
+from trains.services.tick import train_tick
+from trains.services.upgrades import upgrade_create
+
+pytestmark = pytest.mark.django_db
+
+
+def past_visits(train: Train, pool: Pool, *, planned: list[dict], took_s: float) -> None:
+    """Two finished cycles of visits over the pool's two domains, each planned as given, each `took_s` long."""
+    domains = list(pool.domains.order_by("position").values_list("id", flat=True))
+    start = timezone.now() - dt.timedelta(days=2)
+    for number in (1, 2):
+        cycle = Cycle.objects.create(
+            train=train, number=number, started_at=start, ended_at=start, deadline_at=start + dt.timedelta(hours=2)
+        )
+        for position, domain_id in enumerate(domains, start=1):
+            plan = planned[(number - 1) * len(domains) + position - 1]
+            Visit.objects.create(
+                train=train, cycle=cycle, domain_id=domain_id, position=position, state=VisitState.DONE,
+                started_at=start, ended_at=start + dt.timedelta(seconds=took_s), plan=plan,
+            )  # fmt: skip
+            start += dt.timedelta(seconds=took_s)
+
+
+def test_the_correction_covers_the_slow_visits_not_only_the_average_one() -> None:
+    ratios = [1.0] * 8 + [1.5, 2.0]
+
+    assert factor_from(ratios) == 1.5  # nine visits in ten stay at or under it
+    assert factor_from(ratios) > sum(ratios) / len(ratios)
+    assert factor_from([1.2, 1.4, 1.3]) == 1.4
+    assert factor_from([1.2, 1.4]) == 1.0  # too few measured: the estimates stand
+    assert factor_from([50.0] * 5) == FACTOR_BOUNDS[1]
+
+
+def test_the_correction_is_measured_against_the_uncorrected_cost_so_it_settles_on_the_truth() -> None:
+    pool = four_components_fleet()
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # Visits planned at 1000 s before the correction, 2000 s with it, that really took 2000 s: the
+    # correction is 2 (measured against the corrected cost it fell back to 1, then rose again, and
+    # settled at the square root of the truth).
+    past_visits(train, pool, planned=[{"cost_s": 1000, "factor": 2.0, "estimate_s": 2000}] * 4, took_s=2000)
+
+    assert measured_factor(train) == pytest.approx(2.0)
+
+
+def test_a_visit_after_slow_visits_is_sized_so_its_corrected_estimate_stays_under_the_budget() -> None:
+    pool = four_components_fleet()
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # Slow hosts made the recent visits take twice their cost (the slowest host sets a visit's length).
+    past_visits(train, pool, planned=[{"cost_s": 1500, "hosts": [1]}] * 4, took_s=3000)
+    create_upgrades(pool, [100, 100, 100, 100])
+
+    train_tick(train_id=train.pk)
+
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    assert visit.plan["factor"] == pytest.approx(2.0)
+    assert len(visit.plan["upgrades"]) == 1  # 2 x (600 + 1200) = 3600 fits; a second upgrade would not
+    assert visit.plan["estimate_s"] == 3600 <= visit.plan["budget_s"]
+    assert visit.plan["cost_s"] == 1800  # before the correction: what the next visits are measured against
+
+
+def test_a_cycle_behind_its_deadline_gives_the_visits_still_to_start_only_the_time_left() -> None:
+    pool = four_components_fleet()
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    create_upgrades(pool, [100, 100, 100, 100])
+    train_tick(train_id=train.pk)
+    first = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    # The first visit ran long: only 2200 s are left before the deadline for the second.
+    Cycle.objects.filter(pk=first.cycle_id).update(deadline_at=timezone.now() + dt.timedelta(seconds=2200))
+
+    drive_trains(pool, until=lambda: Visit.objects.filter(cycle=first.cycle, started_at__isnull=False).count() == 2)
+
+    second = Visit.objects.get(cycle=first.cycle, started_at__isnull=False, pk__gt=first.pk)
+    assert first.plan["budget_s"] == 3600
+    assert len(first.plan["upgrades"]) == 2
+    assert 2000 < second.plan["budget_s"] <= 2200
+    assert [u["upgrade"] for u in second.plan["upgrades"]] == [first.plan["upgrades"][0]["upgrade"]]  # 1800 s fits
+    assert max(drains_per_host(pool).values()) == 1
+
+
+def test_a_cycle_budget_never_grows_a_visit_beyond_its_share_of_the_slo() -> None:
+    train = Train(cycle_slo_s=SLO_S, visit_concurrency=1)
+    sizing = VisitSizing(budget_s=3600, overhead_s=600, hosts_at_once=2, factor=1.0, domains=2, largest_domain=2)
+
+    assert sizing_within_cycle(sizing, train=train, seconds_left=7200, visits_left=1).budget_s == 3600
+    assert sizing_within_cycle(sizing, train=train, seconds_left=5000, visits_left=2).budget_s == 2500
+    assert sizing_within_cycle(sizing, train=train, seconds_left=-60, visits_left=2).budget_s == 0
+    pair = Train(cycle_slo_s=SLO_S, visit_concurrency=2)  # two visits at once share the time left two by two
+    assert sizing_within_cycle(sizing, train=pair, seconds_left=5000, visits_left=4).budget_s == 2500
+
+
+def test_a_late_upgrade_joins_a_visit_only_within_the_budget_the_visit_was_given() -> None:
+    # 600 s overhead + 1200 s of bios: a late 1200 s upgrade fits the SLO's share (3600 s) ...
+    pool, _, train, visit = a_visit_draining(cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # ... but not the 2000 s this visit was given by a cycle behind its deadline.
+    Visit.objects.filter(pk=visit.pk).update(plan={**visit.plan, "budget_s": 2000})
+
+    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="fix", duration_s=1200)
+    train_tick(train_id=train.pk)
+
+    assert not VisitOperation.objects.filter(visit=visit, upgrade=late).exists()
+    visit.refresh_from_db()
+    assert visit.plan["late_seen"] == [late.pk]
+
+
+def test_a_long_upgrade_retried_on_one_host_does_not_keep_the_other_hosts_from_their_upgrades() -> None:
+    sizing = VisitSizing(budget_s=3000, overhead_s=600, hosts_at_once=40, factor=1.0, domains=1, largest_domain=40)
+    # The oldest upgrade is long and left on one host (its first try failed there); the newer ones
+    # are pending on all four hosts, that host included.
+    steps = [("retry", {1}, 2000), ("bios", {1, 2, 3, 4}, 500), ("bmc", {1, 2, 3, 4}, 500)]
+
+    selection = select_within_budget(
+        steps,
+        sizing=sizing,
+        hosts_of=lambda s: s[1],
+        work_of=lambda s: s[2],
+        restrict=lambda s, hosts: (s[0], hosts, s[2]),
+    )
+
+    assert selection.taken == [("retry", {1}, 2000), ("bios", {2, 3, 4}, 500), ("bmc", {2, 3, 4}, 500)]
+    assert selection.left == [("bios", {1}, 500), ("bmc", {1}, 500)]  # host 1 takes them next cycle
+    assert selection.cost_s == 2600  # its busiest host: 600 s overhead + the 2000 s retry
+    assert not selection.over_budget
+    without = select_within_budget(steps, sizing=sizing, hosts_of=lambda s: s[1], work_of=lambda s: s[2])
+    assert [s[0] for s in without.taken] == ["retry"]  # not narrowed: the whole domain waited a cycle
