@@ -153,6 +153,8 @@ def _figures(results: list[dict[str, Any]], seconds: float, server: str, load: s
         raise SystemExit(f"{len(errors)} failed requests, e.g.\n" + "\n".join(errors[:5]))
     if not steps:
         raise SystemExit("no agent reported anything: is the fleet busy?")
+    spread = ", ".join(f"p{p} {_percentile(steps, p):.0f}" for p in (50, 75, 90, 95, 98, 99))
+    print(f"bench api_agent_steps: step ms {spread}; {len(steps)} steps", file=sys.stderr, flush=True)
     how = (
         f"ASGI_SERVER={server} python -m bench api_agent_steps --seconds {seconds:g} ({AGENTS:,} agents, one per "
         f"host, asyncio clients in {AGENT_PROCESSES} processes, one keep-alive connection each; {WEB_WORKERS} "

@@ -138,7 +138,9 @@ else:
     # so CONN_MAX_AGE serves management commands and the embedded server, not the workers.
     _pool_max = env_int("DATABASE_POOL_MAX_SIZE", 8 if env_bool("OPSPLANNER_ASGI", False) else 0, minimum=0)
     if _pool_max:
-        DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": _pool_max, "timeout": 10}
+        # Opened at start and kept: a pool that grows on demand opens one connection at a time, and
+        # requests queued behind that growth for seconds whenever a burst arrived.
+        DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": _pool_max, "max_size": _pool_max, "timeout": 10}
         DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASE_IS_SQLITE = _database.is_sqlite
