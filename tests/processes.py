@@ -64,7 +64,10 @@ class WorkerProcess:
 
 
 def _process_env(tmp_path: Path, queue: str, tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    # Not a web process: once a test imported config.asgi, this process's environment says ASGI, and
+    # a worker inheriting it would run on the web's connection pool (opened in full, and closed by
+    # Celery around every task), which is not how a worker runs.
+    env = {name: value for name, value in os.environ.items() if name != "OPSPLANNER_ASGI"}
     env.update(
         {
             "DATABASE_URL": test_database_url(),
