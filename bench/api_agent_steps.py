@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Figure, load_average, start_web_server, stop_process
+from bench.host_ops import BusyDomains
 
 AGENTS = 2_000
 AGENT_PROCESSES = 2
@@ -55,7 +56,6 @@ LEASE_S = 300
 
 def run(seconds: float | None = None) -> list[Figure]:
     seconds = seconds or DEFAULT_SECONDS
-    from bench.api_host_ops import _ExternalBusyDomains
     from bench.host_ops import _start_workers_and_beat
     from bench.setup import django_on_scratch_database
 
@@ -63,7 +63,6 @@ def run(seconds: float | None = None) -> list[Figure]:
     busy, token, hostnames = _seed()
     web = start_web_server(url, workers=WEB_WORKERS, name="api-agents")
     processes = _start_workers_and_beat(url)
-    assert isinstance(busy, _ExternalBusyDomains)
     busy.keep_busy()  # the operations first: the agents' window starts when they start
     measure_from = time.time() + WARM_UP_SECONDS
     stop_at = measure_from + seconds
@@ -85,12 +84,12 @@ def run(seconds: float | None = None) -> list[Figure]:
     return _figures(results, seconds, web.server, loads[len(loads) // 2] if loads else load_average())
 
 
-def _seed() -> tuple[object, str, list[str]]:
+def _seed() -> tuple[BusyDomains, str, list[str]]:
     """AGENTS hosts in POOLS pools with external adapters, a token, and the host names."""
     from django.contrib.auth import get_user_model
     from knox.models import AuthToken
 
-    from bench.api_host_ops import _ExternalBusyDomains
+    from bench.api_host_ops import external_busy_domains
     from bench.fleet import bench_fleet
     from fleet.models import Host, Pool
     from opsplanner.models import Adapter
@@ -104,7 +103,7 @@ def _seed() -> tuple[object, str, list[str]]:
     user = get_user_model().objects.create_user(username="bench-agent", password=uuid.uuid4().hex)
     user.groups.add(roles_ensure()[Role.EXECUTOR])
     hostnames = list(Host.objects.order_by("id").values_list("hostname", flat=True))
-    return _ExternalBusyDomains(scopes), AuthToken.objects.create(user)[1], hostnames
+    return external_busy_domains(scopes), AuthToken.objects.create(user)[1], hostnames
 
 
 def _start_agents(

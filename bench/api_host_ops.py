@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Figure, load_average, start_web_server, stop_process
+from bench.host_ops import BusyDomains
 
 POOLS = 4
 HOSTS_PER_POOL = 2_500
@@ -86,7 +87,7 @@ def run(seconds: float | None = None) -> list[Figure]:
     ]
 
 
-def _seed() -> tuple[Any, str]:
+def _seed() -> tuple[BusyDomains, str]:
     """The fleet (its pools' adapters external), one open operation per domain, an executor's token."""
     from django.contrib.auth import get_user_model
     from knox.models import AuthToken
@@ -103,37 +104,17 @@ def _seed() -> tuple[Any, str]:
     scopes = [f"domain {pool.name}/{name}" for pool in pools for name in pool.domains.values_list("name", flat=True)]
     user = get_user_model().objects.create_user(username="bench-adapter", password=uuid.uuid4().hex)
     user.groups.add(roles_ensure()[Role.EXECUTOR])
-    return _ExternalBusyDomains(scopes), AuthToken.objects.create(user)[1]
+    return external_busy_domains(scopes), AuthToken.objects.create(user)[1]
 
 
-class _ExternalBusyDomains:
-    """Keeps one open reboot operation per domain, drained and run by the external adapters."""
+def external_busy_domains(scopes: list[str]) -> BusyDomains:
+    """One open reboot operation per domain, drained and run by the external adapters."""
+    from opsplanner.models import Adapter
 
-    def __init__(self, scopes: list[str]) -> None:
-        self.scopes = scopes
-        self.open_operations: dict[str, int] = {}
-
-    def keep_busy(self) -> None:
-        from opsplanner.models import Adapter, Operation, OperationState
-        from opsplanner.services.operations import operation_submit
-
-        still_open = set(
-            Operation.objects.filter(pk__in=self.open_operations.values(), state=OperationState.OPEN).values_list(
-                "id", flat=True
-            )
-        )
-        for scope in self.scopes:
-            if self.open_operations.get(scope) not in still_open:
-                self.open_operations[scope] = operation_submit(
-                    kind="reboot",
-                    scope=scope,
-                    reason="api benchmark",
-                    executor=Adapter.EXTERNAL,
-                    drainer=Adapter.EXTERNAL,
-                ).pk
+    return BusyDomains(scopes, reason="api benchmark", executor=Adapter.EXTERNAL, drainer=Adapter.EXTERNAL)
 
 
-def _measure(seconds: float, busy: _ExternalBusyDomains) -> tuple[float, str]:
+def _measure(seconds: float, busy: BusyDomains) -> tuple[float, str]:
     """Host tasks finished per second over `seconds` after the warm-up, and the load meanwhile."""
     from bench.host_ops import _finished
 

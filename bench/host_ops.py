@@ -36,7 +36,7 @@ def run(seconds: float | None = None) -> list[Figure]:
     pools = bench_fleet(pools=POOLS, hosts_per_pool=HOSTS_PER_POOL, hosts_per_domain=25, planned_fraction="0.20")
     # Each domain always has one open operation, so hosts never wait for each other's operations
     # (no handover shortcut): every host task takes the whole lifecycle.
-    busy = _BusyDomains(
+    busy = BusyDomains(
         [f"domain {pool.name}/{name}" for pool in pools for name in pool.domains.values_list("name", flat=True)]
     )
     simulator_profile_instant(batch_size=2_000)
@@ -60,11 +60,14 @@ def run(seconds: float | None = None) -> list[Figure]:
     ]
 
 
-class _BusyDomains:
-    """Keeps one open reboot operation per scope (a domain), submitting a new one when it closes."""
+class BusyDomains:
+    """Keeps one open reboot operation per scope (a domain), submitting a new one when it closes;
+    `executor` and `drainer` for the operations, empty for the pools' (the simulated ones)."""
 
-    def __init__(self, scopes: list[str]) -> None:
+    def __init__(self, scopes: list[str], *, reason: str = "benchmark", executor: str = "", drainer: str = "") -> None:
         self.scopes = scopes
+        self.reason = reason
+        self.executor, self.drainer = executor, drainer
         self.open_operations: dict[str, int] = {}
 
     def keep_busy(self) -> None:
@@ -78,7 +81,10 @@ class _BusyDomains:
         )
         for scope in self.scopes:
             if self.open_operations.get(scope) not in still_open:
-                self.open_operations[scope] = operation_submit(kind="reboot", scope=scope, reason="benchmark").pk
+                operation = operation_submit(
+                    kind="reboot", scope=scope, reason=self.reason, executor=self.executor, drainer=self.drainer
+                )
+                self.open_operations[scope] = operation.pk
 
 
 def _start_workers_and_beat(url: str) -> list[subprocess.Popen]:
@@ -114,7 +120,7 @@ def _finished() -> int:
     return HostTask.objects.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).count()
 
 
-def _measure(seconds: float, busy: _BusyDomains) -> float:
+def _measure(seconds: float, busy: BusyDomains) -> float:
     """Host tasks finished per second over `seconds`, after WARM_UP_SECONDS, every domain kept busy."""
     busy.keep_busy()
     started = time.monotonic()
