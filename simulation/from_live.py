@@ -439,7 +439,11 @@ def live_forecast(
     """Forecast the live pool (or every pool) from now over `base.days`, each of `base.policies`, in
     scratch lanes named with `tag`. Reads the live database once, writes nothing to it. Raises
     LiveSnapshotError (LiveConfigError for a pool the simulator cannot take) before any lane starts."""
-    now = clock.now().replace(microsecond=0)
+    # Whole seconds, rounded up: a window or reservation that began in the live second before the
+    # snapshot is already under way at the forecast's start (rounding down made it start a moment later).
+    now = clock.now()
+    if now.microsecond:
+        now = now.replace(microsecond=0) + dt.timedelta(seconds=1)
     snapshots = live_snapshot(pool_name, now)
     base = base.replace(**LIVE_FIXED)
     with tempfile.TemporaryDirectory(prefix="live-") as work:
