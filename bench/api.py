@@ -26,17 +26,15 @@ import datetime as dt
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.common import ROOT, Figure, asgi_server_name
+from bench.common import Figure, WebServer, asgi_server_name, start_web_server
 
 POOLS = 20
 HOSTS_PER_POOL = 5_000
@@ -52,7 +50,6 @@ PAGES_PER_WALK = 20
 DEFAULT_SECONDS = 15.0
 WARM_UP_SECONDS = 3.0
 THINK_SECONDS = (0.5, 1.5)  # the paced list scenarios: each client waits this long between requests
-SERVER_START_TIMEOUT_S = 60.0
 
 
 def run(seconds: float | None = None) -> list[Figure]:
@@ -201,59 +198,19 @@ def _check_reports(result: Result) -> None:
 # --- The servers ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_servers(database_url: str) -> list[Server]:
-    from opsplanner.management.commands.serve import asgi_server_command
-
-    env = dict(
-        os.environ,
-        DATABASE_URL=database_url,
-        DEBUG=os.environ.get("DEBUG", "0"),
-        ALLOWED_HOSTS="127.0.0.1,localhost",
-        API_THROTTLE_RATE="100000000/min",  # the limit is per token; the benchmark shares one per role
-        LOG_LEVEL="WARNING",
-    )
-    logs = Path(os.environ.get("OPSPLANNER_VAR_DIR", ROOT / "var")) / "bench"
-    logs.mkdir(parents=True, exist_ok=True)
-    servers = []
-    for i in range(SERVERS):
-        port, log = _free_port(), logs / f"api-{asgi_server_name()}-{i + 1}.log"
-        with log.open("wb") as sink:
-            command = asgi_server_command(asgi_server_name(), host="127.0.0.1", port=port)
-            process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        servers.append(Server(port, process, log))
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    for server in servers:
-        while not _answers(server.port):
-            if server.process.poll() is not None or time.monotonic() > deadline:
-                _stop_servers(servers)
-                raise SystemExit(f"the server on port {server.port} did not start:\n{server.log.read_text()[-3000:]}")
-            time.sleep(0.2)
+def _start_servers(database_url: str) -> list[WebServer]:
+    """SERVERS single-process servers, one port each (the benchmark spreads its clients over them)."""
+    servers: list[WebServer] = []
+    try:
+        for i in range(SERVERS):
+            servers.append(start_web_server(database_url, workers=1, name=f"api-{i + 1}"))
+    except SystemExit:
+        _stop_servers(servers)
+        raise
     return servers
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            return sock.recv(64).startswith(b"HTTP/1.1 200")
-    except OSError:
-        return False
-
-
-def _stop_servers(servers: list[Server]) -> None:
+def _stop_servers(servers: list[WebServer]) -> None:
     for server in servers:
         if server.process.poll() is None:
             server.process.terminate()
@@ -456,7 +413,7 @@ async def _scenario(
 
 
 async def _all_scenarios(
-    servers: list[Server], tokens: dict[str, str], pools: list[int], seconds: float
+    servers: list[WebServer], tokens: dict[str, str], pools: list[int], seconds: float
 ) -> dict[str, Result]:
     from opsplanner.roles import Role
 

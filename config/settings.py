@@ -136,7 +136,9 @@ else:
     # (per process, DATABASE_POOL_MAX_SIZE connections). Celery workers connect anew for each task:
     # Celery's Django fixup closes the connection before and after every task (CELERY_DB_REUSE_MAX unset),
     # so CONN_MAX_AGE serves management commands and the embedded server, not the workers.
-    _pool_max = env_int("DATABASE_POOL_MAX_SIZE", 8 if env_bool("OPSPLANNER_ASGI", False) else 0, minimum=0)
+    # The pool is the web's only (config/asgi.py says so): a Celery worker given one by an exported
+    # DATABASE_POOL_MAX_SIZE would open the whole pool around every task, as Celery closes it each time.
+    _pool_max = env_int("DATABASE_POOL_MAX_SIZE", 8, minimum=0) if env_bool("OPSPLANNER_ASGI", False) else 0
     if _pool_max:
         # Opened at start and kept: a pool that grows on demand opens one connection at a time, and
         # requests queued behind that growth for seconds whenever a burst arrived.

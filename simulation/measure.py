@@ -5,13 +5,13 @@ out, drains, interrupted jobs, rollouts, cycles and visits, per pool, as plain J
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from fleet.models import HostState
-from opsplanner.models import Event
+from opsplanner.models import Event, HostTask
 from simulation.config import SimulationConfig
 from simulation.engine import RunLog
 from simulation.rollout_measures import rollout_measures_add
@@ -75,6 +75,8 @@ def _pool_base(config: SimulationConfig, name: str) -> dict[str, Any]:
         "autostops": 0,
         "offboardings": 0,
         "cycles": [],
+        "host_cycles": 0,  # (host, cycle) pairs a train drained, and those it drained more than once
+        "host_cycles_redrained": 0,
         "visits": [],
         "rollouts": [],
     }
@@ -141,6 +143,7 @@ def _drains_and_interruptions(log: RunLog, pools: dict[int, dict[str, Any]]) -> 
 def _trains(config: SimulationConfig, pools: dict[int, dict[str, Any]]) -> None:
     from trains.models import Cycle, Visit
 
+    _drains_per_host_cycle(pools)
     for pool_id, number, started, ended, deadline in Cycle.objects.values_list(
         "train__pool_id", "number", "started_at", "ended_at", "deadline_at"
     ).order_by("train__pool_id", "number"):
@@ -157,3 +160,17 @@ def _trains(config: SimulationConfig, pools: dict[int, dict[str, Any]]) -> None:
             pools[pool_id]["visits"].append(
                 [domain, hours(config, visit_started), hours(config, visit_ended), state, skips]
             )
+
+
+def _drains_per_host_cycle(pools: dict[int, dict[str, Any]]) -> None:
+    """The trains' promise of one drain per host per cycle: the drains trains' tasks opened (a task
+    whose drain key is its own id), per host and cycle."""
+    drains = Counter(
+        HostTask.objects.filter(drain_key=F("id"), operation__visit_link__isnull=False).values_list(
+            "pool_id", "host_id", "operation__visit_link__visit__cycle_id"
+        )
+    )
+    for (pool_id, _, _), count in drains.items():
+        if pool_id in pools:
+            pools[pool_id]["host_cycles"] += 1
+            pools[pool_id]["host_cycles_redrained"] += count > 1

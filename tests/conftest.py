@@ -34,5 +34,7 @@ def operator(django_user_model):
     return user
 
 
-# Browser-test fixtures (a real web server and Chromium), registered for every test module.
+# Fixtures registered for every test module: the advisor's runs recorded instead of sent to the broker,
+# and the browser tests' real web server and Chromium.
+from tests.advisor_helpers import enqueued  # noqa: E402, F401
 from tests.browser import chromium, live_server_process  # noqa: E402, F401

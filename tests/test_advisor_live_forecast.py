@@ -8,12 +8,12 @@ import re
 
 import pytest
 from django.db import connection
-from django.test import Client
 
 from opsplanner.models import AdvisorRun, AdvisorRunState, Event
 from opsplanner.roles import Role
 from simulation import advisor_runs
 from simulation.advisor_runs import advisor_live_forecast_request, advisor_run_execute
+from tests.advisor_helpers import client_for, run_section
 from tests.api_helpers import role_client
 from tests.test_simulation_from_live import live_pool, table_counts
 from tests.trains_builders import make_user
@@ -21,20 +21,6 @@ from tests.trains_builders import make_user
 URL = "/api/advisor-runs/"
 PAGE = "/simulations/advisor/"
 LIVE = {"kind": "live_forecast", "pool": "live-a", "days": 2}
-
-
-@pytest.fixture
-def enqueued(monkeypatch) -> list[int]:
-    """The runs handed to Celery after their commit (recorded here instead of sent to the broker)."""
-    sent: list[int] = []
-    monkeypatch.setattr(advisor_runs, "_enqueue", sent.append)
-    return sent
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def run_events(run: AdvisorRun) -> list[str]:
@@ -51,12 +37,6 @@ def events_checksum_without_run(run_id: int | None) -> str:
             [run_id],
         )
         return cursor.fetchone()[0]
-
-
-def run_section(html: str, run: AdvisorRun) -> str:
-    match = re.search(rf'<section id="advisor-run-{run.pk}".*?</section>', html, re.S)
-    assert match, f"run #{run.pk} is not on the page"
-    return match.group(0)
 
 
 # The API -------------------------------------------------------------------------------------------

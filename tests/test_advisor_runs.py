@@ -10,13 +10,13 @@ import re
 
 import pytest
 from django.db import connection
-from django.test import Client
 
 from opsplanner import clock
 from opsplanner.models import AdvisorRun, AdvisorRunState, Event
 from opsplanner.roles import Role
 from simulation import advisor_runs
 from simulation.advisor_runs import advisor_run_execute, advisor_run_request
+from tests.advisor_helpers import client_for, run_section
 from tests.api_helpers import role_client
 from tests.trains_builders import make_user
 
@@ -34,30 +34,10 @@ TINY = {
 }
 
 
-@pytest.fixture
-def enqueued(monkeypatch) -> list[int]:
-    """The runs handed to Celery after their commit (recorded here instead of sent to the broker)."""
-    sent: list[int] = []
-    monkeypatch.setattr(advisor_runs, "_enqueue", sent.append)
-    return sent
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def advisor_events() -> list[str]:
     return list(
         Event.objects.filter(subject_type="opsplanner.advisorrun").order_by("id").values_list("kind", flat=True)
     )
-
-
-def run_section(html: str, run: AdvisorRun) -> str:
-    match = re.search(rf'<section id="advisor-run-{run.pk}".*?</section>', html, re.S)
-    assert match, f"run #{run.pk} is not on the page"
-    return match.group(0)
 
 
 # The API -------------------------------------------------------------------------------------------

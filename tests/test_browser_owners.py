@@ -65,7 +65,7 @@ def test_a_service_owner_registers_an_opt_out_window_and_cannot_touch_another_ow
         page.fill("#id_ends_at", local(tomorrow))
         page.fill("#id_reason", "backwards")
         page.get_by_role("button", name="Register").click()
-        error = page.locator("#field-ends_at .field-error")
+        error = page.locator("[data-field=ends_at] .field-errors")
         error.wait_for()
         assert error.inner_text() == "The end must be after the start."
         assert page.evaluate("window.__notReloaded") is True  # swapped in place, not a page load

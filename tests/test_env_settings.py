@@ -96,8 +96,11 @@ def test_a_bad_redis_url_is_refused() -> None:
     assert env_redis_url("REDIS_URL", environ={}) is None
 
 
-def _settings_in_subprocess(env: dict[str, str], expression: str) -> subprocess.CompletedProcess[str]:
-    clean = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}}
+def _settings_in_subprocess(
+    env: dict[str, str], expression: str, *, drop: frozenset[str] | set[str] = frozenset()
+) -> subprocess.CompletedProcess[str]:
+    unset = {"DATABASE_URL", "REDIS_URL", "DEBUG", *drop}
+    clean = {key: value for key, value in os.environ.items() if key not in unset}
     clean.update(env)
     clean["DJANGO_SETTINGS_MODULE"] = "config.settings"
     code = f"import django; django.setup(); from django.conf import settings; print(repr(({expression})))"
@@ -165,6 +168,25 @@ def test_with_urls_set_the_production_shape_uses_postgresql_and_redis(tmp_path: 
         "redis://127.0.0.1:6379/3",
         "channels_redis.core.RedisChannelLayer",
     )
+
+
+@pytest.mark.parametrize(("asgi", "pool"), [("1", {"min_size": 3, "max_size": 3, "timeout": 10}), (None, None)])
+def test_the_connection_pool_is_the_web_processes_only_whatever_the_environment_says(
+    tmp_path: Path, asgi: str | None, pool: dict | None
+) -> None:
+    env = {
+        "DEBUG": "1",
+        "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/opsplanner",
+        "DATABASE_POOL_MAX_SIZE": "3",
+        "OPSPLANNER_VAR_DIR": str(tmp_path),
+    }
+    if asgi:
+        env["OPSPLANNER_ASGI"] = asgi
+    result = _settings_in_subprocess(
+        env, "settings.DATABASES['default']['OPTIONS'].get('pool')", drop={"OPSPLANNER_ASGI"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert ast.literal_eval(result.stdout) == pool
 
 
 def test_sqlite_connections_run_in_wal_mode(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def make_runs():
         min_in_service=79,
         rollouts=[["os", "2", 2.0, 32.0, ""]],
         cycles=[[1, 0.0, 30.0, 24.0]],  # ended after its deadline
+        host_cycles_redrained=2,
     )
     rolling = [
         pool("sim-00", drains=200, interrupted_by_drains=40, rollouts=[["os", "2", 1.0, 5.0, ""]]),
@@ -208,12 +209,16 @@ def test_markdown_table():
         "interrupted jobs",
         "time to full rollout (mean / worst h)",
         "rollouts finished",
+        "hosts reached per upgrade at 72 h (mean share)",
+        "cycles that missed a keepable SLO",
+        "host-cycles drained more than once",
         "hours below floor",
         "invariant violations",
     ]
     assert all(line.count("|") == 5 for line in lines)
     assert "| 0.40 | 1.50 | 1.00 |" in table
     assert "15 by drains, 1 by failures" in table
+    assert "| host-cycles drained more than once | 2 | — | — |" in table
 
 
 def test_plots_are_well_formed_svg():

@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from fleet.models import Pool
 from tests.driving import drive_trains
-from tests.test_train_budget import SLO_S, create_upgrades, drains_per_host, four_components_fleet
+from tests.test_train_budget import SLO_S, WORK_S, create_upgrades, drains_per_host, four_components_fleet
 from tests.test_train_late_joiners import a_visit_draining
 from tests.trains_builders import make_train
 from trains.models import Cycle, Train, Visit, VisitOperation, VisitState
+from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 from trains.services.budget import (
     FACTOR_BOUNDS,
     VisitSizing,
@@ -147,3 +148,47 @@ def test_a_long_upgrade_retried_on_one_host_does_not_keep_the_other_hosts_from_t
     assert not selection.over_budget
     without = select_within_budget(steps, sizing=sizing, hosts_of=lambda s: s[1], work_of=lambda s: s[2])
     assert [s[0] for s in without.taken] == ["retry"]  # not narrowed: the whole domain waited a cycle
+
+
+def test_an_upgrade_too_long_for_its_visit_runs_only_where_the_rest_of_the_cycle_can_give_the_time() -> None:
+    train = Train(cycle_slo_s=SLO_S, visit_concurrency=1)
+    sizing = VisitSizing(budget_s=3600, overhead_s=600, hosts_at_once=2, factor=1.0, domains=2, largest_domain=2)
+    steps = [("long", {1, 2}, 5000), ("short", {1, 2}, 600)]
+
+    def taken(seconds_left: float, visits_left: int) -> list[str]:
+        share = sizing_within_cycle(sizing, train=train, seconds_left=seconds_left, visits_left=visits_left)
+        return [
+            s[0]
+            for s in select_within_budget(steps, sizing=share, hosts_of=lambda s: s[1], work_of=lambda s: s[2]).taken
+        ]
+
+    # 7200 s left for two visits: this one may take 6600 s (the other down to its 600 s overhead).
+    assert sizing_within_cycle(sizing, train=train, seconds_left=7200, visits_left=2).stretch_s == 6600
+    assert taken(7200, 2) == ["long"]  # 5600 s: over its 3600 s share, within what the cycle gives
+    # 5000 s left: the long one (5600 s) would break the cycle; the visit takes what fits its budget.
+    assert taken(5000, 2) == ["short"]
+    assert taken(5000, 1) == ["short"]
+    # Past the deadline (a cycle already missed) and for an emergency train: the first is always taken.
+    assert sizing_within_cycle(sizing, train=train, seconds_left=-60, visits_left=2).stretch_s is None
+    assert taken(-60, 2) == ["long"]
+    urgent = Train(cycle_slo_s=SLO_S, visit_concurrency=1, emergency=True)
+    assert sizing_within_cycle(sizing, train=urgent, seconds_left=5000, visits_left=2).stretch_s is None
+
+
+def test_a_train_keeps_its_cycle_and_leaves_an_upgrade_no_visit_can_fit_for_a_cycle_with_the_time() -> None:
+    pool = four_components_fleet()
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # 600 s + 7000 s per visit: more than the whole cycle (7200 s) can give any visit of it.
+    long = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="slow", duration_s=7000)
+    short = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="quick", duration_s=WORK_S)
+
+    train_tick(train_id=train.pk)
+
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    assert [u["upgrade"] for u in visit.plan["upgrades"]] == [short.pk]
+    assert visit.plan["left"] == [{"upgrade": long.pk, "hosts": 2}]
+    assert not VisitOperation.objects.filter(upgrade=long).exists()
+    # The forecast plays the visits forward by the same rule: no cycle of this train has the time.
+    forecasts = upgrades_forecasts([long, short])
+    assert forecasts[long.pk].code == ForecastCode.BEYOND_HORIZON
+    assert forecasts[short.pk].code == ForecastCode.SCHEDULED

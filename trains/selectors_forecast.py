@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -25,7 +25,7 @@ from opsplanner import clock
 from opsplanner.scopes import parse_scope, resolve_scope
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import TrainForecast
-from trains.services.budget import VisitSizing, select_within_budget, sizing_for, upgrade_order_key
+from trains.services.budget import VisitSizing, select_within_budget, sizing_for, sizing_within_cycle, upgrade_order_key
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
@@ -71,6 +71,11 @@ class _Visit:
     domain_id: int
     cycle: int
     ends_at: dt.datetime
+    # Where the visit stands in its cycle: how long an upgrade too long for its budget may take
+    # there (budget.sizing_within_cycle's stretch), as the train tick decides it.
+    starts_at: dt.datetime | None = None
+    deadline: dt.datetime | None = None
+    visits_left: int = 0
 
 
 @dataclass
@@ -166,6 +171,8 @@ def _coming_visits(
     then whole cycles; each cycle's visits last what they are forecast to take."""
     forecast, number = backlog.forecast, backlog.cycle_number
     end = now
+    deadline = forecast.cycle.deadline_at if forecast.cycle is not None else None
+    planned = sum(1 for v in backlog.visits.values() if v.state == VisitState.PLANNED)
     for domain in forecast.domains:
         visit = backlog.visits.get(domain.domain_id)
         if visit is not None and visit.state == VisitState.RUNNING:
@@ -175,16 +182,20 @@ def _coming_visits(
                     left[domain.domain_id] = max(0, left[domain.domain_id] - int(entry.get("hosts", 0)))
             _note_done(state, upgrades, number, domain.ends_at or now)
         elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
-            yield _Visit(domain.domain_id, number, domain.ends_at or domain.starts_at)
+            yield _Visit(
+                domain.domain_id, number, domain.ends_at or domain.starts_at, domain.starts_at, deadline, planned
+            )
+            planned -= 1
         end = max(end, domain.ends_at or end)
     start = end if forecast.cycle is not None else now
     stops = [d.domain_id for d in sorted(forecast.domains, key=lambda d: d.position)]
     lanes_n = backlog.train.visit_concurrency
+    slo = dt.timedelta(seconds=backlog.train.cycle_slo_s)
     for cycle in range(number + 1, number + 1 + MAX_CYCLES):
         lanes = [start] * lanes_n
-        for domain_id in stops:
+        for position, domain_id in enumerate(stops):
             lane = min(range(lanes_n), key=lambda i: lanes[i])
-            coming = _Visit(domain_id, cycle, lanes[lane])
+            coming = _Visit(domain_id, cycle, lanes[lane], lanes[lane], start + slo, len(stops) - position)
             cost = yield coming
             lanes[lane] = coming.ends_at = lanes[lane] + dt.timedelta(seconds=cost or 0)
         start = max(lanes)
@@ -198,8 +209,13 @@ def _note_done(state: _State, upgrades: dict[int, Upgrade], cycle: int, at: dt.d
             state.done[upgrade_id] = (cycle, at)
 
 
-def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], domain_id: int) -> float:
+def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
     """Apply what the visit would take to the state; its expected length."""
+    domain_id, sizing = visit.domain_id, backlog.sizing
+    if visit.starts_at is not None and visit.deadline is not None and visit.visits_left:
+        left_s = (visit.deadline - visit.starts_at).total_seconds()
+        within = sizing_within_cycle(sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left)
+        sizing = replace(sizing, stretch_s=within.stretch_s)
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
     newest: dict[int, Upgrade] = {}
     best_key: dict[int, tuple] = {}
@@ -217,7 +233,7 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], d
             count = min(count, upgrade.hosts_per_visit)
         return set(range(count))
 
-    selection = select_within_budget(candidates, sizing=backlog.sizing, hosts_of=hosts, work_of=backlog.sizing.work_s)
+    selection = select_within_budget(candidates, sizing=sizing, hosts_of=hosts, work_of=sizing.work_s)
     for upgrade in selection.taken:
         taken = len(hosts(upgrade))
         state.remaining[upgrade.pk][domain_id] -= taken
@@ -242,7 +258,7 @@ def play_forward(
     try:
         while True:
             visit = visits.send(cost)
-            cost = _visit_takes(backlog, state, upgrades, visit.domain_id)
+            cost = _visit_takes(backlog, state, upgrades, visit)
             ends = visit.ends_at if visit.cycle == backlog.cycle_number else visit.ends_at + dt.timedelta(seconds=cost)
             _note_done(state, by_id, visit.cycle, ends)
     except StopIteration:

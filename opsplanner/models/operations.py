@@ -135,10 +135,14 @@ class FailureCode(models.TextChoices):
     # in the drain of, the same host: the host gets that one directly. A cancelled task's code (the
     # task did nothing), but nobody cancelled its operation, which completes when its tasks finish.
     SUPERSEDED = "superseded", "Superseded by a newer version"
+    # A train's task left for the train's next cycle: its host's drain failed and the host went to
+    # repair (or to a human). Run now, it would drain the repaired host a second time in the cycle;
+    # the next cycle's visit takes the host again, as the host is still below the target.
+    DEFERRED = "deferred", "Deferred to the next cycle"
 
 
 # The codes a cancelled task may have; a failed task has any other (in a stable order for migrations).
-CANCELLED_CODES = [FailureCode.CANCELLED, FailureCode.SUPERSEDED]
+CANCELLED_CODES = [FailureCode.CANCELLED, FailureCode.SUPERSEDED, FailureCode.DEFERRED]
 FAILED_CODES = [code for code in FailureCode.values if code not in CANCELLED_CODES]
 
 TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.HANDED_OVER})
@@ -196,8 +200,8 @@ class HostTask(models.Model):
                 | (~Q(state__in=[TaskState.FAILED, TaskState.CANCELLED]) & Q(failure_code="")),
                 name="host_task_failure_code_fits_state",
                 violation_error_message=(
-                    "A failed task has the code of its failure, a cancelled task the code cancelled or "
-                    "superseded, and no other task has a failure code."
+                    "A failed task has the code of its failure, a cancelled task the code cancelled, "
+                    "superseded or deferred, and no other task has a failure code."
                 ),
             ),
         ]

@@ -42,7 +42,9 @@ def make_reservation(service, pool, hosts: int = 2, starts: float = 2, ends: flo
 
 def field_block(page: str, name: str) -> str:
     """The markup of one form field: its label, input, help and errors."""
-    match = re.search(rf'<div class="field[^"]*" id="field-{name}">(.*?)</div>', page, re.S)
+    # Up to the next field (not the field's own errors block, `field-errors`) or the form's end.
+    block = rf'<div class="field[^"]*" data-field="{name}">(.*?)(?=<div class="field[ "]|</form>)'
+    match = re.search(block, page, re.S)
     assert match, f"no field {name} on the page"
     return match.group(1)
 

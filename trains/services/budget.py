@@ -68,6 +68,10 @@ class VisitSizing:
     domains: int
     largest_domain: int
     default_work_s: int = 1
+    # How long a visit may run when its first upgrade alone does not fit the budget: what the cycle
+    # can give up if every visit after this one shrinks to its overhead. None: no limit, the first
+    # upgrade is always taken (an emergency train, a cycle already past its deadline).
+    stretch_s: float | None = None
 
     def work_s(self, upgrade: Upgrade) -> int:
         """The time one host takes to apply the upgrade (before the measured correction)."""
@@ -153,8 +157,16 @@ def sizing_within_cycle(sizing: VisitSizing, *, train: Train, seconds_left: floa
     behind catches up on the visits still to come."""
     if visits_left <= 0:
         return sizing
-    share = max(0.0, seconds_left) * train.visit_concurrency / visits_left
-    return replace(sizing, budget_s=min(sizing.budget_s, share)) if share < sizing.budget_s else sizing
+    lanes = train.visit_concurrency
+    budget = min(sizing.budget_s, max(0.0, seconds_left) * lanes / visits_left)
+    if train.emergency or seconds_left <= 0:
+        return replace(sizing, budget_s=budget, stretch_s=None)
+    # An upgrade too long for any visit's share runs where the rest of the cycle can give the time
+    # (its other visits down to their overhead), and waits for a later cycle where it cannot: taken
+    # anyway, it made every visit of a cycle overrun (25 domains of 5 h against a 72 h SLO).
+    others = (visits_left - 1) * sizing.cost_s(sizing.largest_domain, [0.0])
+    stretch = max(budget, min(seconds_left, seconds_left * lanes - others))
+    return replace(sizing, budget_s=budget, stretch_s=stretch)
 
 
 @dataclass
@@ -181,14 +193,15 @@ def select_within_budget(
     from their upgrades. With `restrict` (a candidate narrowed to some hosts), a candidate that does
     not fit on every host is taken on the hosts where it fits and left for the next cycle on the
     others. The first one is taken even alone over the budget (the train says so), so a backlog
-    never stops moving."""
+    never stops moving, unless it overruns what the rest of the cycle can give (`stretch_s`): then
+    it waits for a cycle with the time, and the visit takes what fits."""
     selection = Selection()
     chains: dict[int, float] = {}  # host -> the work it does in this visit
     for candidate in candidates:
         its_hosts, work = hosts_of(candidate), work_of(candidate)
         hosts = chains.keys() | its_hosts
         cost = _chain_cost(sizing, chains, its_hosts, work, hosts)
-        if cost <= sizing.budget_s or not selection.taken:
+        if cost <= sizing.budget_s or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             selection.taken.append(candidate)
             _add_work(chains, its_hosts, work)

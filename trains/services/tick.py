@@ -46,9 +46,9 @@ from trains.services.upgrades import (
     hosts_below_target,
     phase_host_sets,
     upgrade_offboard,
-    upgrade_phase_successes,
     upgrade_scope_hosts,
     upgrades_phase_failures,
+    upgrades_phase_successes,
     upgrades_phases,
 )
 from trains.services.visits import (
@@ -195,14 +195,20 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
         return []
     phases = upgrades_phases(upgrades)
     failures = upgrades_phase_failures(upgrades, {u.pk: phases[u.pk][u.current_phase] for u in upgrades})
+    # Successes only matter for a phase to graduate to, or for a failure rate the failures so far
+    # could breach (the rate is highest with the fewest successes the policy counts from).
+    counted = upgrades_phase_successes(
+        [
+            phases[u.pk][u.current_phase]
+            for u in upgrades
+            if _rate_could_breach(u, failures.get(u.pk, 0)) or u.current_phase < len(phases[u.pk]) - 1
+        ]
+    )
     active = []
     for upgrade in upgrades:
         phase = phases[upgrade.pk][upgrade.current_phase]
         failed = failures.get(upgrade.pk, 0)
-        # Successes only matter for a phase to graduate to, or for a failure rate the failures so far
-        # could breach (the rate is highest with the fewest successes the policy counts from).
-        needs_successes = _rate_could_breach(upgrade, failed) or phase is not phases[upgrade.pk][-1]
-        successes = upgrade_phase_successes(upgrade, phase.position) if needs_successes else 0
+        successes = counted.get(upgrade.pk, 0)
         breach = _policy_breach(upgrade, phase, failed, successes)
         if breach:
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
@@ -460,6 +466,8 @@ def _start_visits(
             running += 1
             if room is not None:
                 room -= int(visit.plan.get("released", 0))
+        elif selection.left:
+            _end_visit(visit, now, f"nothing fits the time left in the cycle: {len(selection.left)} upgrades wait")
         else:
             _end_visit(visit, now, "nothing pending in this domain")
         report.events.append(f"visit {visit.pk} started")

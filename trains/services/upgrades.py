@@ -387,6 +387,15 @@ def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
     return next(iter(counted.values_list("successes", flat=True)), 0)
 
 
+def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:
+    """{upgrade: successes} of each of these phases (by phase_successes), in one query: the train
+    tick asks it of every upgrade whose failures could breach its policy or that has a phase to open."""
+    if not phases:
+        return {}
+    counted = UpgradePhase.objects.filter(pk__in=[phase.pk for phase in phases]).annotate(successes=phase_successes())
+    return dict(counted.values_list("upgrade_id", "successes"))
+
+
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
     """Remove a failing upgrade from every train: its pending work is cancelled, its version is
     withdrawn (no host returns running it: repairs roll it back), and hosts already back in

@@ -175,12 +175,15 @@ def unreleased_hosts(visit: Visit) -> set[int]:
 def _start_reason(train: Train, selection: Selection, sizing: VisitSizing) -> str:
     if train.emergency:
         return "emergency"
+    parts = []
+    if selection.over_budget:
+        given = f"; the rest of the cycle gives it {sizing.stretch_s:.0f} s" if sizing.stretch_s is not None else ""
+        parts.append(f"over budget: its first upgrade alone does not fit the {sizing.budget_s:.0f} s budget{given}")
+    elif selection.left:
+        parts.append(f"{len(selection.taken)} upgrades fit the {sizing.budget_s:.0f} s budget")
     if selection.left:
-        return (
-            f"{len(selection.taken)} upgrades fit the {sizing.budget_s:.0f} s budget; {len(selection.left)} wait "
-            "for the next cycle"
-        )
-    return "over budget: its first upgrade alone does not fit" if selection.over_budget else ""
+        parts.append(f"{len(selection.left)} wait for the next cycle")
+    return "; ".join(parts)
 
 
 def _entry(step: Step, *, joined: bool) -> dict:

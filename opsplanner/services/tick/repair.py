@@ -8,6 +8,7 @@ from django.db.models import Count, F
 
 from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
+from opsplanner.models.operations import FailureCode
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs
 
 MAX_REPAIR_ATTEMPTS = 3
@@ -19,6 +20,7 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     `failed` pairs each failed task with why it failed."""
     if not failed:
         return
+    defer_train_work(ctx, {task.host_id for task, _ in failed})
     failed_repairs = _failed_repairs(failed)
     escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
     repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
@@ -40,6 +42,26 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     )
     ctx.add_execute_items(takers)
     ctx.counts.repairs_started += len(takers)
+
+
+def defer_train_work(ctx: TickContext, host_ids: set[int]) -> None:
+    """One drain per host per cycle: a train's pending tasks of a host whose drain failed are left to
+    the train's next cycle (cancelled, code deferred), not admitted again once the host is repaired
+    and back in service. The next cycle's visit takes the host again: it is still below the target.
+    Ad-hoc and emergency work stays pending: somebody asked for it now."""
+    deferred = task_refs(
+        HostTask.objects.filter(host_id__any=host_ids, state=TaskState.PENDING, operation__source=OperationSource.TRAIN)
+    )
+    ctx.move_tasks(
+        deferred.values(),
+        expected=TaskState.PENDING,
+        new=TaskState.CANCELLED,
+        failure_code=FailureCode.DEFERRED,
+        failure_reason="left for the train's next cycle: the host's drain failed",
+        finished_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+    )
 
 
 def _failed_repairs(failed: list[tuple[TaskRef, str]]) -> dict[int, int]:
