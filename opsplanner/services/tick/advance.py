@@ -41,8 +41,8 @@ from opsplanner.services.tick.context import (
     TickContext,
     task_refs,
 )
-from opsplanner.services.tick.repair import send_to_repair
-from opsplanner.services.tick.returning import _pre_return_problems, _successors
+from opsplanner.services.tick.repair import resume_after_repair, send_to_repair
+from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -301,7 +301,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     start_verification(ctx, [task for task in applied if _is_repair(task)])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
-    successor = _successors(ctx, by_host)
+    successor = successors(ctx, by_host)
     handing = [by_host[host_id] for host_id in successor]
     ctx.move_tasks(
         handing,
@@ -316,22 +316,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
         },
     )
     ctx.release_leases([t.id for t in handing], reason="handed over without returning to service")
-    takers = [successor[t.host_id] for t in handing]
-    ctx.move_tasks(
-        takers,
-        expected=TaskState.PENDING,
-        new=TaskState.RUNNING,
-        admitted_at=ctx.now,
-        waiting_code="",
-        waiting_reason="",
-        reason="handed over: the host is already drained",
-    )
-    for task in handing:
-        successor[task.host_id].drain_key = task.drain_key
-    HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers], ["drain_key"])
-    ctx.grant_leases(takers, reason="handover")
-    ctx.add_execute_items(takers)
-    ctx.counts.handovers += len(takers)
+    hand_over(ctx, {t.host_id: successor[t.host_id] for t in handing}, {t.host_id: t.drain_key for t in handing})
 
     finishing = [task for task in applied if task.host_id not in successor]
     start_verification(ctx, finishing)
@@ -401,6 +386,8 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
             why = "not returned: " + "; ".join(problems[task.id])
             _fail_verifying(ctx, task, FailureCode.NOT_RETURNABLE, why, repair)
     returning = [t for t in passed if t.id not in problems]
+    resumed = resume_after_repair(ctx, [t for t in returning if _is_repair(t)])
+    returning = [t for t in returning if t.id not in resumed]
     ctx.move_hosts(
         [t.host_id for t in returning if not _is_repair(t)],
         expected=HostState.VERIFYING,

@@ -16,21 +16,23 @@ from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
 
 
-def _successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
-    """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
-    host only if admission would let it: not one whose target became incompatible (it keeps waiting,
-    with the reason, and the host is verified and returned). Upgrades the drained host must not get
-    end here instead: one older than a newer target of the component pending for the host or just
-    applied to it (superseded), one at or below what the host runs (nothing to do)."""
-    candidates = task_refs(
-        HostTask.objects.filter(
-            host_id__any=applied,
-            state=TaskState.PENDING,
-            operation__state=OperationState.OPEN,
-            operation__gang=False,
-            operation__hold_reason="",
-        ).order_by("host_id", "-priority", "created_at", "id")
+def successors(ctx: TickContext, applied: dict[int, TaskRef], *, source: str | None = None) -> dict[int, TaskRef]:
+    """{host: the pending task that takes it next}, in (priority, age) order (only tasks of operations
+    from `source`, if given). The next task takes the host only if admission would let it: not one
+    whose target became incompatible (it keeps waiting, with the reason, and the host is verified and
+    returned). Upgrades the drained host must not get end here instead: one older than a newer target
+    of the component pending for the host or just applied to it (superseded), one at or below what
+    the host runs (nothing to do)."""
+    pending = HostTask.objects.filter(
+        host_id__any=applied,
+        state=TaskState.PENDING,
+        operation__state=OperationState.OPEN,
+        operation__gang=False,
+        operation__hold_reason="",
     )
+    if source is not None:
+        pending = pending.filter(operation__source=source)
+    candidates = task_refs(pending.order_by("host_id", "-priority", "created_at", "id"))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
@@ -46,6 +48,26 @@ def _successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, Task
         if task.id not in incompatible and task.id not in runs:
             successor.setdefault(task.host_id, task)
     return successor
+
+
+def hand_over(ctx: TickContext, takers: dict[int, TaskRef], drain_keys: dict[int, int | None]) -> None:
+    """The pending `takers` ({host: task}) take their hosts without a new drain: running at once, in
+    the drain (`drain_keys`, by host) the host is already out for."""
+    ctx.move_tasks(
+        takers.values(),
+        expected=TaskState.PENDING,
+        new=TaskState.RUNNING,
+        admitted_at=ctx.now,
+        waiting_code="",
+        waiting_reason="",
+        reason="handed over: the host is already drained",
+    )
+    for host_id, task in takers.items():
+        task.drain_key = drain_keys[host_id]
+    HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers.values()], ["drain_key"])
+    ctx.grant_leases(takers.values(), reason="handover")
+    ctx.add_execute_items(list(takers.values()))
+    ctx.counts.handovers += len(takers)
 
 
 def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
