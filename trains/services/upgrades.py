@@ -382,9 +382,10 @@ def phase_successes() -> Coalesce:
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
-    """The successes of one upgrade's phase at `phase` (by phase_successes)."""
-    counted = UpgradePhase.objects.filter(upgrade=upgrade, position=phase).annotate(successes=phase_successes())
-    return next(iter(counted.values_list("successes", flat=True)), 0)
+    """The successes of one upgrade's phase at `phase` (as the tick counts them)."""
+    return upgrades_phase_successes(list(UpgradePhase.objects.filter(upgrade=upgrade, position=phase))).get(
+        upgrade.pk, 0
+    )
 
 
 def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:

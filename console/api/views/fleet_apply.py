@@ -14,11 +14,10 @@ from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.filters import TRUE_WORDS
 from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, fleet_apply, plan_json
 from fleet.fleetfile.schema import fleet_spec_from_document, parse_fleet_file
 from opsplanner.permissions import Action
-
-TRUE = {"1", "true", "yes", "on"}
 
 
 class YAMLTextParser(BaseParser):
@@ -72,8 +71,8 @@ class FleetApplyView(APIView):
         responses={200: FleetPlanSerializer},
     )
     def post(self, request: Any) -> Response:
-        dry_run = request.query_params.get("dry_run", "").lower() in TRUE
-        prune = request.query_params.get("prune", "").lower() in TRUE
+        dry_run = request.query_params.get("dry_run", "").lower() in TRUE_WORDS
+        prune = request.query_params.get("prune", "").lower() in TRUE_WORDS
         try:
             data = request.data
             spec = parse_fleet_file(data) if isinstance(data, str) else fleet_spec_from_document(data)

@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -23,6 +23,7 @@ from console.api.serializers import inventory as i
 from console.api.views import fleet
 from console.api.views.common import get_or_field_error, valid
 from console.api.views.fleet_apply import FleetPlanSerializer
+from console.filters import TRUE_WORDS
 from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, Problem, plan_json
 from fleet.fleetfile.schema import HOSTNAME_RE
 from fleet.fleetfile.sources import hosts_create
@@ -165,7 +166,10 @@ class HostViewSet(fleet.HostViewSet):
     @extend_schema(
         request=i.BulkHostsSchema,
         parameters=[OpenApiParameter("dry_run", OpenApiTypes.BOOL, description="check and plan only")],
-        responses={201: FleetPlanSerializer},
+        responses={
+            201: OpenApiResponse(FleetPlanSerializer, description="created: the plan carried out"),
+            200: OpenApiResponse(FleetPlanSerializer, description="dry run: the plan, nothing written"),
+        },
     )
     @action(detail=False, methods=["post"])
     @idempotent
@@ -173,7 +177,7 @@ class HostViewSet(fleet.HostViewSet):
         """Create many hosts in one transaction (up to 10,000): all of them, or none with every
         problem named by its index (`hosts[12].domain`)."""
         rows = valid(i.BulkHostsInput, request.data)["hosts"]
-        dry_run = request.query_params.get("dry_run", "").lower() in {"1", "true", "yes", "on"}
+        dry_run = request.query_params.get("dry_run", "").lower() in TRUE_WORDS
         try:
             plan = hosts_create(rows=rows, dry_run=dry_run, actor=request.user, reason="created through the API")
         except FleetFileInvalid as invalid:
