@@ -297,26 +297,14 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     service (handover); with nothing left, its pre-return verification starts."""
     if not applied:
         return
-    # A repaired host is verified and returned first: it is out broken, not drained for work.
+    # A repaired host is verified first: it is out broken, not drained for work (verified, it returns
+    # or takes up its train work: repair.py::resume_after_repair).
     start_verification(ctx, [task for task in applied if _is_repair(task)])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
     successor = successors(ctx, by_host)
     handing = [by_host[host_id] for host_id in successor]
-    ctx.move_tasks(
-        handing,
-        expected=TaskState.RUNNING,
-        new=TaskState.HANDED_OVER,
-        finished_at=ctx.now,
-        reason="applied; host handed over",
-        reasons={
-            task.id: f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}"
-            for task in handing
-            for nxt in [successor[task.host_id]]
-        },
-    )
-    ctx.release_leases([t.id for t in handing], reason="handed over without returning to service")
-    hand_over(ctx, {t.host_id: successor[t.host_id] for t in handing}, {t.host_id: t.drain_key for t in handing})
+    hand_over(ctx, handing, successor, expected=TaskState.RUNNING, what="applied")
 
     finishing = [task for task in applied if task.host_id not in successor]
     start_verification(ctx, finishing)

@@ -59,26 +59,13 @@ def resume_after_repair(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
     successor = successors(ctx, by_host, source=OperationSource.TRAIN)
     room = max(0, pool_headroom(ctx).remaining())
     resuming = [by_host[host_id] for host_id in sorted(successor)][:room]
-    ctx.move_tasks(
-        resuming,
-        expected=TaskState.VERIFYING,
-        new=TaskState.HANDED_OVER,
-        finished_at=ctx.now,
-        reason="repaired; host handed over",
-        reasons={
-            task.id: f"repaired; host handed over to task {nxt.id} of operation {nxt.operation_id}"
-            for task in resuming
-            for nxt in [successor[task.host_id]]
-        },
-    )
-    ctx.release_leases([t.id for t in resuming], reason="repaired; handed over without returning to service")
     ctx.move_hosts(
         [t.host_id for t in resuming],
         expected=HostState.REPAIR,
         new=HostState.MAINTENANCE,
         reason="repaired: resumes the train work of its drain",
     )
-    hand_over(ctx, {t.host_id: successor[t.host_id] for t in resuming}, {t.host_id: t.drain_key for t in resuming})
+    hand_over(ctx, resuming, successor, expected=TaskState.VERIFYING, what="repaired")
     defer_train_work(ctx, set(by_host) - {t.host_id for t in resuming})
     return {t.id for t in resuming}
 

@@ -50,11 +50,28 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, source: str | N
     return successor
 
 
-def hand_over(ctx: TickContext, takers: dict[int, TaskRef], drain_keys: dict[int, int | None]) -> None:
-    """The pending `takers` ({host: task}) take their hosts without a new drain: running at once, in
-    the drain (`drain_keys`, by host) the host is already out for."""
+def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef], *, expected: str, what: str) -> None:
+    """Each giver (a task in `expected`) passes its host to the pending task that takes it next
+    (`takers`, by host) without returning it to service: the giver ends handed over, saying to which
+    task; the taker runs at once, in the giver's drain."""
+    if not givers:
+        return
     ctx.move_tasks(
-        takers.values(),
+        givers,
+        expected=expected,
+        new=TaskState.HANDED_OVER,
+        finished_at=ctx.now,
+        reason=f"{what}; host handed over",
+        reasons={
+            task.id: f"{what}; host handed over to task {nxt.id} of operation {nxt.operation_id}"
+            for task in givers
+            for nxt in [takers[task.host_id]]
+        },
+    )
+    ctx.release_leases([t.id for t in givers], reason="handed over without returning to service")
+    taking = [takers[giver.host_id] for giver in givers]
+    ctx.move_tasks(
+        taking,
         expected=TaskState.PENDING,
         new=TaskState.RUNNING,
         admitted_at=ctx.now,
@@ -62,12 +79,12 @@ def hand_over(ctx: TickContext, takers: dict[int, TaskRef], drain_keys: dict[int
         waiting_reason="",
         reason="handed over: the host is already drained",
     )
-    for host_id, task in takers.items():
-        task.drain_key = drain_keys[host_id]
-    HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in takers.values()], ["drain_key"])
-    ctx.grant_leases(takers.values(), reason="handover")
-    ctx.add_execute_items(list(takers.values()))
-    ctx.counts.handovers += len(takers)
+    for giver in givers:
+        takers[giver.host_id].drain_key = giver.drain_key
+    HostTask.objects.bulk_update([HostTask(id=t.id, drain_key=t.drain_key) for t in taking], ["drain_key"])
+    ctx.grant_leases(taking, reason="handover")
+    ctx.add_execute_items(taking)
+    ctx.counts.handovers += len(taking)
 
 
 def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
