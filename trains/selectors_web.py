@@ -28,7 +28,7 @@ from trains.models import (
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
-from trains.services.budget import factor_from
+from trains.services.budget import factor_from, sliding_visit_ratios, train_overhead_s
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
 
@@ -102,45 +102,51 @@ def trains_shown(
     return list(trains.exclude(ended).order_by("pool__name", "emergency", "name"))
 
 
-def _visit_seconds(train_ids: list[int]) -> tuple[dict[int, list[float]], dict[int, float]]:
-    """Per train, the lengths of its recent visits that drained hosts, newest first, and how long
-    they took against their planned cost (one query). A sliding visit (its plan counts the hosts it
-    "released") overlaps the visit before it: its length is what it added after that one ended, and
-    it says nothing about the cost (budget.measured_factor leaves it out too)."""
+def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, float]]:
+    """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
+    correction of its estimates (two queries), as budget.measured_factor measures it. A sliding visit
+    (its plan counts the hosts it "released") overlaps the visit before it: its length is what it
+    added after that one ended, and it counts for the correction by its hosts' time."""
     ranked = (
-        Visit.objects.filter(train_id__in=train_ids, state=VisitState.DONE, started_at__isnull=False)
+        Visit.objects.filter(train_id__in=[t.pk for t in trains], state=VisitState.DONE, started_at__isnull=False)
         .exclude(plan__hosts=[])
         .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
         .filter(rank__lte=RECENT_VISITS)
         .order_by("train_id", "rank")
     )
-    rows: dict[int, list[tuple[dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
-    for train_id, started, ended, cost, released in ranked.values_list(
-        "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released"
+    rows: dict[int, list[tuple[int, dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
+    for pk, train_id, started, ended, cost, released in ranked.values_list(
+        "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released"
     ):
         if started is not None and ended is not None:  # a done visit has both
-            rows[train_id].append((started, ended, cost, released is not None))
+            rows[train_id].append((pk, started, ended, cost, released is not None))
+    overhead = {t.pk: train_overhead_s(t) for t in trains}
+    by_hosts = sliding_visit_ratios(
+        {pk: overhead[train_id] for train_id, visits in rows.items() for pk, *_, sliding in visits if sliding}
+    )
     lengths: dict[int, list[float]] = defaultdict(list)
     ratios: dict[int, list[float]] = defaultdict(list)
     for train_id, visits in rows.items():
-        for i, (started, ended, cost, sliding) in enumerate(visits):
-            older_end = visits[i + 1][1] if sliding and i + 1 < len(visits) else started
+        for i, (pk, started, ended, cost, sliding) in enumerate(visits):
+            older_end = visits[i + 1][2] if sliding and i + 1 < len(visits) else started
             seconds = (ended - max(started, older_end)).total_seconds()
             lengths[train_id].append(seconds)
-            if not sliding and isinstance(cost, int | float) and cost > 0:
+            if sliding and pk in by_hosts:
+                ratios[train_id].append(by_hosts[pk])
+            elif not sliding and isinstance(cost, int | float) and cost > 0:
                 ratios[train_id].append(seconds / cost)
     return lengths, {train_id: factor_from(values) for train_id, values in ratios.items()}
 
 
 def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> dict[int, TrainForecast]:
-    """`train_forecast` for each train, in five queries in all."""
+    """`train_forecast` for each train, in five queries in all (six with sliding visits)."""
     return _read_trains(trains, now or clock.now())[0]
 
 
 def trains_forecasts_with_visits(
     trains: list[Train], *, now: dt.datetime | None = None
 ) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
-    """The forecasts, and the visits of each train's open cycle by domain (five queries)."""
+    """The forecasts, and the visits of each train's open cycle by domain (five queries, six with sliding visits)."""
     return _read_trains(trains, now or clock.now())
 
 
@@ -154,7 +160,7 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     newest = Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]
     latest = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, number=Subquery(newest))}
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
-    recent, factors = _visit_seconds(ids)
+    recent, factors = _visit_seconds(trains)
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
     for train_id, domain_id, at in (
         Visit.objects.filter(train_id__in=ids, state=VisitState.DONE)

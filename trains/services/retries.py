@@ -91,7 +91,10 @@ def _retry_in_visit(
             continue  # offboarded or complete since
         upgrade, phase = active[candidate.upgrade_id]
         work = sizing.work_s(upgrade)
-        if elapsed + sizing.factor * work > budget:
+        # The retry follows the repair and its checks, and the host's return ends it: an overhead
+        # more than the work (retries timed on the work alone made cycles overrun before the
+        # correction was measured)
+        if elapsed + sizing.factor * (sizing.overhead_s + work) > budget:
             continue  # no time left in the visit: the next cycle takes the host again
         step = Step(plan=UpgradePlan(upgrade=upgrade, phase=phase, allowed={candidate.host_id}),
                     hosts={candidate.host_id}, work_s=work)  # fmt: skip
