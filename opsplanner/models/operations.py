@@ -135,9 +135,8 @@ class FailureCode(models.TextChoices):
     # in the drain of, the same host: the host gets that one directly. A cancelled task's code (the
     # task did nothing), but nobody cancelled its operation, which completes when its tasks finish.
     SUPERSEDED = "superseded", "Superseded by a newer version"
-    # A train's task left for the train's next cycle: its host's drain failed, and the repaired host
-    # had no room to take it up in that drain (or went to a human). Run after the host's return, it
-    # would drain the host a second time in the cycle;
+    # A train's task left for the train's next cycle: its host's drain failed and the host went to
+    # repair (or to a human). Run now, it would drain the repaired host a second time in the cycle;
     # the next cycle's visit takes the host again, as the host is still below the target.
     DEFERRED = "deferred", "Deferred to the next cycle"
 

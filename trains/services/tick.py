@@ -40,7 +40,6 @@ from trains.selectors import train_forecast
 from trains.services.budget import VisitSizing, sizing_within_cycle, train_budget_check, train_sizing
 from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
-from trains.services.retries import visits_retry_failed
 from trains.services.trains import train_set_state
 from trains.services.upgrade_forecast import upgrades_deadline_check
 from trains.services.upgrades import (
@@ -95,12 +94,11 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         return report
     now = clock.now()
     active = _upgrades_policy_step(train, report)
-    _finish_visits(train, active, now, report)
+    _finish_visits(train, now, report)
     _autostop_step(train, now, report)
     running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
     if train.state == TrainState.RUNNING:
         _late_joiners_step(train, running, active, now, report)
-        _retries_step(train, running, active, now, report)
     if train.state == TrainState.RUNNING and train_slides(train):
         _slide_step(train, running, active, now, report)
     else:
@@ -165,18 +163,6 @@ def _late_joiners_step(
         train=train, running=running, candidates=candidates, plans=plans, sizing=train_sizing(train)
     ):
         report.events.append(f"upgrade {upgrade_id} joined visit {visit_id} on {hosts} hosts")
-
-
-def _retries_step(
-    train: Train, running: list[Visit], active: list[_Active], now: dt.datetime, report: TrainTickReport
-) -> int:
-    """An upgrade that failed on a host now under repair is retried there once, in the same drain
-    (trains/services/retries.py); one query while visits run, none otherwise. How many were."""
-    phases = {a.upgrade.pk: (a.upgrade, a.phase) for a in active}
-    retries = visits_retry_failed(train=train, running=running, active=phases, now=now)
-    for retry in retries:
-        report.events.append(f"upgrade {retry.upgrade_id} retried on host {retry.host_id} in visit {retry.visit_id}")
-    return len(retries)
 
 
 # --- 1. upgrades ------------------------------------------------------------------------------------
@@ -323,15 +309,13 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
 
 
 # --- 2. visits finishing ----------------------------------------------------------------------------
-def _finish_visits(train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport) -> None:
+def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
     for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
         if visit.plan.get("unreleased"):
             continue  # a sliding visit with hosts still to release is not done
         tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
         if tasks.filter(state__in=OPEN_TASK_STATES).exists():
             continue
-        if train.state == TrainState.RUNNING and _retries_step(train, [visit], active, now, report):
-            continue  # a host under repair gets another try of what failed there, in this visit
         done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
         failed = tasks.filter(state=TaskState.FAILED).values("host_id").distinct().count()
         _end_visit(visit, now, f"{done} hosts done, {failed} failed")

@@ -219,7 +219,7 @@ def _cost_record(estimate_s: float, sizing: VisitSizing) -> dict:
     }
 
 
-def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool, retry: bool = False) -> None:
+def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool) -> None:
     plan, hosts = step.plan, sorted(step.hosts)
     version = plan.upgrade.component_version
     operation = operation_submit(
@@ -228,7 +228,7 @@ def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool, r
         host_ids=hosts,
         component=version.component.name,
         version=version.version,
-        reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) {_how(joined=joined, retry=retry)} visit {visit.pk} "
+        reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) {'joined' if joined else 'on'} visit {visit.pk} "
         f"of train {train.name}",
         priority=train.priority,
         source=OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN,
@@ -239,10 +239,6 @@ def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool, r
         actor=ACTOR,
     )
     VisitOperation.objects.create(visit=visit, upgrade=plan.upgrade, operation=operation, phase=plan.phase.position)
-
-
-def _how(*, joined: bool, retry: bool) -> str:
-    return "retried on" if retry else "joined" if joined else "on"
 
 
 # --- late joiners -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from opsplanner.services.tick.context import (
     TickContext,
     task_refs,
 )
-from opsplanner.services.tick.repair import resume_after_repair, send_to_repair
+from opsplanner.services.tick.repair import send_to_repair
 from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
 
 VERIFY_DEADLINE_S = 3600
@@ -297,8 +297,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     service (handover); with nothing left, its pre-return verification starts."""
     if not applied:
         return
-    # A repaired host is verified first: it is out broken, not drained for work (verified, it returns
-    # or takes up its train work: repair.py::resume_after_repair).
+    # A repaired host is verified and returned first: it is out broken, not drained for work.
     start_verification(ctx, [task for task in applied if _is_repair(task)])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
@@ -374,8 +373,6 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
             why = "not returned: " + "; ".join(problems[task.id])
             _fail_verifying(ctx, task, FailureCode.NOT_RETURNABLE, why, repair)
     returning = [t for t in passed if t.id not in problems]
-    resumed = resume_after_repair(ctx, [t for t in returning if _is_repair(t)])
-    returning = [t for t in returning if t.id not in resumed]
     ctx.move_hosts(
         [t.host_id for t in returning if not _is_repair(t)],
         expected=HostState.VERIFYING,

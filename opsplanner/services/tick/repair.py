@@ -1,6 +1,5 @@
 """Invariant 4's failure path: a failed host is handed to a repair operation without returning to
-service; after MAX_REPAIR_ATTEMPTS failed repairs in one drain it is escalated to a human. A repaired
-host whose drain left train work pending takes it up in the same drain, room permitting."""
+service; after MAX_REPAIR_ATTEMPTS failed repairs in one drain it is escalated to a human."""
 
 from __future__ import annotations
 
@@ -10,9 +9,7 @@ from django.db.models import Count, F
 from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.tick.admission import pool_headroom
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs
-from opsplanner.services.tick.returning import hand_over, successors
 
 MAX_REPAIR_ATTEMPTS = 3
 
@@ -23,10 +20,10 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     `failed` pairs each failed task with why it failed."""
     if not failed:
         return
+    defer_train_work(ctx, {task.host_id for task, _ in failed})
     failed_repairs = _failed_repairs(failed)
     escalate = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) >= MAX_REPAIR_ATTEMPTS]
     repair = [(t, r) for t, r in failed if failed_repairs.get(t.host_id, 0) < MAX_REPAIR_ATTEMPTS]
-    defer_train_work(ctx, {task.host_id for task, _ in escalate})  # it stays out until a human looks
     _escalate(ctx, escalate, failed_repairs)
     if not repair:
         return
@@ -47,37 +44,11 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     ctx.counts.repairs_started += len(takers)
 
 
-def resume_after_repair(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
-    """One drain per host per cycle: a repaired (and verified) host with train work pending passes to
-    it without returning to service, from the failure buffer to the planned one, as far as the pool's
-    headroom allows (the train retries the upgrade that failed there, trains/services/retries.py).
-    The others return to service, and their train work is left for the next cycle (`deferred`): done
-    after the return, it would drain the host a second time in the cycle. The repair tasks handed over."""
-    if not repaired:
-        return set()
-    by_host = {task.host_id: task for task in repaired}
-    successor = successors(ctx, by_host, source=OperationSource.TRAIN)
-    room = max(0, pool_headroom(ctx).remaining())
-    resuming = [by_host[host_id] for host_id in sorted(successor)][:room]
-    ctx.move_hosts(
-        [t.host_id for t in resuming],
-        expected=HostState.REPAIR,
-        new=HostState.MAINTENANCE,
-        reason="repaired: resumes the train work of its drain",
-    )
-    hand_over(ctx, resuming, successor, expected=TaskState.VERIFYING, what="repaired")
-    defer_train_work(ctx, set(by_host) - {t.host_id for t in resuming})
-    return {t.id for t in resuming}
-
-
 def defer_train_work(ctx: TickContext, host_ids: set[int]) -> None:
-    """One drain per host per cycle: a train's pending tasks of a host that returns from repair
-    without taking them up (or is escalated) are left to the train's next cycle (cancelled, code
-    deferred), not admitted again once the host is back in service. The next cycle's visit takes the
-    host again: it is still below the target. Ad-hoc and emergency work stays pending: somebody
-    asked for it now."""
-    if not host_ids:
-        return
+    """One drain per host per cycle: a train's pending tasks of a host whose drain failed are left to
+    the train's next cycle (cancelled, code deferred), not admitted again once the host is repaired
+    and back in service. The next cycle's visit takes the host again: it is still below the target.
+    Ad-hoc and emergency work stays pending: somebody asked for it now."""
     deferred = task_refs(
         HostTask.objects.filter(host_id__any=host_ids, state=TaskState.PENDING, operation__source=OperationSource.TRAIN)
     )

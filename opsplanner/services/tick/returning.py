@@ -16,23 +16,21 @@ from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
 
 
-def successors(ctx: TickContext, applied: dict[int, TaskRef], *, source: str | None = None) -> dict[int, TaskRef]:
-    """{host: the pending task that takes it next}, in (priority, age) order (only tasks of operations
-    from `source`, if given). The next task takes the host only if admission would let it: not one
-    whose target became incompatible (it keeps waiting, with the reason, and the host is verified and
-    returned). Upgrades the drained host must not get end here instead: one older than a newer target
-    of the component pending for the host or just applied to it (superseded), one at or below what
-    the host runs (nothing to do)."""
-    pending = HostTask.objects.filter(
-        host_id__any=applied,
-        state=TaskState.PENDING,
-        operation__state=OperationState.OPEN,
-        operation__gang=False,
-        operation__hold_reason="",
+def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
+    """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
+    host only if admission would let it: not one whose target became incompatible (it keeps waiting,
+    with the reason, and the host is verified and returned). Upgrades the drained host must not get
+    end here instead: one older than a newer target of the component pending for the host or just
+    applied to it (superseded), one at or below what the host runs (nothing to do)."""
+    candidates = task_refs(
+        HostTask.objects.filter(
+            host_id__any=applied,
+            state=TaskState.PENDING,
+            operation__state=OperationState.OPEN,
+            operation__gang=False,
+            operation__hold_reason="",
+        ).order_by("host_id", "-priority", "created_at", "id")
     )
-    if source is not None:
-        pending = pending.filter(operation__source=source)
-    candidates = task_refs(pending.order_by("host_id", "-priority", "created_at", "id"))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
