@@ -9,7 +9,12 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    from config.env import EnvError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except EnvError as error:  # a configuration mistake is one line, not a traceback
+        sys.exit(f"configuration error: {error}")
 
 
 if __name__ == "__main__":
