@@ -9,12 +9,10 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
-    from config.env import EnvError
+    from config.env import settings_or_exit
 
-    try:
-        execute_from_command_line(sys.argv)
-    except EnvError as error:  # a configuration mistake is one line, not a traceback
-        sys.exit(f"configuration error: {error}")
+    settings_or_exit()  # a configuration mistake is one line, not a traceback
+    execute_from_command_line(sys.argv)
 
 
 if __name__ == "__main__":

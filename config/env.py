@@ -8,6 +8,7 @@ message naming the variable, instead of silently running with a default.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,19 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 class EnvError(ValueError):
     """A variable is set to something we cannot use; the message names it and says why."""
+
+
+def settings_or_exit() -> None:
+    """Load Django's settings now. A configuration mistake stops the process with one line on stderr
+    and exit code 1 instead of a traceback from wherever the settings happen to be read first. The
+    entry points call it: manage.py, the Celery app (before it reads its configuration) and the
+    ASGI application."""
+    from django.conf import settings
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018  (reading one setting loads them all)
+    except EnvError as error:
+        sys.exit(f"configuration error: {error}")
 
 
 _TRUE = {"1", "true", "yes", "on"}

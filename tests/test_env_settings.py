@@ -115,13 +115,21 @@ def test_the_app_refuses_to_start_without_a_secret_when_debug_is_off(tmp_path: P
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
 
 
-def test_a_management_command_with_a_configuration_mistake_says_it_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "entry_point",
+    [
+        ["manage.py", "check"],
+        ["-m", "celery", "-A", "config", "worker", "--pool", "solo"],
+        ["-m", "uvicorn", "config.asgi:application", "--port", "0"],
+    ],
+    ids=["manage.py", "celery", "asgi"],
+)
+def test_every_entry_point_says_a_configuration_mistake_in_one_line(tmp_path: Path, entry_point: list[str]) -> None:
     clean = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}}
     clean.update({"DEBUG": "0", "OPSPLANNER_VAR_DIR": str(tmp_path)})
     result = subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
+        [sys.executable, *entry_point], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "configuration error: SECRET_KEY must be set when DEBUG is off (the development key is refused)"

@@ -303,7 +303,7 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     by_host = {task.host_id: task for task in applied}
     successor = successors(ctx, by_host)
     handing = [by_host[host_id] for host_id in successor]
-    hand_over(ctx, handing, successor, expected=TaskState.RUNNING, what="applied")
+    hand_over(ctx, handing, successor)
 
     finishing = [task for task in applied if task.host_id not in successor]
     start_verification(ctx, finishing)

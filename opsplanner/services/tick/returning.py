@@ -48,20 +48,20 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskR
     return successor
 
 
-def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef], *, expected: str, what: str) -> None:
-    """Each giver (a task in `expected`) passes its host to the pending task that takes it next
-    (`takers`, by host) without returning it to service: the giver ends handed over, saying to which
-    task; the taker runs at once, in the giver's drain."""
+def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef]) -> None:
+    """Each giver (a running task whose work was applied) passes its host to the pending task that
+    takes it next (`takers`, by host) without returning it to service: the giver ends handed over,
+    saying to which task; the taker runs at once, in the giver's drain."""
     if not givers:
         return
     ctx.move_tasks(
         givers,
-        expected=expected,
+        expected=TaskState.RUNNING,
         new=TaskState.HANDED_OVER,
         finished_at=ctx.now,
-        reason=f"{what}; host handed over",
+        reason="applied; host handed over",
         reasons={
-            task.id: f"{what}; host handed over to task {nxt.id} of operation {nxt.operation_id}"
+            task.id: f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}"
             for task in givers
             for nxt in [takers[task.host_id]]
         },
