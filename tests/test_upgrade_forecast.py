@@ -16,8 +16,9 @@ from opsplanner.roles import Role
 from tests.builders import make_fleet
 from tests.driving import instant_simulator
 from tests.trains_builders import make_train, make_user
-from trains.models import Train, Upgrade
+from trains.models import Cycle, Train, Upgrade, VisitState
 from trains.selectors_forecast import FORECAST_QUERIES, ForecastCode, UpgradeForecast, upgrades_forecasts
+from trains.selectors_web import trains_forecasts
 from trains.services.tick import train_tick
 from trains.services.upgrade_forecast import DeadlineFix
 from trains.services.upgrades import upgrade_create
@@ -70,6 +71,23 @@ def test_the_forecast_counts_the_open_cycle_and_what_its_visits_already_took() -
 
     assert forecast_of(bios).cycle == 1
     assert forecast_of(driver).cycle == 2
+
+
+def test_the_forecast_gives_the_visits_of_a_cycle_behind_its_deadline_less_than_their_share_as_the_tick_does() -> None:
+    pool, train = one_upgrade_per_visit()
+    bios = create(pool, "bios", "2.16.0")
+    train_tick(train_id=train.pk)  # cycle 1 opens; its first visit takes bios
+    on_time = forecast_of(bios)
+    # The cycle fell behind: when its second visit starts, 1600 s are left for the last two visits,
+    # 800 s each, and an upgrade too long for that may stretch a visit to 1000 s (the other visit
+    # down to its 600 s overhead); bios needs 1800 s, so the tick would leave it for cycle 2.
+    second = min(d.starts_at for d in trains_forecasts([train])[train.pk].domains if d.state == VisitState.PLANNED)
+    Cycle.objects.filter(train=train, number=1).update(deadline_at=second + dt.timedelta(seconds=1600))
+
+    behind = forecast_of(bios)
+
+    assert (on_time.cycle, behind.cycle) == (1, 2)
+    assert behind.at >= on_time.at + dt.timedelta(seconds=2 * 1800)  # two more visits of 1800 s, in cycle 2
 
 
 def test_an_upgrade_without_a_running_train_says_it_is_not_scheduled() -> None:

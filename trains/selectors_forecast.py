@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -71,8 +71,9 @@ class _Visit:
     domain_id: int
     cycle: int
     ends_at: dt.datetime
-    # Where the visit stands in its cycle: how long an upgrade too long for its budget may take
-    # there (budget.sizing_within_cycle's stretch), as the train tick decides it.
+    # Where the visit stands in its cycle: its budget (its share, or less in a cycle behind its
+    # deadline) and how long an upgrade too long for it may take there (budget.sizing_within_cycle),
+    # as the train tick decides them.
     starts_at: dt.datetime | None = None
     deadline: dt.datetime | None = None
     visits_left: int = 0
@@ -214,8 +215,7 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
     domain_id, sizing = visit.domain_id, backlog.sizing
     if visit.starts_at is not None and visit.deadline is not None and visit.visits_left:
         left_s = (visit.deadline - visit.starts_at).total_seconds()
-        within = sizing_within_cycle(sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left)
-        sizing = replace(sizing, stretch_s=within.stretch_s)
+        sizing = sizing_within_cycle(sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left)
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
     newest: dict[int, Upgrade] = {}
     best_key: dict[int, tuple] = {}
