@@ -14,7 +14,7 @@ from tests.driving import drive_trains
 from tests.test_train_budget import SLO_S, WORK_S, create_upgrades, drains_per_host, four_components_fleet
 from tests.test_train_late_joiners import a_visit_draining
 from tests.trains_builders import make_train
-from trains.models import Cycle, Train, Visit, VisitOperation, VisitState
+from trains.models import Cycle, Pace, Train, Visit, VisitOperation, VisitState
 from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 from trains.services.budget import (
     FACTOR_BOUNDS,
@@ -23,6 +23,7 @@ from trains.services.budget import (
     measured_factor,
     select_within_budget,
     sizing_within_cycle,
+    sliding_in_flight_s,
 )
 from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create
@@ -173,6 +174,23 @@ def test_an_upgrade_too_long_for_its_visit_runs_only_where_the_rest_of_the_cycle
     assert taken(-60, 2) == ["long"]
     urgent = Train(cycle_slo_s=SLO_S, visit_concurrency=1, emergency=True)
     assert sizing_within_cycle(sizing, train=urgent, seconds_left=5000, visits_left=2).stretch_s is None
+
+
+def test_the_time_a_sliding_trains_hosts_still_out_may_take_is_not_given_to_the_visits_still_to_start() -> None:
+    train = Train(cycle_slo_s=SLO_S, visit_concurrency=1, pace=Pace.SLIDING)
+    sizing = VisitSizing(budget_s=3600, overhead_s=600, hosts_at_once=2, factor=1.0, domains=2, largest_domain=2)
+    # Two running visits: one host of the first takes 3000 s (two waves of 6000 s), of the second 2500 s.
+    running = [{"hosts": [1, 2, 3], "estimate_s": 6000}, {"hosts": [4, 5], "estimate_s": 2500}, {"hosts": []}]
+    assert sliding_in_flight_s(sizing, running) == 3000
+    assert sliding_in_flight_s(sizing, []) == 0
+
+    # 7200 s left, 3000 s of them for the hosts still out: 2100 s for each of the last two visits,
+    # and an upgrade too long for that may take 3600 s (the other visit down to its overhead).
+    share = sizing_within_cycle(sizing, train=train, seconds_left=7200, visits_left=2, in_flight_s=3000)
+    assert (share.budget_s, share.stretch_s) == (2100, 3600)
+    # Hosts out longer than the time left: nothing more fits, where the deadline has not passed yet.
+    none_left = sizing_within_cycle(sizing, train=train, seconds_left=2000, visits_left=1, in_flight_s=3000)
+    assert (none_left.budget_s, none_left.stretch_s) == (0, 0)
 
 
 def test_a_train_keeps_its_cycle_and_leaves_an_upgrade_no_visit_can_fit_for_a_cycle_with_the_time() -> None:

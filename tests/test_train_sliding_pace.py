@@ -192,6 +192,39 @@ def test_a_sliding_train_measures_its_visits_by_their_hosts_time_not_by_their_ov
     assert forecast.visit_seconds < sum(spans) / len(spans)
 
 
+def test_a_sliding_visit_leaves_for_the_next_cycle_what_the_time_left_after_the_hosts_still_out_cannot_cover() -> None:
+    # Three domains of four hosts, a 3000 s cycle: 1000 s a visit; each host plans 120 s of overhead
+    # and 600 s of bios, 720 s.
+    pool, hosts, train = sliding_fleet(cycle_slo_s=3000, visit_overhead_s=120)
+    Upgrade.objects.filter(pool=pool).update(duration_s=600)
+    instant_simulator(execute_seconds=60.0)
+    slow, slowed = set(sorted(domain_of(hosts, 1))[1:]), set()  # three of the first visit's hosts
+    moment = [clock.now()]
+    with clock.use_clock(lambda: moment[0]):
+        train_tick(train_id=train.pk)  # the first visit releases its four hosts, 720 s each
+        first = Visit.objects.get(train=train, state=VisitState.RUNNING)
+        assert first.plan["estimate_s"] == 720
+        # The cycle fell behind: 1500 s left. The next visit starts when the first host comes back,
+        # with over 1200 s left: 600 s each for the last two visits, or over 1080 s for bios alone
+        # (the other visit down to its overhead) if the time left were theirs. It is not: the three
+        # slow hosts still out may take 720 s, which leaves under 300 s each, or 480 s for bios alone.
+        Cycle.objects.filter(train=train).update(deadline_at=moment[0] + dt.timedelta(seconds=1500))
+        for _ in range(20):
+            moment[0] += STEP
+            pool_tick(pool_id=pool.pk, kick=False)
+            simulated_work_step()
+            slow_down(slow, slowed)
+            train_tick(train_id=train.pk)
+            if not Visit.objects.filter(train=train, state=VisitState.PLANNED, position=first.position + 1).exists():
+                break
+    second = Visit.objects.get(train=train, position=first.position + 1)
+    assert second.state == VisitState.DONE
+    assert second.outcome.startswith("nothing fits the time left in the cycle")
+    assert second.plan["budget_s"] < 300
+    assert not VisitOperation.objects.filter(visit=second).exists()
+    assert train_hosts_out(train) == 3  # the slow hosts of the first visit, still out
+
+
 def test_the_allowance_is_a_visits_worth_or_the_planned_buffer_whichever_is_smaller() -> None:
     pool, _ = make_fleet(domains=3, hosts_per_domain=4, planned_buffer_hosts=10)
     train = make_train(pool, pace=Pace.SLIDING, visit_concurrency=2)

@@ -182,23 +182,43 @@ def factor_from(ratios: list[float]) -> float:
     return min(high, max(low, ordered[rank - 1]))
 
 
-def sizing_within_cycle(sizing: VisitSizing, *, train: Train, seconds_left: float, visits_left: int) -> VisitSizing:
+def sizing_within_cycle(
+    sizing: VisitSizing, *, train: Train, seconds_left: float, visits_left: int, in_flight_s: float = 0.0
+) -> VisitSizing:
     """The sizing for a visit starting now in a cycle with `seconds_left` before its deadline and
     `visits_left` visits still to start (this one included): its budget is its share of the SLO, or
     of the time left if that is less (visit_concurrency visits run at once), so a cycle that fell
-    behind catches up on the visits still to come."""
+    behind catches up on the visits still to come. `in_flight_s`: what the hosts still out may take
+    first (a sliding train's, `sliding_in_flight_s`), not available to the visits still to start."""
     if visits_left <= 0:
         return sizing
     lanes = train.visit_concurrency
-    budget = min(sizing.budget_s, max(0.0, seconds_left) * lanes / visits_left)
     if train.emergency or seconds_left <= 0:
-        return replace(sizing, budget_s=budget, stretch_s=None)
+        return replace(
+            sizing, budget_s=min(sizing.budget_s, max(0.0, seconds_left) * lanes / visits_left), stretch_s=None
+        )
+    usable = max(0.0, seconds_left - in_flight_s)
+    budget = min(sizing.budget_s, usable * lanes / visits_left)
     # An upgrade too long for any visit's share runs where the rest of the cycle can give the time
     # (its other visits down to their overhead), and waits for a later cycle where it cannot: taken
     # anyway, it made every visit of a cycle overrun (25 domains of 5 h against a 72 h SLO).
     others = (visits_left - 1) * sizing.cost_s(sizing.largest_domain, [0.0])
-    stretch = max(budget, min(seconds_left, seconds_left * lanes - others))
+    stretch = max(budget, min(usable, usable * lanes - others))
     return replace(sizing, budget_s=budget, stretch_s=stretch)
+
+
+def sliding_in_flight_s(sizing: VisitSizing, running_plans: Iterable[dict]) -> float:
+    """How long the hosts a sliding train still has out may keep the cycle open: as long as one
+    host of their visit takes (its corrected estimate per wave), the longest of the running visits.
+    A host released just before the last visit starts may need its whole chain, and the cycle ends
+    when both are done, so the time left must cover this before the visits still to start. Without
+    it, a sliding cycle that took long upgrades early overran its SLO by 1.4 h in the meta regime."""
+    longest = 0.0
+    for plan in running_plans:
+        hosts = len(plan.get("hosts") or [])
+        if hosts:
+            longest = max(longest, float(plan.get("estimate_s") or 0) / sizing.waves(hosts))
+    return longest
 
 
 @dataclass

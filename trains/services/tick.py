@@ -37,7 +37,13 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
-from trains.services.budget import VisitSizing, sizing_within_cycle, train_budget_check, train_sizing
+from trains.services.budget import (
+    VisitSizing,
+    sizing_within_cycle,
+    sliding_in_flight_s,
+    train_budget_check,
+    train_sizing,
+)
 from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
@@ -438,7 +444,8 @@ def _start_visits(
     cycle = _open_cycle(train, plans, now)
     if cycle is None:
         return
-    running = Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING).count()
+    running_plans = list(Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING).values_list("plan", flat=True))
+    running = len(running_plans)
     planned = list(Visit.objects.filter(cycle=cycle, state=VisitState.PLANNED).select_related("domain"))
     if not planned and not running:
         _end_cycle(train, cycle, now)
@@ -457,13 +464,18 @@ def _start_visits(
             sizing = train_sizing(train)
             _budget_step(train, plans, sizing, now)
         left_s = (cycle.deadline_at - now).total_seconds()
-        share = sizing_within_cycle(sizing, train=train, seconds_left=left_s, visits_left=visits_left)
+        # A sliding train's hosts still out come before the visits still to start.
+        in_flight_s = sliding_in_flight_s(sizing, running_plans) if room is not None else 0.0
+        share = sizing_within_cycle(
+            sizing, train=train, seconds_left=left_s, visits_left=visits_left, in_flight_s=in_flight_s
+        )
         selection = visit_start(train=train, visit=visit, plans=plans, sizing=share, now=now, release=room)
         if selection is None:
             continue
         visits_left -= 1
         if selection.taken:
             running += 1
+            running_plans.append(visit.plan)
             if room is not None:
                 room -= int(visit.plan.get("released", 0))
         elif selection.left:
