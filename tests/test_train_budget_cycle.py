@@ -193,6 +193,27 @@ def test_the_time_a_sliding_trains_hosts_still_out_may_take_is_not_given_to_the_
     assert (none_left.budget_s, none_left.stretch_s) == (0, 0)
 
 
+def test_a_sliding_trains_last_visit_and_its_hosts_still_out_are_sized_for_its_slowest_hosts() -> None:
+    train = Train(cycle_slo_s=SLO_S, visit_concurrency=1, pace=Pace.SLIDING)
+    # Its slowest hosts took 1.5 times their corrected estimate.
+    sizing = VisitSizing(
+        budget_s=3600, overhead_s=600, hosts_at_once=2, factor=1.0, domains=2, largest_domain=2, tail=1.5
+    )
+    assert sliding_in_flight_s(sizing, [{"hosts": [1, 2], "estimate_s": 2000}]) == 3000
+
+    # 4500 s left after the hosts still out: the last visit's slowest host must be back by then,
+    # and an upgrade too long for its share may not take more either.
+    last = sizing_within_cycle(sizing, train=train, seconds_left=7500, visits_left=1, in_flight_s=3000)
+    assert (last.budget_s, last.stretch_s) == (3000, 3000)
+    # Before the last visit, the hosts flow: each visit gets its share of the time left.
+    assert sizing_within_cycle(sizing, train=train, seconds_left=7500, visits_left=2, in_flight_s=3000).budget_s == (
+        2250
+    )
+    # A domain-paced train's visit is measured by its span, its slowest host included: no tail.
+    domain = Train(cycle_slo_s=SLO_S, visit_concurrency=1)
+    assert sizing_within_cycle(sizing, train=domain, seconds_left=6000, visits_left=1).budget_s == 3600
+
+
 def test_a_train_keeps_its_cycle_and_leaves_an_upgrade_no_visit_can_fit_for_a_cycle_with_the_time() -> None:
     pool = four_components_fleet()
     train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)

@@ -25,7 +25,14 @@ from opsplanner import clock
 from opsplanner.scopes import parse_scope, resolve_scope
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import TrainForecast
-from trains.services.budget import VisitSizing, select_within_budget, sizing_for, sizing_within_cycle, upgrade_order_key
+from trains.services.budget import (
+    Correction,
+    VisitSizing,
+    select_within_budget,
+    sizing_for,
+    sizing_within_cycle,
+    upgrade_order_key,
+)
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
@@ -111,7 +118,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             domains=len(domain_ids),
             largest_domain=largest,
             planned_buffer=train.pool.buffers_for(totals.get(train.pool_id, 0)).planned,
-            factor=forecast.factor,
+            correction=Correction(factor=forecast.factor),
         )
         backlogs[train.pool_id] = PoolBacklog(
             train=train,

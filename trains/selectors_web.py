@@ -132,7 +132,7 @@ def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[in
             seconds = (ended - max(started, older_end)).total_seconds()
             lengths[train_id].append(seconds)
             if sliding and pk in by_hosts:
-                ratios[train_id].append(by_hosts[pk])
+                ratios[train_id].append(by_hosts[pk].total)
             elif not sliding and isinstance(cost, int | float) and cost > 0:
                 ratios[train_id].append(seconds / cost)
     return lengths, {train_id: factor_from(values) for train_id, values in ratios.items()}

@@ -20,7 +20,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from django.db.models import Count, F, Max, Min, Sum, Window
 from django.db.models.functions import RowNumber
@@ -29,7 +29,7 @@ from fleet.models import Host
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
 from opsplanner.models import HostTask
-from trains.models import BudgetCode, Train, TrainStop, Upgrade, Visit, VisitState
+from trains.models import BudgetCode, Pace, Train, TrainStop, Upgrade, Visit, VisitState
 
 MEASURED_VISITS = 10  # recent visits that correct the estimates
 MIN_MEASURED = 3  # fewer than this and the estimates stand as they are
@@ -70,6 +70,10 @@ class VisitSizing:
     domains: int
     largest_domain: int
     default_work_s: int = 1
+    # A sliding train's tail: how much longer than its corrected estimate its slowest host takes
+    # (measured like the factor, from each visit's slowest host; at least 1). The cycle ends when
+    # the last hosts are back, so the time the last of them take counts at this rate.
+    tail: float = 1.0
     # How long a visit may run when its first upgrade alone does not fit the budget: what the cycle
     # can give up if every visit after this one shrinks to its overhead. None: no limit, the first
     # upgrade is always taken (an emergency train, a cycle already past its deadline).
@@ -97,11 +101,20 @@ def train_sizing(train: Train) -> VisitSizing:
         domains=len(domain_ids),
         largest_domain=_largest_domain(domain_ids),
         planned_buffer=pool_capacity(train.pool).buffers.planned,
-        factor=measured_factor(train),
+        correction=measured_correction(train),
     )
 
 
-def sizing_for(train: Train, *, domains: int, largest_domain: int, planned_buffer: int, factor: float) -> VisitSizing:
+class Correction(NamedTuple):
+    """The measured correction of a train's estimates (`measured_correction`)."""
+
+    factor: float = 1.0
+    tail: float = 1.0  # a sliding train's slowest hosts against the factor (VisitSizing.tail)
+
+
+def sizing_for(
+    train: Train, *, domains: int, largest_domain: int, planned_buffer: int, correction: Correction
+) -> VisitSizing:
     """The sizing from what was read: each visit's share of the SLO, and of the planned buffer (an
     emergency train may take whole domains whatever the buffer, down to the hard floor)."""
     at_once = largest_domain if train.emergency else planned_buffer // train.visit_concurrency
@@ -109,10 +122,11 @@ def sizing_for(train: Train, *, domains: int, largest_domain: int, planned_buffe
         budget_s=train.cycle_slo_s * train.visit_concurrency / max(1, domains),
         overhead_s=train_overhead_s(train),
         hosts_at_once=max(1, at_once),
-        factor=factor,
+        factor=correction.factor,
         domains=max(1, domains),
         largest_domain=largest_domain,
         default_work_s=train_default_work_s(train),
+        tail=correction.tail,
     )
 
 
@@ -122,10 +136,16 @@ def _largest_domain(domain_ids: list[int]) -> int:
 
 
 def measured_factor(train: Train) -> float:
+    """How long the train's recent visits took against their uncorrected cost (measured_correction)."""
+    return measured_correction(train).factor
+
+
+def measured_correction(train: Train) -> Correction:
     """How long the train's recent visits took against their uncorrected cost (the plan's cost_s);
     1 until enough visits were measured (one query, two with sliding visits). A domain-paced visit
     counts by its span. A sliding visit (its plan counts the hosts it "released") overlaps its
-    neighbours, so its span says little: it counts by its hosts (sliding_visit_ratios)."""
+    neighbours, so its span says little: it counts by its hosts (sliding_visit_ratios), and its
+    slowest host gives the tail."""
     recent = list(
         Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
         .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
@@ -139,17 +159,27 @@ def measured_factor(train: Train) -> float:
         if released is None and started is not None and ended is not None:  # a done visit has both
             ratios.append((ended - started).total_seconds() / float(cost))
         elif pk in by_hosts:
-            ratios.append(by_hosts[pk])
-    return factor_from(ratios)
+            ratios.append(by_hosts[pk].total)
+    factor = factor_from(ratios)
+    slowest = [r.slowest for r in by_hosts.values()]
+    tail = factor_from(slowest) / factor if len(slowest) >= MIN_MEASURED else 1.0
+    return Correction(factor=factor, tail=max(1.0, tail))
 
 
-def sliding_visit_ratios(overheads: dict[int, int]) -> dict[int, float]:
+class HostTimeRatios(NamedTuple):
+    """A sliding visit's hosts' time out against their planned time."""
+
+    total: float  # summed over its hosts: how its hosts flow through the train
+    slowest: float  # its slowest host's own: what keeps a cycle open at its end
+
+
+def sliding_visit_ratios(overheads: dict[int, int]) -> dict[int, HostTimeRatios]:
     """{visit: its hosts' time out against their planned time} of the sliding visits given with
     their train's overhead (one query, none for no visit): each host's drain, from
     its admission to its return, against its planned chain (the overhead and the estimates of the
     visit's upgrades it took). Hosts flow through a sliding train, so its cycle follows their total,
-    not its slowest host: the ratio is of the sums. Without it a sliding train planned with the bare
-    estimates and overran its cycles by a few percent in the many-upgrades regime."""
+    not its slowest host: the correction is the ratio of the sums. Without it a sliding train planned
+    with the bare estimates and overran its cycles by a few percent in the many-upgrades regime."""
     if not overheads:
         return {}
     drains = (
@@ -162,13 +192,20 @@ def sliding_visit_ratios(overheads: dict[int, int]) -> dict[int, float]:
     )
     out: dict[int, float] = defaultdict(float)
     planned: dict[int, float] = defaultdict(float)
+    slowest: dict[int, float] = defaultdict(float)
     for row in drains:
         if row["end"] is None:
             continue  # not finished: a done visit has none
         visit_id = row["operation__visit_link__visit_id"]
-        out[visit_id] += (row["end"] - row["start"]).total_seconds()
-        planned[visit_id] += overheads[visit_id] + (row["work"] or 0)
-    return {visit_id: out[visit_id] / planned[visit_id] for visit_id in out if planned[visit_id] > 0}
+        took, plan = (row["end"] - row["start"]).total_seconds(), overheads[visit_id] + (row["work"] or 0)
+        out[visit_id] += took
+        planned[visit_id] += plan
+        slowest[visit_id] = max(slowest[visit_id], took / plan if plan > 0 else 0.0)
+    return {
+        visit_id: HostTimeRatios(total=out[visit_id] / planned[visit_id], slowest=slowest[visit_id])
+        for visit_id in out
+        if planned[visit_id] > 0
+    }
 
 
 def factor_from(ratios: list[float]) -> float:
@@ -189,7 +226,8 @@ def sizing_within_cycle(
     `visits_left` visits still to start (this one included): its budget is its share of the SLO, or
     of the time left if that is less (visit_concurrency visits run at once), so a cycle that fell
     behind catches up on the visits still to come. `in_flight_s`: what the hosts still out may take
-    first (a sliding train's, `sliding_in_flight_s`), not available to the visits still to start."""
+    first (a sliding train's, `sliding_in_flight_s`), not available to the visits still to start;
+    a sliding train's last visits are sized for their slowest hosts (`VisitSizing.tail`)."""
     if visits_left <= 0:
         return sizing
     lanes = train.visit_concurrency
@@ -198,6 +236,8 @@ def sizing_within_cycle(
             sizing, budget_s=min(sizing.budget_s, max(0.0, seconds_left) * lanes / visits_left), stretch_s=None
         )
     usable = max(0.0, seconds_left - in_flight_s)
+    if train.pace == Pace.SLIDING and visits_left <= lanes:
+        usable /= sizing.tail  # the last visits' slowest hosts end the cycle
     budget = min(sizing.budget_s, usable * lanes / visits_left)
     # An upgrade too long for any visit's share runs where the rest of the cycle can give the time
     # (its other visits down to their overhead), and waits for a later cycle where it cannot: taken
@@ -208,8 +248,9 @@ def sizing_within_cycle(
 
 
 def sliding_in_flight_s(sizing: VisitSizing, running_plans: Iterable[dict]) -> float:
-    """How long the hosts a sliding train still has out may keep the cycle open: as long as one
-    host of their visit takes (its corrected estimate per wave), the longest of the running visits.
+    """How long the hosts a sliding train still has out may keep the cycle open: as long as the
+    slowest host of their visit takes (its corrected estimate per wave, times the train's tail), the
+    longest of the running visits.
     A host released just before the last visit starts may need its whole chain, and the cycle ends
     when both are done, so the time left must cover this before the visits still to start. Without
     it, a sliding cycle that took long upgrades early overran its SLO by 1.4 h in the meta regime."""
@@ -218,7 +259,7 @@ def sliding_in_flight_s(sizing: VisitSizing, running_plans: Iterable[dict]) -> f
         hosts = len(plan.get("hosts") or [])
         if hosts:
             longest = max(longest, float(plan.get("estimate_s") or 0) / sizing.waves(hosts))
-    return longest
+    return longest * sizing.tail
 
 
 @dataclass
