@@ -27,6 +27,7 @@ from opsplanner.models import Approval, Event, HostTask, Operation, OperationSou
 from opsplanner.roles import Role
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_submit
+from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_item_report, work_items_claim
 from tests.builders import make_fleet, make_service, make_version
@@ -97,6 +98,30 @@ def test_a_train_visits_every_domain_once_per_cycle_with_one_drain_per_host_for_
     # Nothing left to do: the train idles instead of starting empty cycles.
     train_tick(train_id=train.pk)
     assert Cycle.objects.filter(train=train).count() == 1
+
+
+def test_a_cycle_whose_last_visits_have_nothing_to_do_ends_in_the_tick_that_finds_it() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=3, hosts_per_domain=2)
+    train = make_train(pool)
+    first = sorted(h.hostname for h in hosts if h.domain.name == "rack-0001")
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", scope="hosts: " + ", ".join(first))
+
+    for _ in range(50):
+        train_tick(train_id=train.pk)  # the tick that ends the first visit starts the other two
+        if Visit.objects.filter(train=train, domain__name="rack-0001", state=VisitState.DONE).exists():
+            break
+        pool_tick(pool_id=pool.pk)
+        simulated_work_step()
+
+    # The other domains had nothing pending: their visits ended as they started, and so did the
+    # cycle, in that tick (not at the next tick something else happens).
+    visits = Visit.objects.filter(train=train)
+    assert set(visits.values_list("state", flat=True)) == {VisitState.DONE}
+    assert visits.filter(outcome="nothing pending in this domain").count() == 2
+    cycle = Cycle.objects.get(train=train)
+    assert cycle.ended_at is not None
+    assert cycle.ended_at == max(visits.values_list("ended_at", flat=True))
 
 
 def test_an_opt_out_window_skips_a_domain_and_the_train_comes_back_to_it() -> None:

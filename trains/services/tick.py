@@ -483,6 +483,9 @@ def _start_visits(
         else:
             _end_visit(visit, now, "nothing pending in this domain")
         report.events.append(f"visit {visit.pk} started")
+    if not running and not visits_left:  # the last visits had nothing to do: the cycle is done now
+        _end_cycle(train, cycle, now)
+        report.events.append(f"cycle {cycle.number} done")
 
 
 def _budget_step(train: Train, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime) -> None:
