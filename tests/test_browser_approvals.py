@@ -79,6 +79,8 @@ def test_one_operator_requests_an_emergency_train_and_another_approves_it_live(l
         # B approves (the form came over the websocket; HTMX posts it with the page's CSRF header).
         theirs.get_by_role("button", name="Approve").click()
         page_b.locator(f"#decided-{approval.pk}").wait_for(timeout=10_000)
+        # The live push can move the row before HTMX's own answer, which alone carries the notice, lands.
+        page_b.locator("#approvals-notice .notice").wait_for(timeout=10_000)
         assert "You approved" in page_b.locator("#approvals-notice").inner_text()
 
         # A sees it take effect live: the row moved to the decided list, approved, by B.

@@ -20,7 +20,7 @@ from trains.services.budget import (
     FACTOR_BOUNDS,
     VisitSizing,
     factor_from,
-    measured_factor,
+    measured_correction,
     select_within_budget,
     sizing_within_cycle,
     sliding_in_flight_s,
@@ -66,7 +66,7 @@ def test_the_correction_is_measured_against_the_uncorrected_cost_so_it_settles_o
     # settled at the square root of the truth).
     past_visits(train, pool, planned=[{"cost_s": 1000, "factor": 2.0, "estimate_s": 2000}] * 4, took_s=2000)
 
-    assert measured_factor(train) == pytest.approx(2.0)
+    assert measured_correction(train).factor == pytest.approx(2.0)
 
 
 def test_a_visit_after_slow_visits_is_sized_so_its_corrected_estimate_stays_under_the_budget() -> None:

@@ -29,7 +29,7 @@ from tests.test_web_trains_forms import train_form
 from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit, VisitOperation, VisitState
 from trains.selectors import train_forecast
-from trains.services.budget import measured_correction, measured_factor
+from trains.services.budget import measured_correction
 from trains.services.pace import sliding_allowance, train_hosts_out
 from trains.services.tick import train_tick
 from trains.services.trains import train_pause, train_resume, train_update
@@ -184,7 +184,7 @@ def test_a_sliding_train_measures_its_visits_by_their_hosts_time_not_by_their_ov
         for index in (1, 2, 3)
     ]
     assert ratios[0] > max(ratios[1:])  # the slow host's domain
-    assert measured_factor(train) == pytest.approx(ratios[0])
+    assert measured_correction(train).factor == pytest.approx(ratios[0])
     # The tail: the slowest host (the slow one) against its own plan, over the correction.
     slow = min(domain_of(hosts, 1))
     slowest = (run.back[slow] - run.first_out[slow]) * STEP.total_seconds() / 240

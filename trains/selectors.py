@@ -33,7 +33,7 @@ class TrainForecast:
     meets_slo: bool = True
     miss_cause: str = ""
     last_cycle_number: int = 0  # the open cycle's, else the last one's (0: none yet)
-    factor: float = 1.0  # recent visits' real length against their planned cost (budget.measured_factor)
+    factor: float = 1.0  # recent visits' real length against their planned cost (budget.measured_correction)
 
 
 def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:

@@ -104,7 +104,7 @@ def trains_shown(
 
 def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, float]]:
     """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
-    correction of its estimates (two queries), as budget.measured_factor measures it. A sliding visit
+    correction of its estimates (two queries), as budget.measured_correction measures it. A sliding visit
     (its plan counts the hosts it "released") overlaps the visit before it: its length is what it
     added after that one ended, and it counts for the correction by its hosts' time."""
     ranked = (

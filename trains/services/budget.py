@@ -135,11 +135,6 @@ def _largest_domain(domain_ids: list[int]) -> int:
     return max((row["n"] for row in counts), default=0)
 
 
-def measured_factor(train: Train) -> float:
-    """How long the train's recent visits took against their uncorrected cost (measured_correction)."""
-    return measured_correction(train).factor
-
-
 def measured_correction(train: Train) -> Correction:
     """How long the train's recent visits took against their uncorrected cost (the plan's cost_s);
     1 until enough visits were measured (one query, two with sliding visits). A domain-paced visit

@@ -447,11 +447,9 @@ def _start_visits(
     running_plans = list(Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING).values_list("plan", flat=True))
     running = len(running_plans)
     planned = list(Visit.objects.filter(cycle=cycle, state=VisitState.PLANNED).select_related("domain"))
-    if not planned and not running:
-        _end_cycle(train, cycle, now)
-        report.events.append(f"cycle {cycle.number} done")
-        return
-    optouts = {} if train.emergency else optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
+    optouts = {}
+    if planned and not train.emergency:
+        optouts = optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
     sizing = None
     visits_left = len(planned)  # a domain skipped for now still needs its share of the time left
     for visit in planned:
@@ -483,7 +481,7 @@ def _start_visits(
         else:
             _end_visit(visit, now, "nothing pending in this domain")
         report.events.append(f"visit {visit.pk} started")
-    if not running and not visits_left:  # the last visits had nothing to do: the cycle is done now
+    if not running and not visits_left:  # every visit done, the last ones maybe just now with nothing to do
         _end_cycle(train, cycle, now)
         report.events.append(f"cycle {cycle.number} done")
 
