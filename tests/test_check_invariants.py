@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -10,7 +11,9 @@ from django.db import connection
 
 from fleet.models import Host, Pool
 from opsplanner.management.commands.check_invariants import CHECKED_TABLES
-from opsplanner.models import HostTask
+from opsplanner.models import HostTask, OperationSource
+from opsplanner.selectors import invariants
+from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
@@ -65,6 +68,36 @@ def test_more_hosts_out_than_the_planned_buffer_is_a_violation() -> None:
     with pytest.raises(CommandError):
         call_command("check_invariants", "--pool", pool.name, stdout=io.StringIO(), stderr=err)
     assert f"[planned_buffer] pool {pool.name}: 2 hosts out for planned work, buffer 1" in err.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_reads_one_moment_so_an_emergency_drain_committed_while_it_runs_is_not_seen_half(monkeypatch) -> None:
+    """Seen by CI with real workers: the emergency leases were counted before an admission committed and
+    the hosts out after it, which read as the planned buffer and the floor broken."""
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=1)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
+    operation_submit(
+        kind="reboot", scope=f"pool {pool.name}", reason="CVE", source=OperationSource.EMERGENCY, override_buffers=True
+    )
+
+    def admitted_elsewhere() -> None:
+        pool_tick(pool_id=pool.pk)
+        connection.close()
+
+    real_capacities = invariants.pool_capacities
+
+    def capacities_after_an_admission_commits():  # type: ignore[no-untyped-def]
+        if not HostTask.objects.filter(state="draining").exists():
+            admission = threading.Thread(target=admitted_elsewhere)
+            admission.start()
+            admission.join()
+        return real_capacities()
+
+    monkeypatch.setattr(invariants, "pool_capacities", capacities_after_an_admission_commits)
+    assert check_invariants() == []  # the moment before the admission, whole
+    assert HostTask.objects.filter(state="draining").count() == 2  # it did commit, past the planned buffer
+    assert check_invariants() == []  # and the moment after it, whole
 
 
 def test_an_unknown_pool_is_refused() -> None:

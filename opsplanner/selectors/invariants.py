@@ -1,13 +1,16 @@
 """check_invariants: verify a live database against DESIGN.md's invariants 1-5.
 
-Each check is one set-based query; a violation names what is wrong and where.
+Each check is one set-based query; a violation names what is wrong and where. All of them read one
+snapshot of the database, so a fleet that moves while they run is never seen half before, half after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.fields.json import KT
 
@@ -40,13 +43,28 @@ def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
     hosts = Host.objects.all() if pool is None else Host.objects.filter(pool=pool)
     leases = Lease.objects.filter(active=True) if pool is None else Lease.objects.filter(active=True, pool_id=pool.pk)
     tasks = HostTask.objects.all() if pool is None else HostTask.objects.filter(pool_id=pool.pk)
-    return [
-        *_one_holder_per_host(leases),
-        *_capacity_floors(pool),
-        *_verified_returns(tasks, leases),
-        *_nothing_stuck(hosts, leases),
-        *_nothing_silent(hosts, tasks),
-    ]
+    with _one_snapshot():
+        return [
+            *_one_holder_per_host(leases),
+            *_capacity_floors(pool),
+            *_verified_returns(tasks, leases),
+            *_nothing_stuck(hosts, leases),
+            *_nothing_silent(hosts, tasks),
+        ]
+
+
+@contextmanager
+def _one_snapshot() -> Iterator[None]:
+    """A read-only REPEATABLE READ transaction, unless the caller already holds one. Under READ COMMITTED
+    each query sees its own moment: an emergency drain committed between the lease count and the
+    capacity count read as three hosts out for planned work against a buffer of one."""
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
 
 
 def _one_holder_per_host(leases: QuerySet[Lease]) -> Iterator[Violation]:
