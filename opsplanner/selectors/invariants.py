@@ -55,15 +55,17 @@ def check_invariants(*, pool: Pool | None = None) -> list[Violation]:
 
 @contextmanager
 def _one_snapshot() -> Iterator[None]:
-    """A read-only REPEATABLE READ transaction, unless the caller already holds one. Under READ COMMITTED
-    each query sees its own moment: an emergency drain committed between the lease count and the
-    capacity count read as three hosts out for planned work against a buffer of one."""
+    """One transaction, unless the caller already holds one: on PostgreSQL a read-only REPEATABLE READ
+    one (under READ COMMITTED each query sees its own moment: an emergency drain committed between
+    the lease count and the capacity count read as three hosts out for planned work against a buffer
+    of one); SQLite's transactions (the embedded default) read one snapshot already."""
     if connection.in_atomic_block:
         yield
         return
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         yield
 
 
