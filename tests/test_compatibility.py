@@ -57,6 +57,33 @@ def test_any_of_several_ranges_for_the_same_pair_is_enough(cuda_and_driver) -> N
     assert host_incompatibilities([host.pk]) == {}
 
 
+def test_a_planned_job_facing_version_is_checked_against_the_lower_versions_the_hosts_run(cuda_and_driver) -> None:
+    cuda_124, driver = cuda_and_driver
+    cuda = cuda_124.component
+    host = make_host()
+    services.installed_version_set(host=host, version=make_version(cuda, "12.2.0"))  # pins nothing
+    services.installed_version_set(host=host, version=make_version(driver, "535.183.01"))
+    assert host_incompatibilities([host.pk]) == {}
+    assert host_incompatibilities([host.pk], planned=[cuda_124]) == {
+        host.pk: ["driver 535.183.01 does not work with cuda 12.4.1 (needs [550.54.14, any])"]
+    }
+
+
+def test_it_reads_only_the_lower_components_a_pinned_rule_names(cuda_and_driver, django_assert_num_queries) -> None:
+    cuda_124, driver = cuda_and_driver
+    host = make_host()
+    services.installed_version_set(host=host, version=make_version(driver, "560.35.03"))
+    for name in ("bios", "nic-firmware", "bmc"):
+        services.installed_version_set(host=host, version=make_version(make_component(name=name), "1.0"))
+    with django_assert_num_queries(1):  # the job-facing versions: none, so no rule and nothing more to read
+        assert host_incompatibilities([host.pk]) == {}
+    services.installed_version_set(host=host, version=cuda_124)
+    with django_assert_num_queries(3) as captured:
+        assert host_incompatibilities([host.pk]) == {}
+    lower = captured.captured_queries[-1]["sql"]  # the third reads the one component the rule names
+    assert f'"fleet_installedversion"."component_id" IN ({driver.pk})' in lower, lower
+
+
 def test_the_demo_fleet_is_entirely_compatible() -> None:
     demo_fleet_seed(hosts=300, progress=Progress("test", stream=open("/dev/null", "w")))  # noqa: SIM115
     assert host_incompatibilities(Host.objects.values_list("pk", flat=True)) == {}

@@ -29,7 +29,7 @@ from tests.test_web_trains_forms import train_form
 from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit, VisitOperation, VisitState
 from trains.selectors import train_forecast
-from trains.services.budget import measured_correction
+from trains.services.budget import measured_correction, sliding_visit_ratios
 from trains.services.pace import sliding_allowance, train_hosts_out
 from trains.services.tick import train_tick
 from trains.services.trains import train_pause, train_resume, train_update
@@ -195,6 +195,26 @@ def test_a_sliding_train_measures_its_visits_by_their_hosts_time_not_by_their_ov
     spans = [(v.ended_at - v.started_at).total_seconds() for v in done]
     assert forecast.factor == pytest.approx(ratios[0])
     assert forecast.visit_seconds < sum(spans) / len(spans)
+
+
+def test_a_sliding_visit_keeps_its_hosts_time_as_it_ends_and_the_correction_reads_it_without_measuring_again(
+    django_assert_num_queries,
+) -> None:
+    pool, hosts, train = sliding_fleet(visit_estimate_s=240, visit_overhead_s=120)
+    drive(pool, train, slow={min(domain_of(hosts, 1))})
+    train_tick(train_id=train.pk)
+    done = list(Visit.objects.filter(train=train, state=VisitState.DONE))
+    assert len(done) == 3
+    measured = sliding_visit_ratios({visit.pk: 120 for visit in done})
+    assert {visit.pk: tuple(visit.plan["host_time"]) for visit in done} == {pk: tuple(r) for pk, r in measured.items()}
+
+    with django_assert_num_queries(1):  # the recent visits, with what they kept; no task is read
+        correction = measured_correction(train)
+    assert correction.factor == pytest.approx(max(r.total for r in measured.values()))
+    kept = done[0]
+    Visit.objects.filter(pk=kept.pk).update(plan={**kept.plan, "host_time": [5.0, 5.0]})
+    assert measured_correction(train).factor == pytest.approx(5.0)  # what the visit kept is what counts
+    assert train_forecast(train).factor == pytest.approx(5.0)
 
 
 def test_a_sliding_visit_leaves_for_the_next_cycle_what_the_time_left_after_the_hosts_still_out_cannot_cover() -> None:

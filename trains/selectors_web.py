@@ -28,7 +28,7 @@ from trains.models import (
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
-from trains.services.budget import factor_from, sliding_visit_ratios, train_overhead_s
+from trains.services.budget import HOST_TIME_KEY, factor_from, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
 
@@ -115,14 +115,21 @@ def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[in
         .order_by("train_id", "rank")
     )
     rows: dict[int, list[tuple[int, dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
-    for pk, train_id, started, ended, cost, released in ranked.values_list(
-        "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released"
+    kept: dict[int, object] = {}
+    for pk, train_id, started, ended, cost, released, host_time in ranked.values_list(
+        "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY
     ):
         if started is not None and ended is not None:  # a done visit has both
             rows[train_id].append((pk, started, ended, cost, released is not None))
+            kept[pk] = host_time
     overhead = {t.pk: train_overhead_s(t) for t in trains}
-    by_hosts = sliding_visit_ratios(
-        {pk: overhead[train_id] for train_id, visits in rows.items() for pk, *_, sliding in visits if sliding}
+    by_hosts = visits_host_time(
+        {
+            pk: (overhead[train_id], kept[pk])
+            for train_id, visits in rows.items()
+            for pk, *_, sliding in visits
+            if sliding
+        }
     )
     lengths: dict[int, list[float]] = defaultdict(list)
     ratios: dict[int, list[float]] = defaultdict(list)

@@ -25,43 +25,35 @@ def host_incompatibilities(
     """{host_id: [reason, …]} for hosts that break a compatibility rule; compatible hosts are absent.
 
     `planned` versions replace what the hosts run of those components, to ask "would this upgrade
-    break a rule?" before it is created. Set-based: one query for installed versions, one for rules.
+    break a rule?" before it is created. Set-based, three queries at most: the hosts' job-facing
+    versions, the rules those pin, then only the lower-level components the rules name (a host runs
+    dozens of components and the admission and the return gate ask about every host they consider).
     """
     ids = list(host_ids)
     if not ids:
         return {}
-    hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
-    rows = InstalledVersion.objects.filter(host_id__any=ids).values_list(
-        "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
-        "version__sort_key",
-    )  # fmt: skip
-    for host_id, component_id, name, layer, version_id, version, key in rows:
-        hosts[host_id][component_id] = _Installed(component_id, name, layer, version_id, version, key)
     overrides = [
         _Installed(v.component_id, v.component.name, v.component.layer, v.pk, v.version, v.sort_key) for v in planned
     ]
-    for host_id in ids:
-        for override in overrides:
-            hosts[host_id][override.component_id] = override
-
-    pinned_versions = {
-        row.version_id
-        for versions in hosts.values()
-        for row in versions.values()
-        if row.layer == ComponentLayer.JOB_FACING
-    }
+    hosts = _installed(
+        ids, [o for o in overrides if o.layer == ComponentLayer.JOB_FACING], layer=ComponentLayer.JOB_FACING
+    )
+    pinned_versions = {row.version_id for versions in hosts.values() for row in versions.values()}
     rules: dict[int, dict[int, list[CompatibilityRule]]] = defaultdict(lambda: defaultdict(list))
     for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=pinned_versions).select_related(
         "lower_component"
     ):
         rules[rule.job_facing_version_id][rule.lower_component_id].append(rule)
+    if not rules:
+        return {}
+    named = {component_id for by_component in rules.values() for component_id in by_component}
+    lower = _installed(ids, [o for o in overrides if o.component_id in named], component_ids=named)
 
     problems: dict[int, list[str]] = {}
-    for host_id, installed in hosts.items():
+    for host_id, job_facing in hosts.items():
+        installed = lower.get(host_id, {})
         reasons = []
-        for pinned in installed.values():
-            if pinned.layer != ComponentLayer.JOB_FACING:
-                continue
+        for pinned in job_facing.values():
             for component_id, allowed in rules.get(pinned.version_id, {}).items():
                 ranges = ", ".join(f"[{r.min_version or 'any'}, {r.max_version or 'any'}]" for r in allowed)
                 component = allowed[0].lower_component.name
@@ -79,3 +71,26 @@ def host_incompatibilities(
         if reasons:
             problems[host_id] = reasons
     return problems
+
+
+def _installed(
+    ids: list[int], overrides: list[_Installed], *, layer: str | None = None, component_ids: set[int] | None = None
+) -> dict[int, dict[int, _Installed]]:
+    """{host_id: {component_id: installed}} of one layer or of the named components, with the planned
+    versions (already of that layer or those components) in place of what the hosts run."""
+    rows = InstalledVersion.objects.filter(host_id__any=ids)
+    if layer is not None:
+        rows = rows.filter(component__layer=layer)
+    if component_ids is not None:
+        rows = rows.filter(component_id__in=component_ids)
+    hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
+    for host_id, component_id, name, row_layer, version_id, version, key in rows.values_list(
+        "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
+        "version__sort_key",
+    ):  # fmt: skip
+        hosts[host_id][component_id] = _Installed(component_id, name, row_layer, version_id, version, key)
+    if overrides:
+        planned = {override.component_id: override for override in overrides}
+        for host_id in ids:
+            hosts[host_id].update(planned)
+    return hosts

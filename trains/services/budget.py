@@ -145,12 +145,12 @@ def measured_correction(train: Train) -> Correction:
         Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
         .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
         .filter(rank__lte=MEASURED_VISITS)
-        .values_list("pk", "started_at", "ended_at", "plan__cost_s", "plan__released")
+        .values_list("pk", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY)
     )
     overhead = train_overhead_s(train)
-    by_hosts = sliding_visit_ratios({pk: overhead for pk, *_, released in recent if released is not None})
+    by_hosts = visits_host_time({pk: (overhead, kept) for pk, *_, released, kept in recent if released is not None})
     ratios = []
-    for pk, started, ended, cost, released in recent:
+    for pk, started, ended, cost, released, _ in recent:
         if released is None and started is not None and ended is not None:  # a done visit has both
             ratios.append((ended - started).total_seconds() / float(cost))
         elif pk in by_hosts:
@@ -166,6 +166,23 @@ class HostTimeRatios(NamedTuple):
 
     total: float  # summed over its hosts: how its hosts flow through the train
     slowest: float  # its slowest host's own: what keeps a cycle open at its end
+
+
+HOST_TIME_KEY = "host_time"  # a sliding visit's plan keeps its HostTimeRatios as it ends
+
+
+def visits_host_time(visits: dict[int, tuple[int, object]]) -> dict[int, HostTimeRatios]:
+    """{visit: its hosts' time ratios} of the sliding visits given as {visit: (its train's overhead,
+    what its plan kept under HOST_TIME_KEY)}: the kept value, else measured from the visit's tasks
+    (sliding_visit_ratios; a visit that ended before visits kept it). Sizings and forecasts read this
+    every tick; measuring ten visits' tasks each time was a twentieth of a simulation's time."""
+    kept = {
+        pk: HostTimeRatios(*map(float, stored))
+        for pk, (_, stored) in visits.items()
+        if isinstance(stored, list) and len(stored) == len(HostTimeRatios._fields)
+    }
+    measured = sliding_visit_ratios({pk: overhead for pk, (overhead, _) in visits.items() if pk not in kept})
+    return {**measured, **kept}
 
 
 def sliding_visit_ratios(overheads: dict[int, int]) -> dict[int, HostTimeRatios]:

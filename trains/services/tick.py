@@ -38,10 +38,13 @@ from trains.models import (
 )
 from trains.selectors import train_forecast
 from trains.services.budget import (
+    HOST_TIME_KEY,
     VisitSizing,
     sizing_within_cycle,
     sliding_in_flight_s,
+    sliding_visit_ratios,
     train_budget_check,
+    train_overhead_s,
     train_sizing,
 )
 from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
@@ -324,13 +327,18 @@ def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> N
             continue
         done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
         failed = tasks.filter(state=TaskState.FAILED).values("host_id").distinct().count()
-        _end_visit(visit, now, f"{done} hosts done, {failed} failed")
+        plan = visit.plan
+        if "released" in plan:  # sliding: keep its hosts' time, which the sizings read every tick
+            host_time = sliding_visit_ratios({visit.pk: train_overhead_s(train)}).get(visit.pk)
+            plan = {**plan, HOST_TIME_KEY: list(host_time)} if host_time else plan
+        _end_visit(visit, now, f"{done} hosts done, {failed} failed", plan=plan)
         report.events.append(f"visit {visit.pk} done")
 
 
-def _end_visit(visit: Visit, now: dt.datetime, outcome: str) -> None:
+def _end_visit(visit: Visit, now: dt.datetime, outcome: str, *, plan: dict | None = None) -> None:
+    ended = {"state": VisitState.DONE, "ended_at": now, "outcome": outcome[:300]}
     if Visit.objects.filter(pk=visit.pk, state=visit.state).update(
-        state=VisitState.DONE, ended_at=now, outcome=outcome[:300]
+        **ended if plan is None else {**ended, "plan": plan}
     ):
         event_record(
             kind="train.visit_finished",
