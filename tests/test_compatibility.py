@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from fleet import services
 from fleet.models import ComponentLayer, ComponentVersion, Host
 from fleet.seeding import demo_fleet_seed
-from fleet.selectors.compatibility import host_incompatibilities
+from fleet.selectors.compatibility import PlannedHosts, host_incompatibilities, hosts_incompatibilities
 from opsplanner.models import WaitingCode
 from opsplanner.progress import Progress
 from opsplanner.services.compatibility import Refusal, target_refusal
@@ -82,6 +82,27 @@ def test_it_reads_only_the_lower_components_a_pinned_rule_names(cuda_and_driver,
         assert host_incompatibilities([host.pk]) == {}
     lower = captured.captured_queries[-1]["sql"]  # the third reads the one component the rule names
     assert f'"fleet_installedversion"."component_id" IN ({driver.pk})' in lower, lower
+
+
+def test_several_targets_are_checked_at_once_each_on_its_own_hosts(cuda_and_driver, django_assert_num_queries) -> None:
+    cuda_124, driver = cuda_and_driver
+    first, second = make_host(), make_host()
+    current = make_version(driver, "560.35.03")
+    for host in (first, second):
+        services.installed_version_set(host=host, version=cuda_124)
+        services.installed_version_set(host=host, version=current)
+    too_old, newer = make_version(driver, "535.183.01"), make_version(driver, "570.86.10")
+    unpinning = make_version(cuda_124.component, "12.2.0")
+    groups = [
+        PlannedHosts([first.pk, second.pk], [too_old]),
+        PlannedHosts([first.pk], [newer]),
+        PlannedHosts([second.pk], [unpinning, too_old]),  # 12.2 pins nothing: the old driver is fine there
+    ]
+    with django_assert_num_queries(3):  # not three per target
+        results = hosts_incompatibilities(groups)
+    reason = "driver 535.183.01 does not work with cuda 12.4.1 (needs [550.54.14, any])"
+    assert results == [{first.pk: [reason], second.pk: [reason]}, {}, {}]
+    assert results[0] == host_incompatibilities([first.pk, second.pk], planned=[too_old])
 
 
 def test_the_demo_fleet_is_entirely_compatible() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from django.db.models import QuerySet
 
 from fleet.models import CompatibilityRule, ComponentLayer, ComponentVersion, InstalledVersion
 
@@ -19,78 +22,93 @@ class _Installed:
     sort_key: str
 
 
+class PlannedHosts(NamedTuple):
+    """Hosts to check as if they ran `planned` (versions of other components than they run stay)."""
+
+    host_ids: Sequence[int]
+    planned: Sequence[ComponentVersion] = ()
+
+
+_Rules = dict[int, dict[int, list[CompatibilityRule]]]  # job-facing version -> lower component -> rules
+
+
 def host_incompatibilities(
     host_ids: Iterable[int], *, planned: Iterable[ComponentVersion] = ()
 ) -> dict[int, list[str]]:
     """{host_id: [reason, …]} for hosts that break a compatibility rule; compatible hosts are absent.
 
     `planned` versions replace what the hosts run of those components, to ask "would this upgrade
-    break a rule?" before it is created. Set-based, three queries at most: the hosts' job-facing
-    versions, the rules those pin, then only the lower-level components the rules name (a host runs
-    dozens of components and the admission and the return gate ask about every host they consider).
-    """
-    ids = list(host_ids)
+    break a rule?" before it is created (hosts_incompatibilities for one group)."""
+    return hosts_incompatibilities([PlannedHosts(list(host_ids), list(planned))])[0]
+
+
+def hosts_incompatibilities(groups: Sequence[PlannedHosts]) -> list[dict[int, list[str]]]:
+    """host_incompatibilities of each group, all in three queries at most: the hosts' job-facing
+    versions, the rules those (and the planned ones) pin, then only the lower-level components the
+    rules name. A host runs dozens of components, and the admission and the return gate ask about
+    every host they consider, for every target version pending (one group each)."""
+    ids = sorted({host_id for group in groups for host_id in group.host_ids})
     if not ids:
-        return {}
-    overrides = [
-        _Installed(v.component_id, v.component.name, v.component.layer, v.pk, v.version, v.sort_key) for v in planned
-    ]
-    hosts = _installed(
-        ids, [o for o in overrides if o.layer == ComponentLayer.JOB_FACING], layer=ComponentLayer.JOB_FACING
+        return [{} for _ in groups]
+    overrides = [[_installed_row(version) for version in group.planned] for group in groups]
+    job_facing = _installed(
+        InstalledVersion.objects.filter(host_id__any=ids, component__layer=ComponentLayer.JOB_FACING)
     )
-    pinned_versions = {row.version_id for versions in hosts.values() for row in versions.values()}
-    rules: dict[int, dict[int, list[CompatibilityRule]]] = defaultdict(lambda: defaultdict(list))
-    for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=pinned_versions).select_related(
-        "lower_component"
-    ):
+    pinned = {row.version_id for rows in job_facing.values() for row in rows.values()}
+    pinned |= {row.version_id for rows in overrides for row in rows if row.layer == ComponentLayer.JOB_FACING}
+    rules: _Rules = defaultdict(lambda: defaultdict(list))
+    for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=pinned).select_related("lower_component"):
         rules[rule.job_facing_version_id][rule.lower_component_id].append(rule)
     if not rules:
-        return {}
+        return [{} for _ in groups]
     named = {component_id for by_component in rules.values() for component_id in by_component}
-    lower = _installed(ids, [o for o in overrides if o.component_id in named], component_ids=named)
-
-    problems: dict[int, list[str]] = {}
-    for host_id, job_facing in hosts.items():
-        installed = lower.get(host_id, {})
-        reasons = []
-        for pinned in job_facing.values():
-            for component_id, allowed in rules.get(pinned.version_id, {}).items():
-                ranges = ", ".join(f"[{r.min_version or 'any'}, {r.max_version or 'any'}]" for r in allowed)
-                component = allowed[0].lower_component.name
-                actual = installed.get(component_id)
-                if actual is None:
-                    reasons.append(
-                        f"{pinned.component} {pinned.version} needs {component} in {ranges}; "
-                        "the host has none installed"
-                    )
-                elif not any(rule.allows(actual.sort_key) for rule in allowed):
-                    reasons.append(
-                        f"{component} {actual.version} does not work with {pinned.component} {pinned.version} "
-                        f"(needs {ranges})"
-                    )
-        if reasons:
-            problems[host_id] = reasons
-    return problems
+    lower = _installed(InstalledVersion.objects.filter(host_id__any=ids, component_id__in=named))
+    results = []
+    for group, planned in zip(groups, overrides, strict=True):
+        planned_job = {row.component_id: row for row in planned if row.layer == ComponentLayer.JOB_FACING}
+        planned_lower = {row.component_id: row for row in planned if row.component_id in named}
+        problems = {}
+        for host_id in group.host_ids:
+            reasons = _reasons(
+                {**job_facing.get(host_id, {}), **planned_job}, {**lower.get(host_id, {}), **planned_lower}, rules
+            )
+            if reasons:
+                problems[host_id] = reasons
+        results.append(problems)
+    return results
 
 
-def _installed(
-    ids: list[int], overrides: list[_Installed], *, layer: str | None = None, component_ids: set[int] | None = None
-) -> dict[int, dict[int, _Installed]]:
-    """{host_id: {component_id: installed}} of one layer or of the named components, with the planned
-    versions (already of that layer or those components) in place of what the hosts run."""
-    rows = InstalledVersion.objects.filter(host_id__any=ids)
-    if layer is not None:
-        rows = rows.filter(component__layer=layer)
-    if component_ids is not None:
-        rows = rows.filter(component_id__in=component_ids)
+def _reasons(job_facing: dict[int, _Installed], installed: dict[int, _Installed], rules: _Rules) -> list[str]:
+    """Why one host's lower-level versions break the rules its job-facing versions pin; [] when none."""
+    reasons = []
+    for pinned in job_facing.values():
+        for component_id, allowed in rules.get(pinned.version_id, {}).items():
+            ranges = ", ".join(f"[{r.min_version or 'any'}, {r.max_version or 'any'}]" for r in allowed)
+            component = allowed[0].lower_component.name
+            actual = installed.get(component_id)
+            if actual is None:
+                reasons.append(
+                    f"{pinned.component} {pinned.version} needs {component} in {ranges}; the host has none installed"
+                )
+            elif not any(rule.allows(actual.sort_key) for rule in allowed):
+                reasons.append(
+                    f"{component} {actual.version} does not work with {pinned.component} {pinned.version} "
+                    f"(needs {ranges})"
+                )
+    return reasons
+
+
+def _installed_row(version: ComponentVersion) -> _Installed:
+    component = version.component
+    return _Installed(component.pk, component.name, component.layer, version.pk, version.version, version.sort_key)
+
+
+def _installed(rows: QuerySet[InstalledVersion]) -> dict[int, dict[int, _Installed]]:
+    """{host_id: {component_id: installed}} of the rows asked for."""
     hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
-    for host_id, component_id, name, row_layer, version_id, version, key in rows.values_list(
+    for host_id, component_id, name, layer, version_id, version, key in rows.values_list(
         "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
         "version__sort_key",
     ):  # fmt: skip
-        hosts[host_id][component_id] = _Installed(component_id, name, row_layer, version_id, version, key)
-    if overrides:
-        planned = {override.component_id: override for override in overrides}
-        for host_id in ids:
-            hosts[host_id].update(planned)
+        hosts[host_id][component_id] = _Installed(component_id, name, layer, version_id, version, key)
     return hosts

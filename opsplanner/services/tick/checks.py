@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from fleet.models import ComponentVersion
-from fleet.selectors.compatibility import host_incompatibilities
+from fleet.selectors.compatibility import PlannedHosts, hosts_incompatibilities
 from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.tick.context import TaskRef
 
@@ -20,13 +20,17 @@ def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
             by_target[task.target_version_id].append(task)
     reasons: dict[int, str] = {}
     versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
+    checked: list[list[TaskRef]] = []
+    groups: list[PlannedHosts] = []
     for version_id, group in by_target.items():
         withdrawn = withdrawn_refusal(versions[version_id])
         if withdrawn is not None:
             for task in group:
                 reasons[task.id] = withdrawn.message
             continue
-        problems = host_incompatibilities([t.host_id for t in group], planned=[versions[version_id]])
+        checked.append(group)
+        groups.append(PlannedHosts([t.host_id for t in group], [versions[version_id]]))
+    for group, problems in zip(checked, hosts_incompatibilities(groups), strict=True):  # every target at once
         for task in group:
             if task.host_id in problems:
                 reasons[task.id] = f"incompatible: {problems[task.host_id][0]}"
