@@ -38,7 +38,7 @@ class TrainForecast:
 
 def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:
     """The forecast of one train's open cycle: the set-based `trains_forecasts` for a list of one
-    (the one definition of how a forecast is read; five queries, six with sliding visits)."""
+    (the one definition of how a forecast is read; five queries, six with sliding visits that kept no host time)."""
     from trains.selectors_web import trains_forecasts  # it builds on this module's rows arithmetic
 
     return trains_forecasts([train], now=now)[train.pk]

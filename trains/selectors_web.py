@@ -104,9 +104,9 @@ def trains_shown(
 
 def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, float]]:
     """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
-    correction of its estimates (two queries), as budget.measured_correction measures it. A sliding visit
-    (its plan counts the hosts it "released") overlaps the visit before it: its length is what it
-    added after that one ended, and it counts for the correction by its hosts' time."""
+    correction of its estimates, as budget.measured_correction measures it (one query, two as there).
+    A sliding visit (its plan counts the hosts it "released") overlaps the visit before it: its length
+    is what it added after that one ended, and it counts for the correction by its hosts' time."""
     ranked = (
         Visit.objects.filter(train_id__in=[t.pk for t in trains], state=VisitState.DONE, started_at__isnull=False)
         .exclude(plan__hosts=[])
@@ -146,14 +146,15 @@ def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[in
 
 
 def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> dict[int, TrainForecast]:
-    """`train_forecast` for each train, in five queries in all (six with sliding visits)."""
+    """`train_forecast` for each train, in five queries in all (six with sliding visits that kept no host time)."""
     return _read_trains(trains, now or clock.now())[0]
 
 
 def trains_forecasts_with_visits(
     trains: list[Train], *, now: dt.datetime | None = None
 ) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
-    """The forecasts, and the visits of each train's open cycle by domain (five queries, six with sliding visits)."""
+    """The forecasts, and the visits of each train's open cycle by domain (five queries, six with
+    sliding visits that kept no host time)."""
     return _read_trains(trains, now or clock.now())
 
 

@@ -137,10 +137,10 @@ def _largest_domain(domain_ids: list[int]) -> int:
 
 def measured_correction(train: Train) -> Correction:
     """How long the train's recent visits took against their uncorrected cost (the plan's cost_s);
-    1 until enough visits were measured (one query, two with sliding visits). A domain-paced visit
-    counts by its span. A sliding visit (its plan counts the hosts it "released") overlaps its
-    neighbours, so its span says little: it counts by its hosts (sliding_visit_ratios), and its
-    slowest host gives the tail."""
+    1 until enough visits were measured (one query; two with sliding visits that kept no host time,
+    ended before visits kept it). A domain-paced visit counts by its span. A sliding visit (its plan
+    counts the hosts it "released") overlaps its neighbours, so its span says little: it counts by
+    its hosts (visits_host_time), and its slowest host gives the tail."""
     recent = list(
         Visit.objects.filter(train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0)
         .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
