@@ -114,23 +114,17 @@ def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[in
         .filter(rank__lte=RECENT_VISITS)
         .order_by("train_id", "rank")
     )
+    overhead = {t.pk: train_overhead_s(t) for t in trains}
     rows: dict[int, list[tuple[int, dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
-    kept: dict[int, object] = {}
+    sliding_visits: dict[int, tuple[int, object]] = {}  # visit -> its train's overhead, the host time it kept
     for pk, train_id, started, ended, cost, released, host_time in ranked.values_list(
         "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY
     ):
         if started is not None and ended is not None:  # a done visit has both
             rows[train_id].append((pk, started, ended, cost, released is not None))
-            kept[pk] = host_time
-    overhead = {t.pk: train_overhead_s(t) for t in trains}
-    by_hosts = visits_host_time(
-        {
-            pk: (overhead[train_id], kept[pk])
-            for train_id, visits in rows.items()
-            for pk, *_, sliding in visits
-            if sliding
-        }
-    )
+            if released is not None:
+                sliding_visits[pk] = (overhead[train_id], host_time)
+    by_hosts = visits_host_time(sliding_visits)
     lengths: dict[int, list[float]] = defaultdict(list)
     ratios: dict[int, list[float]] = defaultdict(list)
     for train_id, visits in rows.items():

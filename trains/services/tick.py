@@ -336,10 +336,10 @@ def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> N
 
 
 def _end_visit(visit: Visit, now: dt.datetime, outcome: str, *, plan: dict | None = None) -> None:
-    ended = {"state": VisitState.DONE, "ended_at": now, "outcome": outcome[:300]}
-    if Visit.objects.filter(pk=visit.pk, state=visit.state).update(
-        **ended if plan is None else {**ended, "plan": plan}
-    ):
+    ended: dict[str, object] = {"state": VisitState.DONE, "ended_at": now, "outcome": outcome[:300]}
+    if plan is not None:
+        ended["plan"] = plan
+    if Visit.objects.filter(pk=visit.pk, state=visit.state).update(**ended):
         event_record(
             kind="train.visit_finished",
             subject=visit,
