@@ -94,6 +94,7 @@ def event_row(
     subject_id: int | None,
     now: Any,
     actor: str = "scheduler",
+    actor_id: int | None = None,
     reason: str = "",
     pool_id: int | None = None,
     host_id: int | None = None,
@@ -103,7 +104,7 @@ def event_row(
     return EventRow(
         created_at=now,
         kind=kind,
-        actor_id=None,
+        actor_id=actor_id,
         actor=actor,
         subject_type=subject_type,
         subject_id=subject_id,

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 
 from fleet.models import Component, ComponentVersion, Host, InstalledVersion, MaintenanceDomain, Pool
 from fleet.versions import version_sort_key
@@ -146,9 +148,23 @@ def resolve_scope(scope: Scope) -> list[int]:
 
 
 def version_of(component_name: str, version: str) -> ComponentVersion:
-    try:
-        return ComponentVersion.objects.select_related("component").get(component__name=component_name, version=version)
-    except ComponentVersion.DoesNotExist:
-        raise ValidationError(
-            {"component_version": f"{component_name} has no version {version!r} in the catalogue."}
-        ) from None
+    return versions_of([(component_name, version)])[(component_name, version)]
+
+
+def versions_of(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], ComponentVersion]:
+    """The catalogue's versions named by (component, version), with their components, in one query;
+    refused, naming the first missing one, when one is not in the catalogue."""
+    wanted = list(dict.fromkeys(pairs))
+    if not wanted:
+        return {}
+    match = Q()
+    for component_name, version in wanted:
+        match |= Q(component__name=component_name, version=version)
+    rows = ComponentVersion.objects.select_related("component").filter(match)
+    found = {(row.component.name, row.version): row for row in rows}
+    for component_name, version in wanted:
+        if (component_name, version) not in found:
+            raise ValidationError(
+                {"component_version": f"{component_name} has no version {version!r} in the catalogue."}
+            )
+    return found

@@ -6,11 +6,13 @@ from decimal import Decimal
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Host
 from opsplanner.models import Event, HostTask, Operation
 from opsplanner.scopes import parse_scope, resolve_scope
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operations import OperationRequest, operation_cancel, operation_submit, operations_submit
 from tests.builders import make_fleet
 
 pytestmark = pytest.mark.django_db
@@ -163,3 +165,67 @@ def test_percent_scopes_take_whole_hosts_rounding_up(fleet) -> None:
     assert len(resolve_scope(parse_scope("1% of pool train"))) == 1
     assert parse_scope("12.5 % of pool train").percent == Decimal("12.5")
     assert Host.objects.count() == 10
+
+
+def _upgrade(host: Host, component: str, version: str) -> OperationRequest:
+    return OperationRequest(
+        kind="upgrade", component=component, version=version, scope="a train's host", host_ids=[host.pk], reason="r"
+    )
+
+
+def test_a_batch_writes_each_operation_with_its_tasks_and_events_in_order(fleet) -> None:
+    _, hosts = fleet
+    operations = operations_submit(
+        requests=[
+            _upgrade(hosts[0], "gpu-driver", "560.35.03"),
+            _upgrade(hosts[1], "bios", "2.16.0"),
+            OperationRequest(kind="reboot", scope="domain train/rack-0002", reason="r"),
+        ],
+        actor="train-scheduler",
+    )
+    assert [o.pk for o in operations] == sorted(o.pk for o in operations)
+    assert [str(o.component_version) for o in operations] == ["gpu-driver 560.35.03", "bios 2.16.0", "None"]
+    assert [list(o.tasks.values_list("host_id", flat=True)) for o in operations[:2]] == [[hosts[0].pk], [hosts[1].pk]]
+    assert operations[2].tasks.count() == 5
+    events = list(Event.objects.filter(kind="operation.submitted").order_by("id"))
+    assert [(e.subject_id, e.data["hosts"], e.actor) for e in events] == [
+        (operations[0].pk, 1, "train-scheduler"),
+        (operations[1].pk, 1, "train-scheduler"),
+        (operations[2].pk, 5, "train-scheduler"),
+    ]
+
+
+def test_a_batch_with_one_incompatible_upgrade_is_refused_whole_naming_it(fleet) -> None:
+    _, hosts = fleet
+    events = Event.objects.count()
+    with pytest.raises(ValidationError) as caught:
+        operations_submit(
+            requests=[_upgrade(hosts[0], "bios", "2.16.0"), _upgrade(hosts[1], "gpu-driver", "535.183.01")]
+        )
+    assert "gpu-driver 535.183.01 would break a compatibility rule on 1 of 1 hosts, e.g. " in caught.value.messages[0]
+    assert (Operation.objects.count(), HostTask.objects.count(), Event.objects.count()) == (0, 0, events)
+
+
+def test_a_batch_refuses_an_unknown_host_or_version_and_writes_nothing(fleet) -> None:
+    _, hosts = fleet
+    good = _upgrade(hosts[0], "bios", "2.16.0")
+    with pytest.raises(ValidationError, match=r"bios has no version '9\.9' in the catalogue"):
+        operations_submit(requests=[good, _upgrade(hosts[1], "bios", "9.9")])
+    unknown = OperationRequest(kind="reboot", scope="gone", host_ids=[max(h.pk for h in hosts) + 1000], reason="r")
+    with pytest.raises(ValidationError, match="There is no host with id"):
+        operations_submit(requests=[good, unknown])
+    assert not Operation.objects.exists()
+    assert not HostTask.objects.exists()
+
+
+def test_a_batch_costs_the_same_queries_for_two_upgrades_as_for_eight(fleet) -> None:
+    _, hosts = fleet
+
+    def queries(n: int) -> int:
+        versions = ["560.35.03", "2.16.0"]
+        requests = [_upgrade(hosts[i], ("gpu-driver", "bios")[i % 2], versions[i % 2]) for i in range(n)]
+        with CaptureQueriesContext(connection) as captured:
+            operations_submit(requests=requests)
+        return len(captured.captured_queries)
+
+    assert queries(2) == queries(8)

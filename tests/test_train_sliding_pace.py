@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.db.models import F
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from fleet.models import PLANNED_OUT_STATES, Host, Pool
 from opsplanner import clock
@@ -30,10 +32,10 @@ from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit, VisitOperation, VisitState
 from trains.selectors import train_forecast
 from trains.services.budget import measured_correction, sliding_visit_ratios
-from trains.services.pace import sliding_allowance, train_hosts_out
+from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, visit_release
 from trains.services.tick import train_tick
 from trains.services.trains import train_pause, train_resume, train_update
-from trains.services.upgrades import upgrade_create
+from trains.services.upgrades import upgrade_create, upgrades_phases
 
 pytestmark = pytest.mark.django_db
 
@@ -414,3 +416,29 @@ def test_two_train_ticks_at_once_release_no_more_than_the_room_the_returned_host
     assert train_hosts_out(train) == 2
     visit = Visit.objects.get(train=train, domain__name="rack-0001")
     assert visit.plan["released"] == 4
+
+
+def _release_queries(upgrades: list[tuple[str, str]]) -> int:
+    """Queries of releasing two hosts of a sliding visit that takes `upgrades` on every host."""
+    pool, _ = make_fleet(domains=2, hosts_per_domain=4, planned_buffer_hosts=2)
+    train = make_train(pool, pace=Pace.SLIDING)
+    for component, version in upgrades:
+        upgrade_create(pool=pool, component=component, version=version, reason="rollout")
+    train_tick(train_id=train.pk)  # the visit starts and releases its first two hosts
+    visit = Visit.objects.select_related("domain").get(train=train, state=VisitState.RUNNING)
+    rows = list(Upgrade.objects.filter(pool=pool).select_related("component_version__component"))
+    phases = upgrades_phases(rows)
+    active = {u.pk: ActiveUpgrade(upgrade=u, phases=phases[u.pk]) for u in rows}
+    with CaptureQueriesContext(connection) as captured:
+        assert visit_release(train=train, visit=visit, active=active, limit=2) == 2
+    taken = VisitOperation.objects.filter(visit=visit).values_list("operation__tasks__host_id", "upgrade_id")
+    assert len(set(taken)) == 4 * len(upgrades)  # each of the four hosts takes every upgrade
+    return len(captured.captured_queries)
+
+
+def test_a_sliding_release_submits_every_upgrade_its_hosts_take_together_in_queries_that_do_not_grow_with_them() -> (
+    None
+):
+    one = _release_queries([("bios", "2.16.0")])
+    two = _release_queries([("bios", "2.16.0"), ("gpu-driver", "560.35.03")])
+    assert one == two

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from fleet.models import ComponentVersion, Host, Pool
+from fleet.selectors.compatibility import PlannedHosts
 from opsplanner import clock
 from opsplanner.adapters import DRAINERS, EXECUTORS, POOLS_ADAPTER, adapter_refusal
 from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_copy_rows
@@ -24,11 +28,15 @@ from opsplanner.models import (
     TaskState,
 )
 from opsplanner.models.operations import FailureCode
-from opsplanner.scopes import parse_scope, resolve_scope, version_of
-from opsplanner.services.compatibility import target_refusal, withdrawn_refusal
+from opsplanner.scopes import parse_scope, resolve_scope, versions_of
+from opsplanner.services.compatibility import targets_refusals, withdrawn_refusal
 from opsplanner.services.tick.admission import queue_reason
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 SUBJECT_TASK = "opsplanner.hosttask"
+SUBJECT_OPERATION = Operation._meta.label_lower
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,31 @@ def _choice(field: str, value: str, choices: type[models.Choices]) -> None:
     if value not in choices.values:
         allowed = ", ".join(choices.values)
         raise ValidationError({field: f"{value!r} is not one of: {allowed}."})
+
+
+@dataclass(frozen=True)
+class OperationRequest:
+    """One operation as asked for (operation_submit's keywords); operations_submit checks and saves
+    a batch of them. Callers inside the product (trains, offboarding) that have already chosen the
+    hosts pass them as host_ids; scope is then only the label the operation shows."""
+
+    kind: str
+    scope: str
+    reason: str
+    component: str = ""
+    version: str = ""
+    priority: int = 100
+    source: str = OperationSource.AD_HOC
+    needs_drain: bool | None = None
+    gang: bool = False
+    estimated_duration_s: int = 1800
+    executor: str = POOLS_ADAPTER
+    drainer: str = POOLS_ADAPTER
+    max_attempts: int = 3
+    drain_timeout_s: int = 3600
+    host_ids: Sequence[int] | None = None
+    hold_reason: str = ""
+    override_buffers: bool = False
 
 
 @transaction.atomic
@@ -61,101 +94,93 @@ def operation_submit(
     hold_reason: str = "",
     override_buffers: bool = False,
 ) -> Operation:
-    """Create an operation and one pending host task per host in scope, or refuse with the reason.
-
-    Callers inside the product (trains, offboarding) that have already chosen the hosts pass them as
-    host_ids; scope is then only the label the operation shows."""
-    _, actor_label = actor_fields(actor)
-    # Built as requested; _check_and_save refuses it or completes and normalises it before saving.
-    operation = Operation(
+    """Create an operation and one pending host task per host in scope, or refuse with the reason
+    (OperationRequest says what each keyword asks)."""
+    request = OperationRequest(
         kind=kind,
         scope=scope,
+        reason=reason,
+        component=component,
+        version=version,
         priority=priority,
         source=source,
-        requested_by=actor_user(actor),
-        requester=actor_label,
-        reason=reason,
+        needs_drain=needs_drain,
         gang=gang,
         estimated_duration_s=estimated_duration_s,
         executor=executor,
         drainer=drainer,
         max_attempts=max_attempts,
         drain_timeout_s=drain_timeout_s,
+        host_ids=host_ids,
         hold_reason=hold_reason,
         override_buffers=override_buffers,
     )
-    return _check_and_save(
-        operation, component=component, version=version, needs_drain=needs_drain, host_ids=host_ids, actor=actor
-    )
+    return operations_submit(requests=[request], actor=actor)[0]
 
 
-def _check_and_save(
-    operation: Operation,
-    *,
-    component: str,
-    version: str,
-    needs_drain: bool | None,
-    host_ids: list[int] | None,
-    actor: Actor,
-) -> Operation:
-    """Refuse the requested operation with the reason, or save it (its target version resolved) with
-    one pending task per host in scope and the submission event."""
-    _check_request(operation)
-    target = _target_version(kind=operation.kind, component=component, version=version)
-    if needs_drain is None:
-        needs_drain = target.component.needs_drain if target else True
-    hosts = _hosts_in_scope(scope=operation.scope, host_ids=host_ids)
-    if operation.gang:
-        _check_gang(hosts.host_ids, hosts.pools, needs_drain)
-    refusal = target_refusal(hosts.host_ids, target) if target is not None else None
-    if refusal is not None:
-        raise refusal.error("component_version")
-
-    operation.component_version = target
-    operation.needs_drain = needs_drain
-    operation.scope, operation.reason = operation.scope.strip(), operation.reason.strip()
-    operation.hold_reason = operation.hold_reason[:300]
-    operation.created_at = clock.now()
-    # The table's check constraints are checked above, in words (each would otherwise cost a query).
-    operation.full_clean(validate_constraints=False)
-    operation.save()
-    _create_tasks(operation, hosts)
-    _record_submission(operation, hosts, actor=actor)
-    return operation
+@transaction.atomic
+def operations_submit(*, requests: Sequence[OperationRequest], actor: Actor = None) -> list[Operation]:
+    """Create the operations, each with one pending task per host in scope, in order, or refuse the
+    first that is wrong with the reason and write nothing. The batch is checked as a whole (its
+    target versions in one query, its hosts in one, its compatibility in one pass) and written in
+    three statements: a sliding train releasing a host that takes twenty upgrades pays once."""
+    for request in requests:
+        _check_request(request)
+    targets = _target_versions(requests)
+    scopes = _hosts_in_scopes(requests)
+    drains = [
+        request.needs_drain if request.needs_drain is not None else target.component.needs_drain if target else True
+        for request, target in zip(requests, targets, strict=True)
+    ]
+    for request, hosts, needs_drain in zip(requests, scopes, drains, strict=True):
+        if request.gang:
+            _check_gang(hosts.host_ids, hosts.pools, needs_drain)
+    _check_compatibility(targets, scopes)
+    now = clock.now()
+    user = actor_user(actor)
+    operations = [
+        _operation(request, target=target, needs_drain=needs_drain, user=user, actor=actor, now=now)
+        for request, target, needs_drain in zip(requests, targets, drains, strict=True)
+    ]
+    Operation.objects.bulk_create(operations)
+    _create_tasks(operations, scopes)
+    _record_submissions(operations, scopes, actor=actor)
+    return operations
 
 
-def _check_request(operation: Operation) -> None:
+def _check_request(request: OperationRequest) -> None:
     """Refuse a request malformed on its own, before anything is read."""
-    _choice("kind", operation.kind, OperationKind)
-    _choice("source", operation.source, OperationSource)
+    _choice("kind", request.kind, OperationKind)
+    _choice("source", request.source, OperationSource)
     for refusal in (
-        adapter_refusal(field="executor", value=operation.executor, allowed=EXECUTORS, blank=True),
-        adapter_refusal(field="drainer", value=operation.drainer, allowed=DRAINERS, blank=True),
+        adapter_refusal(field="executor", value=request.executor, allowed=EXECUTORS, blank=True),
+        adapter_refusal(field="drainer", value=request.drainer, allowed=DRAINERS, blank=True),
     ):
         if refusal:
             raise refusal
-    priority, reason = operation.priority, operation.reason
+    priority, reason = request.priority, request.reason
     if not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
         raise ValidationError({"priority": f"Priority must be a whole number from 0 to {MAX_PRIORITY}."})
     if not reason or not reason.strip():
         raise ValidationError({"reason": "Say why this operation is needed."})
-    if operation.override_buffers and operation.source != OperationSource.EMERGENCY:
+    if request.override_buffers and request.source != OperationSource.EMERGENCY:
         raise ValidationError({"override_buffers": "Only an approved emergency may override the buffers."})
-
-
-def _target_version(*, kind: str, component: str, version: str) -> ComponentVersion | None:
-    """An upgrade's target version (refused if withdrawn); None for other kinds, which take none."""
-    if kind != OperationKind.UPGRADE:
-        if component or version:
-            raise ValidationError({"component_version": f"A {kind} operation takes no component or version."})
-        return None
-    if not component or not version:
+    if request.kind != OperationKind.UPGRADE:
+        if request.component or request.version:
+            raise ValidationError({"component_version": f"A {request.kind} operation takes no component or version."})
+    elif not request.component or not request.version:
         raise ValidationError({"component_version": "An upgrade needs a component and a target version."})
-    target = version_of(component, version)
-    refusal = withdrawn_refusal(target)
-    if refusal is not None:
-        raise refusal.error("component_version")
-    return target
+
+
+def _target_versions(requests: Sequence[OperationRequest]) -> list[ComponentVersion | None]:
+    """Each upgrade's target version (refused if withdrawn); None for other kinds, which take none."""
+    upgrades = [(r.component, r.version) for r in requests if r.kind == OperationKind.UPGRADE]
+    found = versions_of(upgrades)
+    for target in found.values():
+        refusal = withdrawn_refusal(target)
+        if refusal is not None:
+            raise refusal.error("component_version")
+    return [found[(r.component, r.version)] if r.kind == OperationKind.UPGRADE else None for r in requests]
 
 
 @dataclass(frozen=True)
@@ -167,24 +192,81 @@ class _Scope:
     pool_names: dict[int, str]  # pool -> name
 
 
-def _hosts_in_scope(*, scope: str, host_ids: list[int] | None) -> _Scope:
-    """The scope's hosts, or host_ids when the caller chose them."""
-    if host_ids is None:
-        host_ids = resolve_scope(parse_scope(scope))
-    elif not host_ids:
-        raise ValidationError({"scope": "The scope has no hosts."})
-    hosts = list(Host.objects.filter(pk__any=host_ids).values_list("id", "pool_id", "pool__name"))
-    return _Scope(
-        host_ids=host_ids,
-        pools={host_id: pool_id for host_id, pool_id, _ in hosts},
-        pool_names={pool_id: pool_name for _, pool_id, pool_name in hosts},
+def _hosts_in_scopes(requests: Sequence[OperationRequest]) -> list[_Scope]:
+    """Each request's hosts (its scope's, or host_ids when the caller chose them) with their pools,
+    read in one query."""
+    chosen = []
+    for request in requests:
+        if request.host_ids is None:
+            chosen.append(resolve_scope(parse_scope(request.scope)))
+        elif not request.host_ids:
+            raise ValidationError({"scope": "The scope has no hosts."})
+        else:
+            chosen.append(list(request.host_ids))
+    every = sorted({host_id for host_ids in chosen for host_id in host_ids})
+    hosts = Host.objects.filter(pk__any=every).values_list("id", "pool_id", "pool__name")
+    rows = {host_id: (pool_id, name) for host_id, pool_id, name in hosts}
+    if missing := [host_id for host_id in every if host_id not in rows]:
+        raise ValidationError({"scope": f"There is no host with id {missing[0]}."})
+    return [
+        _Scope(
+            host_ids=host_ids,
+            pools={host_id: rows[host_id][0] for host_id in host_ids},
+            pool_names={rows[host_id][0]: rows[host_id][1] for host_id in host_ids},
+        )
+        for host_ids in chosen
+    ]
+
+
+def _check_compatibility(targets: list[ComponentVersion | None], scopes: list[_Scope]) -> None:
+    """Refuse the first upgrade that would break a compatibility rule on its hosts (one pass for all)."""
+    groups = [PlannedHosts(hosts.host_ids, [target]) for target, hosts in zip(targets, scopes, strict=True) if target]
+    for refusal in targets_refusals(groups):
+        if refusal is not None:
+            raise refusal.error("component_version")
+
+
+def _operation(
+    request: OperationRequest,
+    *,
+    target: ComponentVersion | None,
+    needs_drain: bool,
+    user: User | None,
+    actor: Actor,
+    now: dt.datetime,
+) -> Operation:
+    """The operation to save, its target resolved and its text normalised; its fields checked."""
+    _, actor_label = actor_fields(actor)
+    operation = Operation(
+        kind=request.kind,
+        scope=request.scope.strip(),
+        component_version=target,
+        needs_drain=needs_drain,
+        priority=request.priority,
+        source=request.source,
+        requested_by=user,
+        requester=actor_label,
+        reason=request.reason.strip(),
+        gang=request.gang,
+        estimated_duration_s=request.estimated_duration_s,
+        executor=request.executor,
+        drainer=request.drainer,
+        max_attempts=request.max_attempts,
+        drain_timeout_s=request.drain_timeout_s,
+        hold_reason=request.hold_reason[:300],
+        override_buffers=request.override_buffers,
+        created_at=now,
     )
+    # The table's check constraints are checked above, in words (each would otherwise cost a query),
+    # and so are the two references: the target was read in this transaction, the user is the actor.
+    operation.full_clean(validate_constraints=False, exclude=["component_version", "requested_by"])
+    return operation
 
 
-def _create_tasks(operation: Operation, hosts: _Scope) -> None:
-    """One pending task per host. A new task waits its turn, and says so until admission examines
-    it (invariant 5)."""
-    queued = {pool_id: queue_reason(pool_name) for pool_id, pool_name in hosts.pool_names.items()}
+def _create_tasks(operations: list[Operation], scopes: list[_Scope]) -> None:
+    """One pending task per host of each operation. A new task waits its turn, and says so until
+    admission examines it (invariant 5)."""
+    queued = {pool_id: queue_reason(name) for hosts in scopes for pool_id, name in hosts.pool_names.items()}
     HostTask.objects.bulk_create(
         [
             HostTask(
@@ -197,22 +279,20 @@ def _create_tasks(operation: Operation, hosts: _Scope) -> None:
                 created_at=operation.created_at,
                 state_changed_at=operation.created_at,
             )
+            for operation, hosts in zip(operations, scopes, strict=True)
             for host_id in hosts.host_ids
         ],
         batch_size=5000,
     )
 
 
-def _record_submission(operation: Operation, hosts: _Scope, *, actor: Actor) -> None:
-    per_pool = Counter(hosts.pools.values())
-    target = operation.component_version
-    event_record(
-        kind="operation.submitted",
-        subject=operation,
-        actor=actor,
-        reason=operation.reason,
-        pool_id=next(iter(per_pool)) if len(per_pool) == 1 else None,
-        data={
+def _record_submissions(operations: list[Operation], scopes: list[_Scope], *, actor: Actor) -> None:
+    actor_id, actor_label = actor_fields(actor)
+    rows = []
+    for operation, hosts in zip(operations, scopes, strict=True):
+        per_pool = Counter(hosts.pools.values())
+        target = operation.component_version
+        data = {
             "kind": operation.kind,
             "target": str(target) if target else None,
             "scope": operation.scope,
@@ -221,17 +301,31 @@ def _record_submission(operation: Operation, hosts: _Scope, *, actor: Actor) -> 
             "priority": operation.priority,
             "source": operation.source,
             "gang": operation.gang,
-        },
-    )
-    log.info(
-        "operation submitted",
-        extra={
-            "operation_id": operation.pk,
-            "kind": operation.kind,
-            "hosts": len(hosts.host_ids),
-            "source": operation.source,
-        },
-    )
+        }
+        pool_id = next(iter(per_pool)) if len(per_pool) == 1 else None
+        rows.append(
+            event_row(
+                kind="operation.submitted",
+                subject_type=SUBJECT_OPERATION,
+                subject_id=operation.pk,
+                now=operation.created_at,
+                actor=actor_label,
+                actor_id=actor_id,
+                reason=operation.reason,
+                pool_id=pool_id,
+                data=data,
+            )
+        )
+        log.info(
+            "operation submitted",
+            extra={
+                "operation_id": operation.pk,
+                "kind": operation.kind,
+                "hosts": len(hosts.host_ids),
+                "source": operation.source,
+            },
+        )
+    events_copy_rows(rows)
 
 
 def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -> None:

@@ -25,7 +25,7 @@ from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
-from trains.services.visits import Step, UpgradePlan, unreleased_hosts, visit_step_submit
+from trains.services.visits import Step, UpgradePlan, unreleased_hosts, visit_steps_submit
 
 ACTOR = "train-scheduler"
 
@@ -73,13 +73,13 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
     entries = [e for e in visit.plan.get("unreleased", []) if e["upgrade"] in active]
     hosts = sorted({h for e in entries for h in e["hosts"]})
     now = set(hosts[: max(0, limit)])
-    rest = []
+    rest, steps = [], []
     for entry in entries:
         part = now.intersection(entry["hosts"])
         if part:
             known = active[entry["upgrade"]]
             plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[entry["phase"]], allowed=set())
-            visit_step_submit(train, visit, Step(plan=plan, hosts=part, work_s=entry["work_s"]), joined=False)
+            steps.append(Step(plan=plan, hosts=part, work_s=entry["work_s"]))
         left = sorted(set(entry["hosts"]) - now)
         if left:
             rest.append({**entry, "hosts": left})
@@ -87,6 +87,8 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
         return 0
     visit.plan = plan_record
+    if steps:
+        visit_steps_submit(train, visit, steps, joined=False)
     if now:
         event_record(
             kind="train.visit_released",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from fleet.models import Host, HostState, Pool
 from opsplanner.events import event_record
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
-from opsplanner.services.operations import operation_submit
+from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.budget import Selection, VisitSizing, select_within_budget, upgrade_order_key
 from trains.services.upgrades import hosts_below_target
@@ -138,8 +138,8 @@ def visit_start(
     ):
         return None
     visit.state, visit.started_at, visit.train, visit.plan = VisitState.RUNNING, now, train, plan_record
-    for step in submit:
-        visit_step_submit(train, visit, step, joined=False)
+    if submit:
+        visit_steps_submit(train, visit, submit, joined=False)
     event_record(
         kind="train.visit_started",
         subject=visit,
@@ -219,26 +219,33 @@ def _cost_record(estimate_s: float, sizing: VisitSizing) -> dict:
     }
 
 
-def visit_step_submit(train: Train, visit: Visit, step: Step, *, joined: bool) -> None:
-    plan, hosts = step.plan, sorted(step.hosts)
-    version = plan.upgrade.component_version
-    operation = operation_submit(
-        kind=OperationKind.UPGRADE,
-        scope=f"train {train.name}, domain {visit.domain.name}: {len(hosts)} hosts",
-        host_ids=hosts,
-        component=version.component.name,
-        version=version.version,
-        reason=f"upgrade #{plan.upgrade.pk} ({plan.phase.name}) {'joined' if joined else 'on'} visit {visit.pk} "
-        f"of train {train.name}",
-        priority=train.priority,
-        source=OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN,
-        override_buffers=train.emergency,
-        estimated_duration_s=step.work_s,
-        executor=train.executor,
-        drainer=train.drainer,
-        actor=ACTOR,
+def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined: bool) -> None:
+    """One operation per step over its hosts, submitted together (one check and write for all), each
+    linked to the visit with the phase it runs in."""
+    kind = "joined" if joined else "on"
+    requests = [
+        OperationRequest(
+            kind=OperationKind.UPGRADE,
+            scope=f"train {train.name}, domain {visit.domain.name}: {len(step.hosts)} hosts",
+            host_ids=sorted(step.hosts),
+            component=step.plan.upgrade.component_version.component.name,
+            version=step.plan.upgrade.component_version.version,
+            reason=f"upgrade #{step.plan.upgrade.pk} ({step.plan.phase.name}) {kind} visit {visit.pk} "
+            f"of train {train.name}",
+            priority=train.priority,
+            source=OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN,
+            override_buffers=train.emergency,
+            estimated_duration_s=step.work_s,
+            executor=train.executor,
+            drainer=train.drainer,
+        )
+        for step in steps
+    ]
+    operations = operations_submit(requests=requests, actor=ACTOR)
+    VisitOperation.objects.bulk_create(
+        VisitOperation(visit=visit, upgrade=step.plan.upgrade, operation=operation, phase=step.plan.phase.position)
+        for step, operation in zip(steps, operations, strict=True)
     )
-    VisitOperation.objects.create(visit=visit, upgrade=plan.upgrade, operation=operation, phase=plan.phase.position)
 
 
 # --- late joiners -----------------------------------------------------------------------------------
@@ -299,7 +306,7 @@ def _join_visit(
         if cost > budget:
             continue  # it waits for the next cycle, like any work that does not fit
         if step.hosts - waiting:
-            visit_step_submit(train, visit, replace(step, hosts=step.hosts - waiting), joined=True)
+            visit_steps_submit(train, visit, [replace(step, hosts=step.hosts - waiting)], joined=True)
         if step.hosts & waiting:
             _, later = split_release([replace(step, hosts=step.hosts & waiting)], 0)
             plan_record["unreleased"] = [*plan_record.get("unreleased", []), *later]
