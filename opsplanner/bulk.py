@@ -97,3 +97,53 @@ def copy_rows(model: type[models.Model], columns: Sequence[str], rows: Sequence[
     ):
         for row in rows:
             copy.write_row(row)
+
+
+def update_rows(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    where: dict[str, Any] | None = None,
+) -> None:
+    """Set each row's own values: rows are (primary key, then one value per field, as Python values).
+    One UPDATE … FROM (VALUES …) on PostgreSQL, one executemany elsewhere, not one UPDATE per row;
+    `where` adds field = value conditions each row must also meet (a guard on its state)."""
+    rows = list(rows)
+    if not rows:
+        return
+    targets = [_field(model, model._meta.pk.name), *(_field(model, name) for name in fields)]
+    guards = [(_field(model, name), value) for name, value in (where or {}).items()]
+    quote, table, key = connection.ops.quote_name, model._meta.db_table, _column(targets[0])
+    params = [[f.get_db_prep_save(value, connection) for f, value in zip(targets, row, strict=True)] for row in rows]
+    guard_sql = "".join(f" AND t.{quote(_column(f))} = %s" for f, _ in guards)
+    guard_values = [f.get_db_prep_save(value, connection) for f, value in guards]
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            assignments = ", ".join(f"{quote(_column(f))} = %s" for f in targets[1:])
+            cursor.executemany(
+                f"UPDATE {table} AS t SET {assignments} WHERE t.{quote(key)} = %s{guard_sql}",
+                [[*row[1:], row[0], *guard_values] for row in params],
+            )
+            return
+        names = ["pk", *(f"v{i}" for i in range(len(fields)))]
+        row_sql = "(" + ", ".join(f"%s::{_cast_type(f.db_type(connection) or '')}" for f in targets) + ")"
+        assignments = ", ".join(f"{quote(_column(f))} = v.{n}" for f, n in zip(targets[1:], names[1:], strict=True))
+        for start in range(0, len(params), VALUES_BATCH):
+            batch = params[start : start + VALUES_BATCH]
+            cursor.execute(
+                f"UPDATE {table} AS t SET {assignments} FROM (VALUES {', '.join([row_sql] * len(batch))}) "
+                f"AS v({', '.join(names)}) WHERE t.{quote(key)} = v.pk{guard_sql}",
+                [value for row in batch for value in row] + guard_values,
+            )
+
+
+def _field(model: type[models.Model], name: str) -> models.Field:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field), f"{model.__name__}.{name} is not a concrete field"
+    return field
+
+
+def _column(field: models.Field) -> str:
+    assert field.column is not None  # a concrete field has a column
+    return field.column

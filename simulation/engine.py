@@ -270,9 +270,10 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
     everything = touched is None
     claim = due or everything or WorkItem.objects.filter(state=WorkState.READY).exists()
     hosts_moved = False
+    profile = SimulatorProfile.current()  # changed only by arrivals, between instants
     for _ in range(ROUNDS_PER_TICK):
         log.rounds += 1
-        finished = simulated_work_step() if claim else 0
+        finished = simulated_work_step(profile=profile) if claim else 0
         acted = log.policy.step(touched) if everything or touched else False
         # A tick admits after it returns hosts, so a pool needs another only for new work or outcomes.
         acted_on = (touched or set()) if acted else set()
@@ -287,7 +288,7 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
                 touched.add(pool_id)
         if not (finished or acted or claim or touched):
             return hosts_moved
-    simulated_work_step()  # claim what the last round created, so it becomes due
+    simulated_work_step(profile=profile)  # claim what the last round created, so it becomes due
     return hosts_moved
 
 

@@ -1,5 +1,6 @@
 """insert_missing writes small batches with one INSERT … VALUES and large ones with COPY through a
-staging table: both must insert the same rows, skip the same conflicts and refuse the same bad values."""
+staging table: both must insert the same rows, skip the same conflicts and refuse the same bad values.
+update_rows sets each row its own values in one statement per batch, guarded."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 from django.db import DataError, transaction
 
 from fleet.models import Component
-from opsplanner.bulk import VALUES_BATCH, insert_missing
-from opsplanner.models import Event
+from opsplanner.bulk import VALUES_BATCH, insert_missing, update_rows
+from opsplanner.models import Event, HostTask, Operation, WorkItem
+from tests.builders import make_host
 
 pytestmark = pytest.mark.django_db
 
@@ -50,3 +52,45 @@ def test_json_columns_take_json_text(size: int) -> None:
     event = Event.objects.get(kind="bulk.test", subject_id=size - 1)
     assert event.data == {"n": size - 1, "tags": ["a"]}
     assert event.created_at == at
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_update_rows_gives_each_row_its_own_values_and_leaves_the_others(size: int) -> None:
+    insert_missing(Component, COLUMNS, components(size))
+    ids = dict(Component.objects.filter(name__startswith="part-").values_list("name", "id"))
+    changed = [(ids[f"part-{n}"], f"Renamed {n}", n % 3 == 0) for n in range(size - 1)]
+
+    update_rows(Component, ["display_name", "needs_drain"], changed)
+
+    rows = dict(Component.objects.filter(name__startswith="part-").values_list("name", "display_name"))
+    assert [rows[f"part-{n}"] for n in range(size)] == [*(f"Renamed {n}" for n in range(size - 1)), f"Part {size - 1}"]
+    drains = dict(Component.objects.filter(name__startswith="part-").values_list("name", "needs_drain"))
+    assert [drains[f"part-{n}"] for n in range(size - 1)] == [n % 3 == 0 for n in range(size - 1)]
+
+
+def test_update_rows_changes_only_the_rows_its_guard_allows_and_takes_json_and_times() -> None:
+    host = make_host()
+    operation = Operation.objects.create(kind="reboot", reason="r", scope="s", requester="t", priority=100)
+    task = HostTask.objects.create(operation=operation, host=host, pool_id=host.pool_id, priority=100)
+    items = [
+        WorkItem.objects.create(
+            kind=kind, host=host, host_task=task, pool_id=host.pool_id, adapter="simulated", state=state
+        )
+        for kind, state in (("drain", "running"), ("execute", "ready"))
+    ]
+    at = dt.datetime(2026, 11, 24, 12, 30, tzinfo=dt.UTC)
+
+    update_rows(
+        WorkItem,
+        ["state", "result", "finished_at"],
+        [(item.pk, "failed", {"versions": {"bios": "2.16.0"}, "n": item.pk}, at) for item in items],
+        where={"state": "running"},
+    )
+
+    first, second = (WorkItem.objects.get(pk=item.pk) for item in items)
+    assert (first.state, first.result, first.finished_at) == (
+        "failed",
+        {"versions": {"bios": "2.16.0"}, "n": first.pk},
+        at,
+    )
+    assert (second.state, second.result, second.finished_at) == ("ready", {}, None)

@@ -72,7 +72,6 @@ class OperationRequest:
     override_buffers: bool = False
 
 
-@transaction.atomic
 def operation_submit(
     *,
     kind: str,

@@ -10,17 +10,15 @@ import datetime as dt
 import hashlib
 import json
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
 from statistics import NormalDist
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import CharField, Value
-from django.db.models.functions import Cast, Concat
 
 from opsplanner import clock
+from opsplanner.bulk import update_rows
 from opsplanner.events import EventRow, events_copy_rows
 from opsplanner.models import Adapter, SimulatorProfile, WorkItem, WorkKind, WorkState
 from opsplanner.services.work_items import MAX_CLAIM, work_items_claim
@@ -133,10 +131,11 @@ def simulator_profile_instant(**overrides: object) -> SimulatorProfile:
     return profile
 
 
-def simulated_work_step(*, limit: int | None = None) -> int:
+def simulated_work_step(*, limit: int | None = None, profile: SimulatorProfile | None = None) -> int:
     """Claim ready simulated items (they become due after their simulated duration) and finish
-    the running ones that are due. Returns how many items were finished."""
-    profile = SimulatorProfile.current()
+    the running ones that are due. Returns how many items were finished. A caller that steps many
+    times while nothing changes the profile (the simulation, within one instant) passes it."""
+    profile = profile or SimulatorProfile.current()
     batch = limit or profile.batch_size
     _claim(profile, batch)
     return _finish_due(profile, batch)
@@ -155,18 +154,16 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
                 break
         if not items:
             return
-        by_duration: dict[float, list[int]] = defaultdict(list)
-        for item in items:
-            duration = _duration(profile, item)
-            # With a spread every host differs: whole seconds keep the updates few where durations repeat.
-            by_duration[round(duration) if _host_spread else duration].append(item.pk)
         claimed_at = items[0].claimed_at
         assert claimed_at is not None  # work_items_claim sets it on every item it claims
-        for duration, ids in by_duration.items():
-            due = claimed_at + dt.timedelta(seconds=duration)
-            WorkItem.objects.filter(pk__any=ids).update(
-                due_at=due, lease_expires_at=due + dt.timedelta(seconds=LEASE_GRACE_S)
-            )
+        grace = dt.timedelta(seconds=LEASE_GRACE_S)
+        dues = []
+        for item in items:
+            duration = _duration(profile, item)
+            # With a spread every host differs: due on a whole second, as runs have always been.
+            due = claimed_at + dt.timedelta(seconds=round(duration) if _host_spread else duration)
+            dues.append((item.pk, due, due + grace))
+        update_rows(WorkItem, ["due_at", "lease_expires_at"], dues)
 
 
 def _finish_due(profile: SimulatorProfile, batch: int) -> int:
@@ -182,22 +179,22 @@ def _finish_due(profile: SimulatorProfile, batch: int) -> int:
         )
         if not due:
             return 0
-        events = []
-        outcomes: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        events, finished = [], []
         for item in due:
             state, result, reason = _outcome(profile, item)
-            outcomes[(state, json.dumps(result, sort_keys=True), reason)].append(item.pk)
+            finished.append((item.pk, state, result, reason, now, f"{WORKER}:{item.pk}:{item.attempts}"))
             data = json.dumps({"from": WorkState.RUNNING, "to": state, "kind": item.kind})
             events.append(
                 EventRow(
                     now, f"work_item.{state}", None, WORKER, SUBJECT, item.pk, item.pool_id, item.host_id, reason, data
                 )
             )
-        report_key = Concat(Value(f"{WORKER}:"), Cast("id", CharField()), Value(":"), Cast("attempts", CharField()))
-        for (state, encoded, reason), ids in outcomes.items():
-            WorkItem.objects.filter(pk__any=ids, state=WorkState.RUNNING).update(
-                state=state, result=json.loads(encoded), outcome_reason=reason, finished_at=now, report_key=report_key
-            )
+        update_rows(
+            WorkItem,
+            ["state", "result", "outcome_reason", "finished_at", "report_key"],
+            finished,
+            where={"state": WorkState.RUNNING},
+        )
         events_copy_rows(events)
         pools = {item.pool_id for item in due}
         if settings.KICK_TASKS:
