@@ -21,13 +21,14 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.management.color import no_style
 from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Count
 
 from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, OptOutWindow
 from opsplanner import clock
 from opsplanner.dbconstraints import sqlite_triggers_lifted
 from opsplanner.live import live_muted
 from opsplanner.models import OPEN_TASK_STATES, Event, HostTask, SimulatorProfile, WorkItem, WorkState
+from opsplanner.prepared import PreparedQuery
 from opsplanner.progress import Progress
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.failures import host_failure_report
@@ -268,7 +269,7 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
     with work when touched is None). The skipped ticks would have found nothing to do. True when a
     host changed state."""
     everything = touched is None
-    claim = due or everything or WorkItem.objects.filter(state=WorkState.READY).exists()
+    claim = due or everything or bool(_ANY_READY.rows())
     hosts_moved = False
     profile = SimulatorProfile.current()  # changed only by arrivals, between instants
     for _ in range(ROUNDS_PER_TICK):
@@ -292,12 +293,35 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
     return hosts_moved
 
 
-def _pools_with_finished_work() -> set[int]:
-    return set(
+# What the loop asks at every instant or round, compiled once (opsplanner/prepared.py).
+_FINISHED_POOLS = PreparedQuery(
+    lambda: (
         WorkItem.objects.filter(state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True)
-        .values_list("pool_id", flat=True)
+        .order_by()
+        .values_list("pool_id")
         .distinct()
     )
+)
+_ANY_READY = PreparedQuery(lambda: WorkItem.objects.filter(state=WorkState.READY).order_by().values_list("id")[:1])
+_NEXT_DUE = PreparedQuery(
+    lambda: (
+        WorkItem.objects.filter(state=WorkState.RUNNING, claimed_by=WORKER, due_at__isnull=False)
+        .order_by("due_at")
+        .values_list("due_at")[:1]
+    )
+)
+_ANY_OPEN_TASK = PreparedQuery(
+    lambda: HostTask.objects.filter(state__in=OPEN_TASK_STATES).order_by().values_list("id")[:1]
+)
+_HOST_COUNTS = PreparedQuery(
+    lambda: (
+        Host.objects.order_by().values("pool_id", "state").annotate(n=Count("id")).values_list("pool_id", "state", "n")
+    )
+)
+
+
+def _pools_with_finished_work() -> set[int]:
+    return {pool_id for (pool_id,) in _FINISHED_POOLS.rows()}
 
 
 def _fail(log: RunLog, failure: Failure) -> bool:
@@ -315,11 +339,11 @@ def _fail(log: RunLog, failure: Failure) -> bool:
 
 
 def _next_due() -> dt.datetime | None:
-    return WorkItem.objects.filter(state=WorkState.RUNNING, claimed_by=WORKER).aggregate(at=Min("due_at"))["at"]
+    return next((at for (at,) in _NEXT_DUE.rows()), None)
 
 
 def _work_open(log: RunLog) -> bool:
-    if HostTask.objects.filter(state__in=OPEN_TASK_STATES).exists():
+    if _ANY_OPEN_TASK.rows():
         return True
     policy = log.policy
     if policy.name.startswith("trains"):  # trains, trains-sliding
@@ -331,9 +355,7 @@ def _work_open(log: RunLog) -> bool:
 
 def _sample(log: RunLog, at: dt.datetime) -> None:
     counts: dict[int, list[int]] = {pool.id: [0, 0, 0] for pool in log.world.pools}
-    for pool_id, state, n in (
-        Host.objects.values("pool_id", "state").annotate(n=Count("id")).values_list("pool_id", "state", "n")
-    ):
+    for pool_id, state, n in _HOST_COUNTS.rows():
         slot = (
             0
             if state == HostState.IN_SERVICE

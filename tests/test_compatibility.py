@@ -81,7 +81,7 @@ def test_it_reads_only_the_lower_components_a_pinned_rule_names(cuda_and_driver,
     with django_assert_num_queries(3) as captured:
         assert host_incompatibilities([host.pk]) == {}
     lower = captured.captured_queries[-1]["sql"]  # the third reads the one component the rule names
-    assert f'"fleet_installedversion"."component_id" IN ({driver.pk})' in lower, lower
+    assert f""""fleet_installedversion"."component_id" = ANY('{{{driver.pk}}}'::bigint[])""" in lower, lower
 
 
 def test_several_targets_are_checked_at_once_each_on_its_own_hosts(cuda_and_driver, django_assert_num_queries) -> None:

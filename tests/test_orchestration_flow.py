@@ -299,14 +299,14 @@ def test_a_check_finishing_while_the_tick_runs_is_acted_on_once_by_the_next_tick
     checks = list(work_items_claim(worker="ext", kinds=["verify"], limit=3))
     for item in checks[:2]:
         work_item_report(item_id=item.pk, worker="ext", key=f"v{item.pk}", outcome="done", result={"passed": True})
-    original = advance.task_refs
+    original = advance.task_refs_by_id
 
-    def third_check_lands_meanwhile(queryset):
-        monkeypatch.setattr(advance, "task_refs", original)
+    def third_check_lands_meanwhile(ids):
+        monkeypatch.setattr(advance, "task_refs_by_id", original)
         work_item_report(item_id=checks[2].pk, worker="ext", key="v3", outcome="done", result={"passed": True})
-        return original(queryset)
+        return original(ids)
 
-    monkeypatch.setattr(advance, "task_refs", third_check_lands_meanwhile)
+    monkeypatch.setattr(advance, "task_refs_by_id", third_check_lands_meanwhile)
     pool_tick(pool_id=pool.pk)
     assert Host.objects.get(pk=hosts[0].pk).state == HostState.VERIFYING  # not yet: the third is not consumed
     pool_tick(pool_id=pool.pk)

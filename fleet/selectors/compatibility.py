@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
-
-from django.db.models import QuerySet
+from typing import Any, NamedTuple
 
 from fleet.models import CompatibilityRule, ComponentLayer, ComponentVersion, InstalledVersion
+from opsplanner.prepared import IDS, PreparedQuery
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,7 @@ def hosts_incompatibilities(groups: Sequence[PlannedHosts]) -> list[dict[int, li
     if not ids:
         return [{} for _ in groups]
     overrides = [[_installed_row(version) for version in group.planned] for group in groups]
-    job_facing = _installed(
-        InstalledVersion.objects.filter(host_id__any=ids, component__layer=ComponentLayer.JOB_FACING)
-    )
+    job_facing = _installed(_JOB_FACING.rows(ids=ids))
     pinned = {row.version_id for rows in job_facing.values() for row in rows.values()}
     pinned |= {row.version_id for rows in overrides for row in rows if row.layer == ComponentLayer.JOB_FACING}
     rules: _Rules = defaultdict(lambda: defaultdict(list))
@@ -62,7 +59,7 @@ def hosts_incompatibilities(groups: Sequence[PlannedHosts]) -> list[dict[int, li
     if not rules:
         return [{} for _ in groups]
     named = {component_id for by_component in rules.values() for component_id in by_component}
-    lower = _installed(InstalledVersion.objects.filter(host_id__any=ids, component_id__in=named))
+    lower = _installed(_OF_COMPONENTS.rows(ids=ids, components=named))
     results = []
     for group, planned in zip(groups, overrides, strict=True):
         planned_job = {row.component_id: row for row in planned if row.layer == ComponentLayer.JOB_FACING}
@@ -103,12 +100,33 @@ def _installed_row(version: ComponentVersion) -> _Installed:
     return _Installed(component.pk, component.name, component.layer, version.pk, version.version, version.sort_key)
 
 
-def _installed(rows: QuerySet[InstalledVersion]) -> dict[int, dict[int, _Installed]]:
-    """{host_id: {component_id: installed}} of the rows asked for."""
+_INSTALLED_COLUMNS = (
+    "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
+    "version__sort_key",
+)  # fmt: skip
+# Asked by every admission and return gate: compiled once (opsplanner/prepared.py).
+_JOB_FACING = PreparedQuery(
+    lambda *, ids: (
+        InstalledVersion.objects.filter(host_id__any=ids, component__layer=ComponentLayer.JOB_FACING)
+        .order_by()
+        .values_list(*_INSTALLED_COLUMNS)
+    ),
+    ids=IDS,
+)
+_OF_COMPONENTS = PreparedQuery(
+    lambda *, ids, components: (
+        InstalledVersion.objects.filter(host_id__any=ids, component_id__any=components)
+        .order_by()
+        .values_list(*_INSTALLED_COLUMNS)
+    ),
+    ids=IDS,
+    components=IDS,
+)
+
+
+def _installed(rows: Iterable[tuple[Any, ...]]) -> dict[int, dict[int, _Installed]]:
+    """{host_id: {component_id: installed}} of the rows read (_INSTALLED_COLUMNS)."""
     hosts: dict[int, dict[int, _Installed]] = defaultdict(dict)
-    for host_id, component_id, name, layer, version_id, version, key in rows.values_list(
-        "host_id", "component_id", "component__name", "component__layer", "version_id", "version__version",
-        "version__sort_key",
-    ):  # fmt: skip
+    for host_id, component_id, name, layer, version_id, version, key in rows:
         hosts[host_id][component_id] = _Installed(component_id, name, layer, version_id, version, key)
     return hosts

@@ -7,12 +7,14 @@ and the attempt, so the same seed gives the same run.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
 from collections.abc import Iterable
 from decimal import Decimal
 from statistics import NormalDist
+from typing import Any, NamedTuple, Protocol
 
 from django.conf import settings
 from django.db import transaction
@@ -21,6 +23,7 @@ from opsplanner import clock
 from opsplanner.bulk import update_rows
 from opsplanner.events import EventRow, events_copy_rows
 from opsplanner.models import Adapter, SimulatorProfile, WorkItem, WorkKind, WorkState
+from opsplanner.prepared import PreparedQuery
 from opsplanner.services.work_items import MAX_CLAIM, work_items_claim
 
 WORKER = "simulator"
@@ -29,7 +32,6 @@ SUBJECT = "opsplanner.workitem"
 # What working out durations and outcomes reads: loading whole items (eight timestamps each) cost
 # more than the rest of the simulated executor.
 _CLAIM_FIELDS = ("params", "claimed_at")
-_FINISH_FIELDS = ("id", "kind", "verify_class", "host_id", "pool_id", "attempts", "params")
 SPREAD_Z_BOUND = 3.0  # a host is at most e^(3 sigma) slower or faster than the median: no absurd outlier
 # The log-normal spread of each host's durations around the profile's (sigma; 0: every host alike).
 # Set by the simulation for the process it runs in (simulation/scenarios.py); not a profile column.
@@ -64,7 +66,25 @@ def chance(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def _duration(profile: SimulatorProfile, item: WorkItem) -> float:
+class _Item(Protocol):
+    """What working out a simulated item's duration and outcome reads: a claimed WorkItem, or a due
+    item's row (_Due)."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def verify_class(self) -> str: ...
+    @property
+    def host_id(self) -> int | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def params(self) -> Any: ...
+
+
+def _duration(profile: SimulatorProfile, item: _Item) -> float:
     """How long the item takes: the profile's time, times the host's own factor for this kind of
     work. A slow host's drain takes slow_drain_factor times the profile's, spread or not (that
     factor is the tail of the drains, set against the drain deadline; spread again, it broke it)."""
@@ -77,7 +97,7 @@ def _slow(profile: SimulatorProfile, host_id: int | None) -> bool:
     return chance(profile.seed, "slow", host_id) < float(profile.slow_host_fraction)
 
 
-def _base_duration(profile: SimulatorProfile, item: WorkItem) -> float:
+def _base_duration(profile: SimulatorProfile, item: _Item) -> float:
     if item.kind == WorkKind.DRAIN:
         return profile.drain_seconds
     if item.kind == WorkKind.EXECUTE:
@@ -89,7 +109,7 @@ def _base_duration(profile: SimulatorProfile, item: WorkItem) -> float:
     return seconds[item.kind]
 
 
-def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]:
+def _outcome(profile: SimulatorProfile, item: _Item) -> tuple[str, dict, str]:
     """(state, result, reason) for a simulated item."""
     if item.kind == WorkKind.DRAIN:
         if chance(profile.seed, "refuse", item.host_id) < float(profile.refusing_host_fraction):
@@ -108,7 +128,7 @@ def _outcome(profile: SimulatorProfile, item: WorkItem) -> tuple[str, dict, str]
     return WorkState.DONE, {}, ""
 
 
-def _execution(profile: SimulatorProfile, item: WorkItem) -> tuple[float, float]:
+def _execution(profile: SimulatorProfile, item: _Item) -> tuple[float, float]:
     params = item.params
     return profile.execution(params.get("kind", ""), params.get("component", ""), params.get("version", ""))
 
@@ -166,17 +186,38 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
         update_rows(WorkItem, ["due_at", "lease_expires_at"], dues)
 
 
-def _finish_due(profile: SimulatorProfile, batch: int) -> int:
-    with transaction.atomic():
-        now = clock.now()
-        due = list(
+class _Due(NamedTuple):
+    """What finishing a simulated item reads of it."""
+
+    pk: int
+    kind: str
+    verify_class: str
+    host_id: int
+    pool_id: int
+    attempts: int
+    params: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=8)
+def _due_items(batch: int) -> PreparedQuery:
+    """The first `batch` simulated items whose time has come, locked (compiled once: every step asks)."""
+    return PreparedQuery(
+        lambda *, now: (
             WorkItem.objects.filter(
                 state=WorkState.RUNNING, adapter=Adapter.SIMULATED, claimed_by=WORKER, due_at__lte=now
             )
             .order_by("due_at", "id")
-            .only(*_FINISH_FIELDS)
-            .select_for_update(skip_locked=True)[:batch]
-        )
+            .select_for_update(skip_locked=True)
+            .values_list(*_Due._fields)[:batch]
+        ),
+        now=dt.datetime,
+    )
+
+
+def _finish_due(profile: SimulatorProfile, batch: int) -> int:
+    with transaction.atomic():
+        now = clock.now()
+        due = [_Due(*row) for row in _due_items(batch).rows(now=now)]
         if not due:
             return 0
         events, finished = [], []

@@ -25,6 +25,7 @@ from fleet.models import Host
 from opsplanner import clock
 from opsplanner.events import EventRow, event_row, events_copy_rows
 from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
+from opsplanner.prepared import IDS, ParamKind, PreparedQuery, PreparedUpdate
 from opsplanner.services.ready_watch import ReadyFilter
 from opsplanner.services.ready_watch import watcher as ready_watcher
 
@@ -75,19 +76,13 @@ def work_items_claim(
     if not worker:
         raise ValidationError({"worker": "Say who is claiming (a worker name)."})
     _validate_claim(limit, lease_seconds, kinds)
-    ready = _ready(adapter=adapter, kinds=kinds, pool_id=pool_id, host_id=host_id)
-    ids = list(ready.order_by("id").select_for_update(skip_locked=True).values_list("id", flat=True)[:limit])
+    wanted = {"pool_id": pool_id, "host_id": host_id}
+    ready = _ready_ids(adapter, tuple(kinds or ()), pool_id is not None, host_id is not None, limit)
+    ids = [row[0] for row in ready.rows(**{name: value for name, value in wanted.items() if value is not None})]
     if not ids:
         return []
     now = clock.now()
-    expires = now + dt.timedelta(seconds=lease_seconds)
-    WorkItem.objects.filter(pk__any=ids, state=WorkState.READY).update(
-        state=WorkState.RUNNING,
-        claimed_by=worker[:150],
-        claimed_at=now,
-        lease_expires_at=expires,
-        attempts=F("attempts") + 1,
-    )
+    _CLAIM.count(ids=ids, worker=worker[:150], now=now, expires=now + dt.timedelta(seconds=lease_seconds))
     claimed = WorkItem.objects.filter(pk__any=ids).order_by("id")
     if only is not None:
         claimed = claimed.only("id", "kind", "attempts", "pool_id", "host_id", *only)
@@ -111,6 +106,37 @@ def work_items_claim(
         ]
     )
     return items
+
+
+@functools.lru_cache(maxsize=64)
+def _ready_ids(adapter: str, kinds: tuple[str, ...], by_pool: bool, by_host: bool, limit: int) -> PreparedQuery:
+    """The ids of the first `limit` ready items a claim may take, locked, skipping those another
+    claim holds; compiled once per shape of claim (claimers poll it all day)."""
+    params: dict[str, ParamKind] = {
+        name: int for name, wanted in (("pool_id", by_pool), ("host_id", by_host)) if wanted
+    }
+
+    def build(*, pool_id: int | None = None, host_id: int | None = None) -> QuerySet[WorkItem, tuple[int]]:
+        ready = _ready(adapter=adapter, kinds=list(kinds), pool_id=pool_id, host_id=host_id)
+        return ready.order_by("id").select_for_update(skip_locked=True).values_list("id")[:limit]
+
+    return PreparedQuery(build, **params)
+
+
+_CLAIM = PreparedUpdate(
+    lambda *, ids, worker, now, expires: WorkItem.objects.filter(pk__any=ids, state=WorkState.READY),
+    lambda *, ids, worker, now, expires: {
+        "state": WorkState.RUNNING,
+        "claimed_by": worker,
+        "claimed_at": now,
+        "lease_expires_at": expires,
+        "attempts": F("attempts") + 1,
+    },
+    ids=IDS,
+    worker=str,
+    now=dt.datetime,
+    expires=dt.datetime,
+)
 
 
 def _ready(*, adapter: str, kinds: list[str] | None, pool_id: int | None, host_id: int | None) -> QuerySet[WorkItem]:

@@ -24,6 +24,7 @@ from fleet.models import Host
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask
+from opsplanner.prepared import PreparedQuery
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
 from trains.services.visits import Step, UpgradePlan, unreleased_hosts, visit_steps_submit
 
@@ -34,13 +35,24 @@ def train_slides(train: Train) -> bool:
     return train.pace == Pace.SLIDING
 
 
+# Asked at every tick of a sliding train: compiled once (opsplanner/prepared.py).
+_DOMAIN_SIZES = PreparedQuery(
+    lambda *, train_id: (
+        Host.objects.filter(domain_id__in=TrainStop.objects.filter(train_id=train_id).values("domain_id"))
+        .order_by()
+        .values("domain_id")
+        .annotate(n=Count("id"))
+        .values_list("domain_id", "n")
+    ),
+    train_id=int,
+)
+
+
 def sliding_allowance(train: Train) -> int:
     """How many hosts a sliding train may have out at once (two queries): the largest domain x
     visit_concurrency, or the planned buffer if smaller (an emergency train ignores the buffer); at
     least one, so the train shows its work waiting in the core's queue rather than idling silently."""
-    domain_ids = TrainStop.objects.filter(train=train).values("domain_id")
-    counts = Host.objects.filter(domain_id__in=domain_ids).values("domain_id").annotate(n=Count("id"))
-    largest = max((row["n"] for row in counts), default=0)
+    largest = max((n for _, n in _DOMAIN_SIZES.rows(train_id=train.pk)), default=0)
     allowed = largest * train.visit_concurrency
     if not train.emergency:
         allowed = min(allowed, pool_capacity(train.pool).buffers.planned)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -30,6 +30,7 @@ from opsplanner.models import (
     TaskState,
 )
 from opsplanner.models.operations import FailureCode
+from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
@@ -345,8 +346,7 @@ def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
 
 def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradePhase]) -> dict[int, int]:
     """Failures in each upgrade's current phase, as phase_failures counts them (one query)."""
-    phases = UpgradePhase.objects.filter(pk__in=[current[u.pk].pk for u in upgrades])
-    return dict(phases.annotate(failures=phase_failures()).values_list("upgrade_id", "failures"))
+    return dict(_PHASE_FAILURES.rows(ids=[current[u.pk].pk for u in upgrades]))
 
 
 def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Host]:
@@ -393,8 +393,22 @@ def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:
     tick asks it of every upgrade whose failures could breach its policy or that has a phase to open."""
     if not phases:
         return {}
-    counted = UpgradePhase.objects.filter(pk__in=[phase.pk for phase in phases]).annotate(successes=phase_successes())
-    return dict(counted.values_list("upgrade_id", "successes"))
+    return dict(_PHASE_SUCCESSES.rows(ids=[phase.pk for phase in phases]))
+
+
+def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
+    """{upgrade: count} of the phases asked for, by `count` (phase_failures, phase_successes); the
+    train tick asks both of its upgrades' current phases every tick: compiled once (opsplanner/prepared.py)."""
+    return PreparedQuery(
+        lambda *, ids: (
+            UpgradePhase.objects.filter(pk__any=ids).order_by().annotate(n=count()).values_list("upgrade_id", "n")
+        ),
+        ids=IDS,
+    )
+
+
+_PHASE_FAILURES = _per_phase(phase_failures)
+_PHASE_SUCCESSES = _per_phase(phase_successes)
 
 
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:

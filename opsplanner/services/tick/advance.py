@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any
 
 from django.db import transaction
@@ -39,7 +40,7 @@ from opsplanner.services.tick.context import (
     ConcurrentChange,
     TaskRef,
     TickContext,
-    task_refs,
+    task_refs_by_id,
 )
 from opsplanner.services.tick.repair import send_to_repair
 from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
@@ -151,7 +152,7 @@ def advance(ctx: TickContext, *, budget: int) -> None:
     consumed = _CONSUME.count(ids={row[0] for row in items}, now=ctx.now)
     if consumed != len(items):
         raise ConcurrentChange("work items consumed by someone else")
-    tasks = task_refs(HostTask.objects.filter(pk__any={row[3] for row in items}))
+    tasks = task_refs_by_id(row[3] for row in items)
     by_kind: dict[tuple[str, str], list[tuple[TaskRef, dict[str, Any], str]]] = defaultdict(list)
     for _, kind, state, task_id, result, reason in items:
         by_kind[(kind, state)].append((tasks[task_id], result or {}, reason))
@@ -334,15 +335,27 @@ def start_verification(ctx: TickContext, tasks: list[TaskRef]) -> None:
             )
 
 
+_VERIFY_OUTCOMES = PreparedQuery(
+    lambda *, ids: WorkItem.objects.filter(host_task_id__any=ids, kind=WorkKind.VERIFY).values_list(
+        "host_task_id", "verify_class", "state", "result", "outcome_reason", "consumed_at"
+    ),
+    ids=IDS,
+)
+_DRAINED_BY = PreparedQuery(
+    lambda *, ids: WorkItem.objects.filter(host_task_id__any=ids, kind=WorkKind.DRAIN).values_list(
+        "host_task_id", "adapter"
+    ),
+    ids=IDS,
+)
+
+
 def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[tuple[TaskRef, str]]) -> None:
     """When all three verifications of a task are finished: the pre-return gate, or repair."""
     tasks = [t for t in tasks if t.state == TaskState.VERIFYING]
     if not tasks:
         return
     outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
-    for task_id, verify_class, state, result, reason, consumed in WorkItem.objects.filter(
-        host_task_id__any={t.id for t in tasks}, kind=WorkKind.VERIFY
-    ).values_list("host_task_id", "verify_class", "state", "result", "outcome_reason", "consumed_at"):
+    for task_id, verify_class, state, result, reason, consumed in _VERIFY_OUTCOMES.rows(ids={t.id for t in tasks}):
         # Only outcomes consumed by this tick or an earlier one count: an item that finished after
         # this tick read its batch is the next tick's, so the gate runs exactly once per task.
         outcomes[task_id].append((verify_class, state if consumed else WorkState.RUNNING, result or {}, reason))
@@ -381,11 +394,7 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
     )
     # The adapter that took the host out puts it back, whichever task of the drain ends it (even if
     # the pool's drainer changed since): the drain item's own adapter.
-    drained_by = dict(
-        WorkItem.objects.filter(host_task_id__any={t.drain_key for t in returning}, kind=WorkKind.DRAIN).values_list(
-            "host_task_id", "adapter"
-        )
-    )
+    drained_by = dict(_DRAINED_BY.rows(ids={t.drain_key for t in returning if t.drain_key is not None}))
     for task in returning:
         adapter = drained_by.get(task.drain_key, task.drainer) if task.drain_key is not None else task.drainer
         ctx.add_item(task, kind=WorkKind.UNDRAIN, adapter=adapter, deadline_s=UNDRAIN_DEADLINE_S)
@@ -443,6 +452,26 @@ def _returns_failed(
         repair.append((task, why))
 
 
+def _finished_operations(ids: Collection[int] | None = None) -> QuerySet[Operation, tuple[int]]:
+    """The open operations with no open task left (among `ids`, when given), locked, skipping those
+    another transaction holds."""
+    still_open = HostTask.objects.filter(operation=OuterRef("pk"), state__in=OPEN_TASK_STATES)
+    finished = Operation.objects.filter(state=OperationState.OPEN).exclude(Exists(still_open))
+    if ids is not None:
+        finished = finished.filter(pk__any=ids)
+    return finished.select_for_update(skip_locked=True, no_key=True).values_list("id")
+
+
+# A pool's tick closes the operations it touched: compiled once (opsplanner/prepared.py).
+_FINISHED_AMONG = PreparedQuery(lambda *, ids: _finished_operations(ids), ids=IDS)
+_OPERATIONS_COMPLETE = PreparedUpdate(
+    lambda *, ids, now: Operation.objects.filter(pk__any=ids, state=OperationState.OPEN),
+    lambda *, ids, now: {"state": OperationState.COMPLETED, "closed_at": now},
+    ids=IDS,
+    now=dt.datetime,
+)
+
+
 def operations_close_finished(*, ctx: TickContext | None = None) -> int:
     """Complete the open operations with no open task left, with an event each; return how many.
     In a pool's tick (`ctx`) only the operations whose tasks it finished, their events written with
@@ -451,18 +480,15 @@ def operations_close_finished(*, ctx: TickContext | None = None) -> int:
     sweep, closes them."""
     if ctx is not None and not ctx.touched_operations:
         return 0
-    still_open = HostTask.objects.filter(operation=OuterRef("pk"), state__in=OPEN_TASK_STATES)
-    finished = Operation.objects.filter(state=OperationState.OPEN).exclude(Exists(still_open))
-    if ctx is not None:
-        finished = finished.filter(pk__any=ctx.touched_operations)
     with transaction.atomic(savepoint=False):  # inside a tick: its transaction, no savepoint
-        ids = list(finished.select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True))
+        if ctx is None:
+            ids = [i for (i,) in _finished_operations()]
+        else:
+            ids = [i for (i,) in _FINISHED_AMONG.rows(ids=ctx.touched_operations)]
         if not ids:
             return 0
         now = ctx.now if ctx is not None else clock.now()
-        Operation.objects.filter(pk__any=ids, state=OperationState.OPEN).update(
-            state=OperationState.COMPLETED, closed_at=now
-        )
+        _OPERATIONS_COMPLETE.count(ids=ids, now=now)
         stamp, pool_id = (ctx.stamp, ctx.pool.pk) if ctx is not None else (now, None)
         rows = [
             EventRow(stamp, "operation.completed", None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}")

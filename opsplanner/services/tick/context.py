@@ -172,6 +172,14 @@ def task_refs(queryset: models.QuerySet[HostTask]) -> dict[int, TaskRef]:
     return task_refs_from_rows(list(task_rows(queryset)))
 
 
+_TASKS_BY_ID = PreparedQuery(lambda *, ids: task_rows(HostTask.objects.filter(pk__any=ids)), ids=IDS)
+
+
+def task_refs_by_id(ids: Iterable[int]) -> dict[int, TaskRef]:
+    """task_refs of the tasks with these ids (compiled once: every tick that advances asks)."""
+    return task_refs_from_rows(_TASKS_BY_ID.rows(ids=set(ids)))
+
+
 _OPERATIONS = PreparedQuery(
     lambda *, ids: Operation.objects.filter(pk__any=ids).values_list("id", *OPERATION_FIELDS.values()), ids=IDS
 )
@@ -200,6 +208,18 @@ def task_refs_from_rows(rows: list[tuple[Any, ...]]) -> dict[int, TaskRef]:
     refs = (TaskRef(*_TASKREF_FIELDS(row + operations[row[_OPERATION_ID]])) for row in rows)
     return {ref.id: ref for ref in refs}
 
+
+_ACTIVE_LEASES = PreparedQuery(
+    lambda *, task_ids: Lease.objects.filter(host_task_id__any=task_ids, active=True).values_list("id", "host_id"),
+    task_ids=IDS,
+)
+_LEASES_RELEASE = PreparedUpdate(
+    lambda *, ids, now, reason: Lease.objects.filter(pk__any=ids),
+    lambda *, ids, now, reason: {"active": False, "released_at": now, "release_reason": reason},
+    ids=IDS,
+    now=dt.datetime,
+    reason=str,
+)
 
 # The guarded transitions, compiled once per set of columns they write (see opsplanner.prepared).
 _HOST_MOVE = PreparedUpdate(
@@ -379,12 +399,10 @@ class TickContext:
         ids = list(task_ids)
         if not ids:
             return
-        leases = list(Lease.objects.filter(host_task_id__any=set(ids), active=True).values_list("id", "host_id"))
+        leases = _ACTIVE_LEASES.rows(task_ids=set(ids))
         if len(leases) != len(ids):
             raise ConcurrentChange(f"{len(ids) - len(leases)} of {len(ids)} tasks held no active lease")
-        Lease.objects.filter(pk__any={lease_id for lease_id, _ in leases}).update(
-            active=False, released_at=self.now, release_reason=reason[:200]
-        )
+        _LEASES_RELEASE.count(ids={lease_id for lease_id, _ in leases}, now=self.now, reason=reason[:200])
         for lease_id, host_id in leases:
             self.event(
                 kind="lease.released", subject_type=SUBJECT_LEASE, subject_id=lease_id, host_id=host_id, reason=reason

@@ -9,7 +9,7 @@ from django.db.models import Count, F
 from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs
+from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs, task_refs_by_id
 
 MAX_REPAIR_ATTEMPTS = 3
 
@@ -144,5 +144,5 @@ def _create_repairs(ctx: TickContext, repair: list[tuple[TaskRef, str]]) -> list
         )
     # A host that failed outside a drain starts one with its repair: verification and return follow.
     HostTask.objects.filter(pk__any=[t.pk for t in new_tasks], drain_key__isnull=True).update(drain_key=F("id"))
-    refs = task_refs(HostTask.objects.filter(pk__any=[t.pk for t in new_tasks]))
+    refs = task_refs_by_id(t.pk for t in new_tasks)
     return [refs[t.pk] for t in new_tasks]

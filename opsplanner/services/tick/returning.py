@@ -11,9 +11,24 @@ from collections import defaultdict
 from fleet.models import ComponentVersion, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.models import HostTask, OperationState, TaskState
+from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
-from opsplanner.services.tick.context import TaskRef, TickContext, task_refs
+from opsplanner.services.tick.context import TaskRef, TickContext, task_refs_from_rows, task_rows
+
+# Asked whenever a drained host's work is applied: compiled once (opsplanner/prepared.py).
+_CANDIDATES = PreparedQuery(
+    lambda *, hosts: task_rows(
+        HostTask.objects.filter(
+            host_id__any=hosts,
+            state=TaskState.PENDING,
+            operation__state=OperationState.OPEN,
+            operation__gang=False,
+            operation__hold_reason="",
+        ).order_by("host_id", "-priority", "created_at", "id")
+    ),
+    hosts=IDS,
+)
 
 
 def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
@@ -22,15 +37,7 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskR
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
     end here instead: one older than a newer target of the component pending for the host or just
     applied to it (superseded), one at or below what the host runs (nothing to do)."""
-    candidates = task_refs(
-        HostTask.objects.filter(
-            host_id__any=applied,
-            state=TaskState.PENDING,
-            operation__state=OperationState.OPEN,
-            operation__gang=False,
-            operation__hold_reason="",
-        ).order_by("host_id", "-priority", "created_at", "id")
-    )
+    candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
@@ -85,13 +92,10 @@ def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef
     ctx.counts.handovers += len(taking)
 
 
-def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
-    """Invariant 3: every upgrade of this drain is at its target and the versions are compatible."""
-    if not tasks:
-        return {}
-    by_key = {task.drain_key: task for task in tasks}
-    chain = HostTask.objects.filter(
-        drain_key__in=by_key,
+# The pre-return gate's reads, compiled once (opsplanner/prepared.py): every verified host asks.
+_DRAIN_UPGRADES = PreparedQuery(
+    lambda *, keys: HostTask.objects.filter(
+        drain_key__any=keys,
         state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING, TaskState.FAILED],
         operation__kind="upgrade",
     ).values_list(
@@ -101,7 +105,26 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
         "operation__component_version__component_id",
         "operation__component_version__sort_key",
         "state",
-    )
+    ),
+    keys=IDS,
+)
+_INSTALLED = PreparedQuery(
+    lambda *, hosts: InstalledVersion.objects.filter(host_id__any=hosts).values_list(
+        "host_id", "component_id", "version_id"
+    ),
+    hosts=IDS,
+)
+_VERSION_NAMES = PreparedQuery(
+    lambda *, ids: ComponentVersion.objects.filter(pk__any=ids).values_list("id", "version"), ids=IDS
+)
+
+
+def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
+    """Invariant 3: every upgrade of this drain is at its target and the versions are compatible."""
+    if not tasks:
+        return {}
+    by_key = {task.drain_key: task for task in tasks}
+    chain = _DRAIN_UPGRADES.rows(keys={key for key in by_key if key is not None})
     # Two upgrades of one component in a drain: the newest target is the one the host must run,
     # whatever order they were applied in (the handover never applies an older one after a newer).
     newest: dict[tuple[int, int], tuple[str, tuple[int, int, int, int]]] = {}
@@ -119,15 +142,9 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
     targets = [target for _, target in newest.values()]
     installed = {
         (host_id, component_id): version_id
-        for host_id, component_id, version_id in InstalledVersion.objects.filter(
-            host_id__any={t.host_id for t in tasks}
-        ).values_list("host_id", "component_id", "version_id")
+        for host_id, component_id, version_id in _INSTALLED.rows(hosts={t.host_id for t in tasks})
     }
-    names = dict(
-        ComponentVersion.objects.filter(pk__any=set(installed.values()) | {row[2] for row in targets}).values_list(
-            "id", "version"
-        )
-    )
+    names = dict(_VERSION_NAMES.rows(ids=set(installed.values()) | {row[2] for row in targets}))
     problems: dict[int, list[str]] = defaultdict(list)
     for drain_key, host_id, target_id, component_id in targets:
         actual = installed.get((host_id, component_id))
