@@ -59,14 +59,21 @@ def sliding_allowance(train: Train) -> int:
     return max(1, allowed)
 
 
-def train_hosts_out(train: Train) -> int:
-    """The hosts a train has out or released to the core: an open task of one of its visits (one query)."""
-    return (
-        HostTask.objects.filter(operation__visit_link__visit__train=train, state__in=OPEN_TASK_STATES)
-        .values("host_id")
+_HOSTS_OUT = PreparedQuery(
+    lambda *, train_id: (
+        HostTask.objects.filter(operation__visit_link__visit__train_id=train_id, state__in=OPEN_TASK_STATES)
+        .order_by()
+        .values_list("host_id")
         .distinct()
-        .count()
-    )
+    ),
+    train_id=int,
+)
+
+
+def train_hosts_out(train: Train) -> int:
+    """The hosts a train has out or released to the core: an open task of one of its visits (one
+    query, at most a visit's worth of rows)."""
+    return len(_HOSTS_OUT.rows(train_id=train.pk))
 
 
 @dataclass(frozen=True)

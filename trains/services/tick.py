@@ -24,6 +24,7 @@ from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
+from opsplanner.prepared import PreparedQuery
 from opsplanner.services.approvals import approvals_expire
 from opsplanner.services.optouts import optouts_by_domain
 from trains.models import (
@@ -318,13 +319,23 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
 
 
 # --- 2. visits finishing ----------------------------------------------------------------------------
+_ANY_OPEN_TASK = PreparedQuery(  # asked of every running visit at every tick: compiled once
+    lambda *, visit_id: (
+        HostTask.objects.filter(operation__visit_link__visit_id=visit_id, state__in=OPEN_TASK_STATES)
+        .order_by()
+        .values_list("id")[:1]
+    ),
+    visit_id=int,
+)
+
+
 def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
     for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
         if visit.plan.get("unreleased"):
             continue  # a sliding visit with hosts still to release is not done
-        tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
-        if tasks.filter(state__in=OPEN_TASK_STATES).exists():
+        if _ANY_OPEN_TASK.rows(visit_id=visit.pk):
             continue
+        tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
         done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
         failed = tasks.filter(state=TaskState.FAILED).values("host_id").distinct().count()
         plan = visit.plan
@@ -356,6 +367,26 @@ def _end_visit(visit: Visit, now: dt.datetime, outcome: str, *, plan: dict | Non
 
 
 # --- 3. autostop ------------------------------------------------------------------------------------
+_OTHERS_OUT = PreparedQuery(  # the pool's hosts out for planned work other than the train's
+    lambda *, train_id, pool_id: (
+        Host.objects.filter(pool_id=pool_id, state__in=PLANNED_OUT_STATES)
+        .filter(
+            ~Exists(
+                HostTask.objects.filter(
+                    host_id=OuterRef("pk"),
+                    operation__visit_link__visit__train_id=train_id,
+                    state__in=sorted(OPEN_TASK_STATES - {TaskState.PENDING}),
+                )
+            )
+        )
+        .order_by()
+        .values_list("id")
+    ),
+    train_id=int,
+    pool_id=int,
+)
+
+
 def _exhausted(train: Train) -> str:
     capacity = pool_capacity(train.pool)
     buffers = capacity.buffers
@@ -373,12 +404,7 @@ def _exhausted(train: Train) -> str:
     if buffers.planned:
         # One statement: counted apart, a pool tick committing in between (hosts back, tasks done)
         # made the train's own finished hosts look like other work and stopped it for nothing.
-        ours = HostTask.objects.filter(
-            host_id=OuterRef("pk"),
-            operation__visit_link__visit__train=train,
-            state__in=OPEN_TASK_STATES - {TaskState.PENDING},
-        )
-        others = Host.objects.filter(pool_id=train.pool_id, state__in=PLANNED_OUT_STATES).filter(~Exists(ours)).count()
+        others = len(_OTHERS_OUT.rows(train_id=train.pk, pool_id=train.pool_id))
         if others >= buffers.planned:
             return (
                 f"planned buffer of pool {name} exhausted by other work: {others} hosts out, buffer {buffers.planned}"
