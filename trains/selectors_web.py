@@ -15,6 +15,7 @@ from django.db.models.functions import RowNumber
 from fleet.models import ComponentVersion, MaintenanceDomain
 from opsplanner import clock
 from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask
+from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import (
     Cycle,
     Train,
@@ -102,24 +103,41 @@ def trains_shown(
     return list(trains.exclude(ended).order_by("pool__name", "emergency", "name"))
 
 
+# The train tick forecasts at every tick (and the pages at every view): compiled once (opsplanner/prepared.py).
+_RECENT_VISITS = PreparedQuery(
+    lambda *, ids: (
+        Visit.objects.filter(train_id__any=ids, state=VisitState.DONE, started_at__isnull=False)
+        .exclude(plan__hosts=[])
+        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
+        .filter(rank__lte=RECENT_VISITS)
+        .order_by("train_id", "rank")
+        .values_list(
+            "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY
+        )
+    ),
+    ids=IDS,
+)
+_LAST_VISITS = PreparedQuery(  # per train and domain, when its last visit ended
+    lambda *, ids: (
+        Visit.objects.filter(train_id__any=ids, state=VisitState.DONE)
+        .values("train_id", "domain_id")
+        .annotate(at=Max("ended_at"))
+        .order_by()
+        .values_list("train_id", "domain_id", "at")
+    ),
+    ids=IDS,
+)
+
+
 def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, float]]:
     """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
     correction of its estimates, as budget.measured_correction measures it (one query, two as there).
     A sliding visit (its plan counts the hosts it "released") overlaps the visit before it: its length
     is what it added after that one ended, and it counts for the correction by its hosts' time."""
-    ranked = (
-        Visit.objects.filter(train_id__in=[t.pk for t in trains], state=VisitState.DONE, started_at__isnull=False)
-        .exclude(plan__hosts=[])
-        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
-        .filter(rank__lte=RECENT_VISITS)
-        .order_by("train_id", "rank")
-    )
     overhead = {t.pk: train_overhead_s(t) for t in trains}
     rows: dict[int, list[tuple[int, dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
     sliding_visits: dict[int, tuple[int, object]] = {}  # visit -> its train's overhead, the host time it kept
-    for pk, train_id, started, ended, cost, released, host_time in ranked.values_list(
-        "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY
-    ):
+    for pk, train_id, started, ended, cost, released, host_time in _RECENT_VISITS.rows(ids=overhead.keys()):
         if started is not None and ended is not None:  # a done visit has both
             rows[train_id].append((pk, started, ended, cost, released is not None))
             if released is not None:
@@ -164,12 +182,7 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
     recent, factors = _visit_seconds(trains)
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
-    for train_id, domain_id, at in (
-        Visit.objects.filter(train_id__in=ids, state=VisitState.DONE)
-        .values("train_id", "domain_id")
-        .annotate(at=Max("ended_at"))
-        .values_list("train_id", "domain_id", "at")
-    ):
+    for train_id, domain_id, at in _LAST_VISITS.rows(ids=ids):
         last[train_id][domain_id] = at
     visits: dict[int, dict[int, Visit]] = defaultdict(dict)
     for visit in Visit.objects.filter(cycle_id__in=[c.pk for c in cycles.values()]).order_by():
