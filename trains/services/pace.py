@@ -16,7 +16,7 @@ counts as out for the train, so the train releases no more. A cycle is still eve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db.models import Count
 
@@ -26,7 +26,7 @@ from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask
 from opsplanner.prepared import PreparedQuery
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
-from trains.services.visits import Step, UpgradePlan, unreleased_hosts, visit_steps_submit
+from trains.services.visits import Step, UpgradePlan, split_release, unreleased_hosts, visit_steps_submit
 
 ACTOR = "train-scheduler"
 
@@ -89,19 +89,19 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
     upgrade over the released hosts, with the phase the visit planned it in. Hosts of an upgrade no
     longer active (offboarded, completed) are dropped. Returns how many hosts were released. Runs in
     the train tick's transaction."""
-    entries = [e for e in visit.plan.get("unreleased", []) if e["upgrade"] in active]
-    hosts = sorted({h for e in entries for h in e["hosts"]})
-    now = set(hosts[: max(0, limit)])
-    rest, steps = [], []
-    for entry in entries:
-        part = now.intersection(entry["hosts"])
-        if part:
-            known = active[entry["upgrade"]]
-            plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[entry["phase"]], allowed=set())
-            steps.append(Step(plan=plan, hosts=part, work_s=entry["work_s"]))
-        left = sorted(set(entry["hosts"]) - now)
-        if left:
-            rest.append({**entry, "hosts": left})
+    pending = [
+        Step(
+            plan=UpgradePlan(
+                upgrade=active[e["upgrade"]].upgrade, phase=active[e["upgrade"]].phases[e["phase"]], allowed=set()
+            ),
+            hosts=set(e["hosts"]),
+            work_s=e["work_s"],
+        )
+        for e in visit.plan.get("unreleased", [])
+        if e["upgrade"] in active
+    ]
+    now, rest = split_release(pending, limit)
+    steps = [replace(s, hosts=s.hosts & now) for s in pending if s.hosts & now]
     plan_record = {**visit.plan, "unreleased": rest, "released": int(visit.plan.get("released", 0)) + len(now)}
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
         return 0

@@ -319,7 +319,7 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
 
 
 # --- 2. visits finishing ----------------------------------------------------------------------------
-_ANY_OPEN_TASK = PreparedQuery(  # asked of every running visit at every tick: compiled once
+_VISIT_HAS_OPEN_TASK = PreparedQuery(  # asked of every running visit at every tick: compiled once
     lambda *, visit_id: (
         HostTask.objects.filter(operation__visit_link__visit_id=visit_id, state__in=OPEN_TASK_STATES)
         .order_by()
@@ -333,7 +333,7 @@ def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> N
     for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
         if visit.plan.get("unreleased"):
             continue  # a sliding visit with hosts still to release is not done
-        if _ANY_OPEN_TASK.rows(visit_id=visit.pk):
+        if _VISIT_HAS_OPEN_TASK.rows(visit_id=visit.pk):
             continue
         tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
         done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
