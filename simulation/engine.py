@@ -37,12 +37,13 @@ from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.run import pools_with_work
 from simulation.config import Failure, SimulationConfig, Workload
 from simulation.policies import POLICY_CLASSES, Policy
-from simulation.runner import lane_analyze
+from simulation.runner import lane_analyze, lane_vacuum
 from simulation.world import World, world_create
 
 IDLE_STEP = dt.timedelta(hours=6)  # with work open but nothing due, look again this often (timers, soaks)
 ROUNDS_PER_TICK = 6
 CHECK_EVERY_TICKS = 500
+VACUUM_EVERY = dt.timedelta(hours=6)  # of simulated time: the lane's tables vacuumed (runner.lane_vacuum)
 
 
 class SimulationError(Exception):
@@ -208,6 +209,7 @@ def _loop(
     )
     total = (config.end - config.start).total_seconds()
     last_full = config.start - IDLE_STEP
+    last_vacuum = config.start
     next_due: dt.datetime | None = None
     while virtual.now <= config.end:
         now = virtual.now
@@ -229,6 +231,9 @@ def _loop(
         if moved or broke or not log.samples:
             _sample(log, now)
         log.ticks += 1
+        if now - last_vacuum >= VACUUM_EVERY:
+            lane_vacuum()
+            last_vacuum = now
         if log.ticks % CHECK_EVERY_TICKS == 0:
             log.violations.extend(str(v) for v in check_invariants())
             log.invariant_checks += 1

@@ -11,6 +11,7 @@ import pytest
 from django.core.management.base import CommandError
 from django.db import connection
 
+from fleet.models import Host
 from fleet.versions import version_sort_key
 from opsplanner.models import SimulatorProfile
 from opsplanner.services.simulator import host_spread_factor
@@ -25,10 +26,10 @@ from simulation.rollout_measures import (
     rollout_measures_add,
     rollout_summary,
 )
-from simulation.runner import lane_analyze
+from simulation.runner import lane_analyze, lane_vacuum
 from simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
 from simulation.world import workload_draw
-from tests.builders import make_component
+from tests.builders import make_component, make_fleet
 
 
 def command_config(*args: str) -> SimulationConfig:
@@ -135,6 +136,45 @@ def test_the_lane_analyze_refreshes_the_planners_statistics_and_refuses_a_live_d
     monkeypatch.setitem(connection.settings_dict, "NAME", "opsplanner")
     with pytest.raises(SimulationError, match="not a simulation scratch database"):
         lane_analyze()
+
+
+def _host_table_stats() -> tuple[int, float]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # this transaction's cached statistics
+        cursor.execute(
+            "SELECT s.vacuum_count, c.reltuples FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+            "WHERE s.relname = 'fleet_host'"
+        )
+        vacuums, tuples = cursor.fetchone()
+        return vacuums, tuples
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lane_vacuum_reclaims_the_dead_rows_of_the_lanes_tables_where_autovacuum_is_off() -> None:
+    _, hosts = make_fleet(domains=1, hosts_per_domain=6)
+    for state in ["maintenance", "in_service", "maintenance", "in_service"]:  # dead row versions
+        Host.objects.filter(pk__in=[h.pk for h in hosts]).update(state=state)
+    vacuums_before, _ = _host_table_stats()
+
+    lane_vacuum()
+
+    vacuums_after, tuples = _host_table_stats()
+    assert vacuums_after == vacuums_before + 1, "fleet_host was vacuumed"
+    assert tuples == 6, "and analyzed: the planner knows its live rows"
+
+
+@pytest.mark.django_db
+def test_inside_a_transaction_where_postgresql_cannot_vacuum_the_lane_vacuum_still_analyzes() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE fleet_component")
+    for n in range(5):
+        make_component(name=f"vacuumed-{n}")
+
+    lane_vacuum()  # would raise "VACUUM cannot run inside a transaction block" if it tried
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE relname = 'fleet_component'")
+        assert cursor.fetchone()[0] == 5
 
 
 META_SMALL = scenario_config(
