@@ -10,13 +10,13 @@ import pytest
 from django.db.models import F
 
 from fleet.models import InstalledVersion, Pool
-from opsplanner.models import HostTask, OperationKind, TaskState
+from opsplanner.models import Event, HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
 from tests.builders import make_fleet
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train
-from trains.models import Cycle, Train
+from trains.models import Cycle, Pace, Train
 from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
@@ -33,16 +33,21 @@ def cycle_ended(train: Train, number: int) -> bool:
     return Cycle.objects.filter(train=train, number=number, ended_at__isnull=False).exists()
 
 
-def test_a_host_whose_execute_failed_is_not_drained_again_in_that_cycle() -> None:
+@pytest.mark.parametrize("pace", [Pace.DOMAIN, Pace.SLIDING])
+def test_a_host_whose_execute_failed_is_not_drained_again_in_that_cycle(pace: str) -> None:
     instant_simulator(execute_by_kind=FAILING)
-    pool, hosts = make_fleet(domains=2, hosts_per_domain=2, failure_buffer_hosts=4)
-    train = make_train(pool)
+    # With a planned buffer of one host, a sliding train releases its visit's hosts one at a time.
+    buffer = 1 if pace == Pace.SLIDING else None
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2, planned_buffer_hosts=buffer, failure_buffer_hosts=4)
+    train = make_train(pool, pace=pace)
     # Created first, so each drain applies it first: it fails on every host.
     upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", max_failures=100)
     bios = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
 
     drive_trains(pool, until=lambda: cycle_ended(train, 1))
 
+    if pace == Pace.SLIDING:  # the hosts went a few at a time, as each came back
+        assert Event.objects.filter(kind="train.visit_released").exists()
     assert drains_per_host(pool) == {host.pk: 1 for host in hosts}
     deferred = HostTask.objects.filter(operation__component_version=bios.component_version)
     assert set(deferred.values_list("state", "failure_code")) == {(TaskState.CANCELLED, FailureCode.DEFERRED)}
