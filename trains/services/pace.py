@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from fleet.models import Host
 from fleet.selectors.capacity import pool_capacity
@@ -59,12 +59,14 @@ def sliding_allowance(train: Train) -> int:
     return max(1, allowed)
 
 
+def train_tasks(train_id: int) -> QuerySet[HostTask]:
+    """The tasks of a train's visits, every visit of every cycle."""
+    return HostTask.objects.filter(operation__visit_link__visit__train_id=train_id)
+
+
 _HOSTS_OUT = PreparedQuery(
     lambda *, train_id: (
-        HostTask.objects.filter(operation__visit_link__visit__train_id=train_id, state__in=OPEN_TASK_STATES)
-        .order_by()
-        .values_list("host_id")
-        .distinct()
+        train_tasks(train_id).filter(state__in=OPEN_TASK_STATES).order_by().values_list("host_id").distinct()
     ),
     train_id=int,
 )
@@ -89,17 +91,11 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
     upgrade over the released hosts, with the phase the visit planned it in. Hosts of an upgrade no
     longer active (offboarded, completed) are dropped. Returns how many hosts were released. Runs in
     the train tick's transaction."""
-    pending = [
-        Step(
-            plan=UpgradePlan(
-                upgrade=active[e["upgrade"]].upgrade, phase=active[e["upgrade"]].phases[e["phase"]], allowed=set()
-            ),
-            hosts=set(e["hosts"]),
-            work_s=e["work_s"],
-        )
-        for e in visit.plan.get("unreleased", [])
-        if e["upgrade"] in active
-    ]
+    pending = []
+    for entry in visit.plan.get("unreleased", []):
+        if known := active.get(entry["upgrade"]):
+            plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[entry["phase"]], allowed=set())
+            pending.append(Step(plan=plan, hosts=set(entry["hosts"]), work_s=entry["work_s"]))
     now, rest = split_release(pending, limit)
     steps = [replace(s, hosts=s.hosts & now) for s in pending if s.hosts & now]
     plan_record = {**visit.plan, "unreleased": rest, "released": int(visit.plan.get("released", 0)) + len(now)}

@@ -48,7 +48,14 @@ from trains.services.budget import (
     train_overhead_s,
     train_sizing,
 )
-from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides, visit_release
+from trains.services.pace import (
+    ActiveUpgrade,
+    sliding_allowance,
+    train_hosts_out,
+    train_slides,
+    train_tasks,
+    visit_release,
+)
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
 from trains.services.upgrade_forecast import upgrades_deadline_check
@@ -372,10 +379,8 @@ _OTHERS_OUT = PreparedQuery(  # the pool's hosts out for planned work other than
         Host.objects.filter(pool_id=pool_id, state__in=PLANNED_OUT_STATES)
         .filter(
             ~Exists(
-                HostTask.objects.filter(
-                    host_id=OuterRef("pk"),
-                    operation__visit_link__visit__train_id=train_id,
-                    state__in=sorted(OPEN_TASK_STATES - {TaskState.PENDING}),
+                train_tasks(train_id).filter(
+                    host_id=OuterRef("pk"), state__in=sorted(OPEN_TASK_STATES - {TaskState.PENDING})
                 )
             )
         )
