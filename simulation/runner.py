@@ -9,6 +9,8 @@ or controller per pool), so each policy's pools run one by one as separate `mana
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
@@ -213,39 +215,100 @@ def _migrate(database_url: str) -> None:
         raise RuntimeError(f"migrating the scratch database failed:\n{result.stderr[-2000:]}")
 
 
+def shard_result_name(job: Job) -> str:
+    """The file of a job's result in a work directory, named by all that decides the result: the
+    configuration but for its list of policies (a shard runs one), the policy, the pools, the key and
+    the code. A rerun given the same directory so reuses exactly the shards it would compute again."""
+    decided = {name: value for name, value in job.config.as_dict().items() if name != "policies"}
+    decided.update(policy=job.policy, pools=list(job.pools), key=job.key, code=code_revision())
+    digest = hashlib.sha256(json.dumps(decided, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"shard-{re.sub(r'[^A-Za-z0-9.-]+', '_', job.key)}-{digest}.json"
+
+
+@functools.cache
+def code_revision() -> str:
+    """The checkout's commit, with a digest of its uncommitted changes if any; "unknown" outside git
+    (shards are then reused by their configuration alone)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    try:
+        revision, changes = git("rev-parse", "HEAD").strip(), git("diff", "HEAD")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{revision}+{hashlib.sha256(changes.encode()).hexdigest()[:12]}" if changes else revision
+
+
+def _result_read(path: Path) -> dict[str, Any] | None:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or unreadable: run again
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def shards_missing(jobs: list[Job], work_dir: Path) -> list[Job]:
+    """The jobs whose result an earlier run did not leave in `work_dir`."""
+    return [job for job in jobs if _result_read(work_dir / shard_result_name(job)) is None]
+
+
 def jobs_run(
-    jobs: list[Job], lanes: list[str], work_dir: Path, *, say: Callable[[str], None] = print
+    jobs: list[Job],
+    lanes: list[str],
+    work_dir: Path,
+    *,
+    reuse: bool = False,
+    say: Callable[[str], None] = print,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run the jobs, one per lane at a time; {job key: [shard results]}. A failed shard stops the run."""
+    """Run the jobs, one per lane at a time; {job key: [shard results, in job order]}. A failed shard
+    stops the run. With `reuse`, a job whose result an earlier run left in `work_dir` is not run again
+    (an interrupted simulation resumes where it stopped)."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    pending = list(enumerate(jobs))
-    running: dict[int, tuple[subprocess.Popen[bytes], Job, Path, float]] = {}
-    results: dict[str, list[dict[str, Any]]] = {}
+    done: dict[int, dict[str, Any]] = {}
+    pending: list[tuple[int, Job, Path]] = []
+    for number, job in enumerate(jobs):
+        path = work_dir / shard_result_name(job)
+        kept = _result_read(path) if reuse else None
+        if kept is None:
+            pending.append((number, job, path))
+        else:
+            done[number] = kept
+            say(f"simulate: {job.key} ({job.policy}), pools {_pools_text(job)}: kept from an earlier run")
+    if pending and not lanes:
+        raise ValueError("jobs to run but no lane to run them in")
+    running: dict[int, tuple[subprocess.Popen[bytes], int, Job, Path, float]] = {}
     try:
         while pending or running:
             free = [lane for lane in range(len(lanes)) if lane not in running]
             while free and pending:
                 lane = free.pop(0)
-                number, job = pending.pop(0)
-                result_path = work_dir / f"shard-{number:03d}.json"
+                number, job, result_path = pending.pop(0)
                 command = [
                     sys.executable, "manage.py", "simulate", "--shard", job.policy,
                     "--shard-pools", ",".join(map(str, job.pools)), "--config-json", json.dumps(job.config.as_dict()),
                     "--result", str(result_path),
                 ]  # fmt: skip
-                say(f"simulate: lane {lane}: {job.key} ({job.policy}), pools {', '.join(map(str, job.pools))}")
+                say(f"simulate: lane {lane}: {job.key} ({job.policy}), pools {_pools_text(job)}")
                 process = subprocess.Popen(command, cwd=ROOT, env=_child_env(lanes[lane]))
-                running[lane] = (process, job, result_path, time.monotonic())
+                running[lane] = (process, number, job, result_path, time.monotonic())
             time.sleep(0.2)
-            for lane, (process, job, result_path, started) in list(running.items()):
+            for lane, (process, number, job, result_path, started) in list(running.items()):
                 if process.poll() is None:
                     continue
                 del running[lane]
                 if process.returncode != 0:
                     raise RuntimeError(f"the {job.key} shard (pools {job.pools}) failed with exit {process.returncode}")
-                results.setdefault(job.key, []).append(json.loads(result_path.read_text()))
+                done[number] = json.loads(result_path.read_text())
                 say(f"simulate: lane {lane}: {job.key} done in {time.monotonic() - started:.0f} s")
     finally:
         for process, *_ in running.values():
             process.kill()
+    results: dict[str, list[dict[str, Any]]] = {}
+    for number, job in enumerate(jobs):
+        results.setdefault(job.key, []).append(done[number])
     return results
+
+
+def _pools_text(job: Job) -> str:
+    return ", ".join(map(str, job.pools))

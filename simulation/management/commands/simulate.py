@@ -11,9 +11,12 @@ Each run happens in scratch databases (never the live one); see simulation/runne
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from opsplanner.progress import Progress
 from simulation.advisor import AdvisorRequest, advice, advice_svg
 from simulation.config import POLICIES, SimulationConfig, config_fields
-from simulation.runner import default_lanes, jobs_run, scratch_databases, scratch_databases_drop, shard_jobs
+from simulation.runner import (
+    Job,
+    default_lanes,
+    jobs_run,
+    scratch_databases,
+    scratch_databases_drop,
+    shard_jobs,
+    shards_missing,
+)
 from simulation.scenarios import SCENARIOS, scenario_config, scenario_describe
 
 # Set by the what-if on the live fleet, never on the command line.
@@ -59,6 +70,13 @@ class Command(BaseCommand):
         parser.add_argument("--lanes", type=int, default=default_lanes(), help="processes in parallel")
         parser.add_argument("--out", type=Path, default=None, help="report directory (default var/simulations/…)")
         parser.add_argument("--keep-databases", action="store_true", help="keep the scratch databases afterwards")
+        parser.add_argument(
+            "--work-dir",
+            type=Path,
+            default=None,
+            help="keep each shard's result here, and reuse those an earlier run with the same configuration and "
+            "code left (an interrupted run resumes)",
+        )
         parser.add_argument("--advise", action="store_true", help="sweep domain sizes for one pool of --hosts")
         parser.add_argument("--domain-sizes", default="10,25,50,100", help="advisor: sizes to try")
         parser.add_argument("--interruption-cost", type=float, default=100.0, help="advisor: cost of one interruption")
@@ -82,6 +100,11 @@ class Command(BaseCommand):
         if not 1 <= lanes <= 16:
             raise CommandError("--lanes must be from 1 to 16")
         out = options["out"] or Path(settings.VAR_DIR) / "simulations" / time.strftime("%Y%m%d-%H%M%S")
+        if options["work_dir"] is not None:
+            try:
+                options["work_dir"].mkdir(parents=True, exist_ok=True)
+            except OSError as error:  # a file of that name, no permission, ...
+                raise CommandError(f"--work-dir: cannot use {options['work_dir']}: {error.strerror}") from None
         if options["advise"]:
             return self._advise(config, options, lanes, out)
         if options.get("from_live"):
@@ -122,21 +145,34 @@ class Command(BaseCommand):
         from simulation.report import report_text, report_write
 
         started = time.monotonic()
-        lanes = min(lanes, config.pools * len(config.policies))
         say = self._say
         say(f"simulate: {config.hosts:,} hosts in {config.pools} pools, {config.days:g} days, policies "
-            f"{', '.join(config.policies)}, scenario {config.scenario}, {lanes} lanes")  # fmt: skip
-        urls = scratch_databases(lanes)
-        try:
-            with tempfile.TemporaryDirectory() as work:
-                runs = jobs_run(shard_jobs(config), urls, Path(work), say=say)
-        finally:
-            if not options["keep_databases"]:
-                scratch_databases_drop(urls)
+            f"{', '.join(config.policies)}, scenario {config.scenario}")  # fmt: skip
+        runs = self._jobs_run(shard_jobs(config), options, lanes)
         paths = report_write(out, config, runs)
         summary = json.loads(paths["summary.json"].read_text())
         self.stdout.write(json.dumps(summary, indent=1) if options["json"] else report_text(summary))
         say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
+
+    def _jobs_run(
+        self, jobs: list[Job], options: dict[str, Any], lanes: int, *, tag: str = ""
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Run the jobs on scratch lanes, in --work-dir if given (reusing the shards an earlier run
+        finished there), else in a directory that goes with the run."""
+        work_dir: Path | None = options["work_dir"]
+        to_run = jobs if work_dir is None else shards_missing(jobs, work_dir)
+        lanes = min(lanes, len(to_run))
+        if len(to_run) < len(jobs):
+            self._say(f"simulate: {len(jobs) - len(to_run)} of {len(jobs)} shards kept in {work_dir}")
+        if to_run:
+            self._say(f"simulate: {len(to_run)} shards to run, {lanes} at a time")
+        urls = scratch_databases(lanes, tag=tag) if lanes else []
+        try:
+            with _work_directory(work_dir) as work:
+                return jobs_run(jobs, urls, work, reuse=work_dir is not None, say=self._say)
+        finally:
+            if not options["keep_databases"]:
+                scratch_databases_drop(urls)
 
     def _from_live(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
         from simulation.from_live import LiveConfigError, LiveSnapshotError, live_forecast
@@ -170,14 +206,7 @@ class Command(BaseCommand):
         if problems:
             raise CommandError("; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items()))
         started = time.monotonic()
-        lanes = min(lanes, len(request.sizes))
-        urls = scratch_databases(lanes, tag="_advisor")
-        try:
-            with tempfile.TemporaryDirectory() as work:
-                results = jobs_run(request.jobs(), urls, Path(work), say=self._say)
-        finally:
-            if not options["keep_databases"]:
-                scratch_databases_drop(urls)
+        results = self._jobs_run(request.jobs(), options, lanes, tag="_advisor")
         result = advice(request, results)
         out.mkdir(parents=True, exist_ok=True)
         (out / "advice.json").write_text(json.dumps(result, indent=1, sort_keys=True))
@@ -204,11 +233,23 @@ class Command(BaseCommand):
             )
         except SimulationError as error:
             raise CommandError(str(error)) from error
-        options["result"].write_text(json.dumps(run_measure(config, log)))
+        # Written whole or not at all: a run resuming from --work-dir reuses what it finds there.
+        part = options["result"].with_name(options["result"].name + ".part")
+        part.write_text(json.dumps(run_measure(config, log)))
+        os.replace(part, options["result"])
 
     def _say(self, message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+
+
+@contextmanager
+def _work_directory(work_dir: Path | None) -> Iterator[Path]:
+    if work_dir is not None:  # made by handle()
+        yield work_dir
+        return
+    with tempfile.TemporaryDirectory() as work:
+        yield Path(work)
 
 
 def advice_text(result: dict[str, Any]) -> str:
