@@ -38,6 +38,8 @@ def run_measure(config: SimulationConfig, log: RunLog) -> dict[str, Any]:
                 rollout.outcome,
             ]
         )
+        # Aligned with "rollouts": the first forecast of each (trains; None and "" for the peers).
+        pool["forecasts"].append([hours(config, rollout.forecast_at), rollout.forecast_code])
     for kind, key in (("train.autostopped", "autostops"), ("upgrade.offboarded", "offboardings")):
         for pool_id in Event.objects.filter(kind=kind).values_list("pool_id", flat=True):
             if pool_id in pools:
@@ -79,6 +81,7 @@ def _pool_base(config: SimulationConfig, name: str) -> dict[str, Any]:
         "host_cycles_redrained": 0,
         "visits": [],
         "rollouts": [],
+        "forecasts": [],
     }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 
@@ -30,6 +30,9 @@ from simulation.scenarios import (
 )
 from simulation.world import World
 
+if TYPE_CHECKING:
+    from trains.selectors_forecast import UpgradeForecast
+
 ACTOR = "simulator"
 
 
@@ -43,6 +46,10 @@ class Rollout:
     arrived: dt.datetime
     finished: dt.datetime | None = None
     outcome: str = ""
+    # What the product forecast when the upgrade first appeared (trains only): when it would reach
+    # every host, and the forecast's code (trains.selectors_forecast.ForecastCode).
+    forecast_at: dt.datetime | None = None
+    forecast_code: str = ""
 
 
 class Policy:
@@ -82,6 +89,11 @@ class TrainsPolicy(Policy):
     label = "maintenance trains"
     pace = "domain"  # domain-synchronous; TrainsSlidingPolicy slides (a live train's own pace is not kept)
 
+    def __init__(self, config: SimulationConfig, world: World) -> None:
+        super().__init__(config, world)
+        self.unforecast: list[int] = []  # upgrades created since the last step
+        self.first_forecasts: dict[int, UpgradeForecast] = {}
+
     def setup(self) -> None:
         from trains.services.trains import train_create
 
@@ -108,7 +120,7 @@ class TrainsPolicy(Policy):
 
         duration_s = self.upgrade_known(arrival)
         pool = Pool.objects.get(pk=self.world.pool(arrival.pool).id)
-        upgrade_create(
+        upgrade = upgrade_create(
             pool=pool,
             component=arrival.component,
             version=arrival.version,
@@ -120,6 +132,7 @@ class TrainsPolicy(Policy):
             duration_s=duration_s,
             actor=ACTOR,
         )
+        self.unforecast.append(upgrade.pk)
 
     def step(self, pool_ids: set[int] | None) -> bool:
         from trains.models import Train, TrainState
@@ -131,23 +144,41 @@ class TrainsPolicy(Policy):
         changed = False
         for train_id in trains.order_by("pk").values_list("pk", flat=True):
             changed |= bool(train_tick(train_id=train_id).events)
+        self._first_forecasts_take()
         return changed
+
+    def _first_forecasts_take(self) -> None:
+        """The forecast an operator sees for each new upgrade once its train has ticked with it (the
+        instant it arrived): kept to measure the forecast against what happened. Reads only."""
+        if not self.unforecast:
+            return
+        from trains.models import Upgrade
+        from trains.selectors_forecast import upgrades_forecasts
+
+        upgrades = list(Upgrade.objects.filter(pk__in=self.unforecast).select_related("component_version"))
+        self.first_forecasts.update(upgrades_forecasts(upgrades))
+        self.unforecast = []
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState
 
         names = {pool.id: pool.name for pool in self.world.pools}
-        return [
-            Rollout(
-                pool=names[upgrade.pool_id],
-                component=upgrade.component_version.component.name,
-                version=upgrade.component_version.version,
-                arrived=upgrade.created_at,
-                finished=upgrade.finished_at if upgrade.state == UpgradeState.COMPLETED else None,
-                outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
+        rollouts = []
+        for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id"):
+            forecast = self.first_forecasts.get(upgrade.pk)
+            rollouts.append(
+                Rollout(
+                    pool=names[upgrade.pool_id],
+                    component=upgrade.component_version.component.name,
+                    version=upgrade.component_version.version,
+                    arrived=upgrade.created_at,
+                    finished=upgrade.finished_at if upgrade.state == UpgradeState.COMPLETED else None,
+                    outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
+                    forecast_at=forecast.at if forecast else None,
+                    forecast_code=str(forecast.code) if forecast else "",
+                )
             )
-            for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id")
-        ]
+        return rollouts
 
 
 class TrainsSlidingPolicy(TrainsPolicy):

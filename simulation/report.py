@@ -210,6 +210,14 @@ def _finished(row: Row) -> str:
     return DASH if row.get("rollouts") is None else f"{row['rollouts_finished']:,} / {row['rollouts']:,}"
 
 
+def _forecasts_kept(row: Row) -> str:
+    return DASH if row.get("forecasts_due") is None else f"{row['forecasts_kept']:,} / {row['forecasts_due']:,}"
+
+
+def _forecast_late(row: Row) -> str:
+    return _pair(row.get("forecast_late_median_hours"), row.get("forecast_late_p90_hours"))
+
+
 MEASURES: list[tuple[str, str, Callable[[Row], str]]] = [
     ("hosts", "hosts", _get("hosts")),
     ("drains", "drains", _get("drains")),
@@ -235,6 +243,8 @@ MEASURES: list[tuple[str, str, Callable[[Row], str]]] = [
     ("reach_24h_mean", "hosts reached per upgrade at 24 h (mean share)", _get("reach_24h_mean", 3)),
     ("reach_72h_mean", "hosts reached per upgrade at 72 h (mean share)", _get("reach_72h_mean", 3)),
     ("reach_7d_mean", "hosts reached per upgrade at 7 days (mean share)", _get("reach_7d_mean", 3)),
+    ("forecasts_kept", "upgrades done by their first forecast", _forecasts_kept),
+    ("forecast_late", "done after that forecast (median / p90 h)", _forecast_late),
     ("autostops", "autostops", _get("autostops")),
     ("offboardings", "offboardings", _get("offboardings")),
     ("hours_below_floor", "hours below floor", _get("hours_below_floor")),
@@ -327,6 +337,8 @@ def report_markdown_table(summary: dict[str, Any]) -> str:
         ("rollouts finished", _finished),
         ("hosts reached per upgrade at 72 h (mean share)", _get("reach_72h_mean", 3)),
         ("cycles that missed a keepable SLO", _get("cycles_missed_keepable")),
+        ("upgrades done by their first forecast", _forecasts_kept),
+        ("done after that forecast (median / p90 h)", _forecast_late),
         ("host-cycles drained more than once", _get("host_cycles_redrained")),
         ("hours below floor", _get("hours_below_floor")),
         ("invariant violations", _get("violations")),

@@ -4,6 +4,8 @@
   component, which supersedes it) 24 hours, 72 hours and 7 days after it arrived; None where the run
   ended before that horizon. Read from the lane's `host.version_installed` events and the versions
   the world started with, so every policy is measured by the same code.
+- forecasts kept: per upgrade, the forecast the product gave when it appeared (trains only), against
+  when every host ran it (`forecast_summary`).
 - cycles missed: the cycles that ended after their deadline (or were still open past it at the end),
   counting only cycles whose SLO is at or above the lower bound (the shortest cycle the buffers and
   visit times allow): a train cannot be blamed for a promise no schedule could keep.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -121,6 +124,37 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def forecast_summary(pools: list[dict[str, Any]], end_hours: float) -> dict[str, Any]:
+    """How the product's first forecast of each upgrade ("reaches every host by cycle N, around
+    <date>") held up: of the upgrades forecast to finish within the run, how many finished by then,
+    and how far from it they finished (hours, signed: positive is late; an unfinished one counts
+    at the run's end, so the lateness is a lower bound). None for a policy without forecasts."""
+    due: list[tuple[float, float | None]] = []
+    forecast = 0
+    for pool in pools:
+        for rollout, (at, code) in zip(pool.get("rollouts") or [], pool.get("forecasts") or [], strict=False):
+            forecast += code == "scheduled"
+            if code == "scheduled" and at is not None and at <= end_hours:
+                due.append((at, rollout[3]))
+    if not forecast:
+        return {"forecasts_due": None, "forecasts_kept": None, "forecast_late_median_hours": None,
+                "forecast_late_p90_hours": None}  # fmt: skip
+    late = sorted((end_hours if finished is None else finished) - at for at, finished in due)
+    return {
+        "forecasts_due": len(due),
+        "forecasts_kept": sum(1 for at, finished in due if finished is not None and finished <= at),
+        "forecast_late_median_hours": _quantile(late, 0.5),
+        "forecast_late_p90_hours": _quantile(late, 0.9),
+    }
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    """The nearest-rank quantile of an ordered list."""
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 2)
+
+
 def rollout_summary(config: SimulationConfig, pools: list[dict[str, Any]]) -> dict[str, Any]:
     """Over merged pools: the mean reach of the upgrades that were observed long enough at each
     horizon, and the cycles that missed an SLO they could have kept (None without cycles)."""
@@ -135,4 +169,5 @@ def rollout_summary(config: SimulationConfig, pools: list[dict[str, Any]]) -> di
     summary["cycles_missed_keepable"] = (
         sum(cycles_missed_keepable(config, pool) for pool in pools) if has_cycles else None
     )
+    summary.update(forecast_summary(pools, config.days * 24))
     return summary

@@ -211,6 +211,8 @@ def test_markdown_table():
         "rollouts finished",
         "hosts reached per upgrade at 72 h (mean share)",
         "cycles that missed a keepable SLO",
+        "upgrades done by their first forecast",
+        "done after that forecast (median / p90 h)",
         "host-cycles drained more than once",
         "hours below floor",
         "invariant violations",
