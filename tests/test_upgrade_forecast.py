@@ -200,6 +200,39 @@ def test_forecasting_six_upgrades_of_a_pool_with_a_train_costs_the_queries_of_tw
     assert queries() == for_two == FORECAST_QUERIES
 
 
+def test_the_hosts_pending_per_domain_are_those_below_the_target_or_without_the_component_within_the_scope() -> None:
+    from fleet.models import ComponentVersion
+    from fleet.services import installed_version_set
+    from tests.builders import make_version
+    from tests.trains_builders import nic_firmware
+    from trains.selectors_forecast import pool_backlogs
+
+    pool, _ = one_upgrade_per_visit()  # racks 1-3 of 2 hosts, each running bios 2.14.0 and driver 550
+    other, _ = make_fleet(domains=1, hosts_per_domain=2)  # another pool's hosts never count
+    make_train(other)
+    racks = [list(pool.hosts.filter(domain__position=n).order_by("id")) for n in (1, 2, 3)]
+    bios = {v.version: v for v in ComponentVersion.objects.filter(component__name="bios")}
+    bios["2.18.0"] = make_version(bios["2.14.0"].component, "2.18.0")
+    installed_version_set(host=racks[0][0], version=bios["2.16.0"])  # at the target
+    installed_version_set(host=racks[2][1], version=bios["2.18.0"])  # beyond it: supersedes it there
+    installed_version_set(host=racks[1][0], version=ComponentVersion.objects.get(version="560.35.03"))
+    nic_firmware()  # no host runs any nic-firmware yet
+
+    pool_wide = create(pool, "bios", "2.16.0")
+    driver = create(pool, "gpu-driver", "560.35.03")
+    nic = create(pool, "nic-firmware", "22.4")
+    rack_2 = create(pool, "bios", "2.16.0", scope=f"domain {pool.name}/rack-0002")
+    racks_of = {rack[0].domain_id: n for n, rack in enumerate(racks, start=1)}
+
+    backlog = pool_backlogs([pool.pk, other.pk], now=clock.now())[0][pool.pk]
+
+    pending = {u: {racks_of[d]: n for d, n in by_domain.items()} for u, by_domain in backlog.pending.items()}
+    assert pending[pool_wide.pk] == {1: 1, 2: 2, 3: 1}
+    assert pending[driver.pk] == {1: 2, 2: 1, 3: 2}
+    assert pending[nic.pk] == {1: 2, 2: 2, 3: 2}
+    assert pending[rack_2.pk] == {2: 2}
+
+
 def test_the_upgrade_form_takes_a_priority_a_deadline_and_a_time_per_host() -> None:
     from django.test import Client
 

@@ -36,9 +36,9 @@ from trains.services.budget import (
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
-# their active upgrades, the trains' forecasts (5), the hosts pending per domain. Scopes other than
-# a whole pool add one query each to resolve.
-FORECAST_QUERIES = 8
+# their active upgrades, the trains' forecasts (5), the domains' sizes and the installed versions per
+# domain. Scopes other than a whole pool add one query, and one each to resolve.
+FORECAST_QUERIES = 9
 
 
 class ForecastCode(models.TextChoices):
@@ -135,35 +135,93 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
 def _pending_by_domain(
     upgrades: list[Upgrade], pool_ids: list[int]
 ) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int]]:
-    """Hosts below each upgrade's target per domain, each domain's size and each pool's: one query
-    (plus one per distinct scope that is not a whole pool)."""
-    counts = {"n": Count("id")}
+    """Hosts below each upgrade's target per domain, each domain's size and each pool's: two queries
+    whatever the backlog (plus one for the upgrades whose scope is not a whole pool, and one per such
+    scope to resolve it).
+
+    The hosts at or beyond a target are counted from one histogram of the installed versions of the
+    components the upgrades touch, per domain; the rest of the domain is pending. Counting each
+    upgrade's hosts in SQL instead (a filtered count per upgrade, each probing every host) grew with
+    upgrades times hosts: 0.7 s for 32 upgrades on 1,000 hosts, against 30 ms for this."""
+    ours = [u for u in upgrades if u.pool_id in pool_ids]
+    sizes: dict[int, int] = {}
+    totals: dict[int, int] = defaultdict(int)
+    domains_of: dict[int, list[int]] = defaultdict(list)
+    for pool_id, domain_id, n in (
+        Host.objects.filter(pool_id__in=pool_ids).values_list("pool_id", "domain_id").annotate(n=Count("id")).order_by()
+    ):
+        sizes[domain_id] = n
+        totals[pool_id] += n
+        domains_of[pool_id].append(domain_id)
+    whole_pool = [u for u in ours if _scope_is_pool(u)]
+    pending: dict[int, dict[int, int]] = defaultdict(dict)
+    reached = _hosts_by_version(whole_pool, pool_ids)
+    for upgrade in whole_pool:
+        target = upgrade.component_version
+        at_or_beyond: dict[int, int] = defaultdict(int)
+        # The sort keys order as plain strings (fleet/versions.py), in Python as in SQL.
+        for domain_id, sort_key, n in reached.get((upgrade.pool_id, target.component_id), ()):
+            if sort_key >= target.sort_key:
+                at_or_beyond[domain_id] += n
+        for domain_id in domains_of[upgrade.pool_id]:
+            below = sizes[domain_id] - at_or_beyond[domain_id]
+            if below:
+                pending[upgrade.pk][domain_id] = below
+    scoped = [u for u in ours if not _scope_is_pool(u)]
+    if scoped:
+        for upgrade_id, counts in _scoped_pending(scoped, pool_ids).items():
+            pending[upgrade_id] = counts
+    return pending, sizes, totals
+
+
+def _hosts_by_version(
+    upgrades: list[Upgrade], pool_ids: list[int]
+) -> dict[tuple[int, int], list[tuple[int, str, int]]]:
+    """{(pool, component): [(domain, sort key of the installed version, hosts)]} for the components
+    of these upgrades (one query; none without upgrades)."""
+    components = sorted({u.component_version.component_id for u in upgrades})
+    if not components:
+        return {}
+    rows = (
+        InstalledVersion.objects.filter(host__pool_id__in=pool_ids, component_id__in=components)
+        .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    histogram: dict[tuple[int, int], list[tuple[int, str, int]]] = defaultdict(list)
+    for pool_id, component_id, domain_id, sort_key, n in rows:
+        histogram[(pool_id, component_id)].append((domain_id, sort_key, n))
+    return histogram
+
+
+def _scoped_pending(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[int, dict[int, int]]:
+    """Hosts below target per domain of upgrades whose scope is narrower than their pool: a filtered
+    count per upgrade (one query, plus one per scope to resolve it); such scopes are few."""
+    counts = {}
     for upgrade in upgrades:
-        if upgrade.pool_id not in pool_ids:
-            continue
         target = upgrade.component_version
         newer = InstalledVersion.objects.filter(
             host_id=OuterRef("pk"), component_id=target.component_id, version__sort_key__gte=target.sort_key
         )
         condition = Q(pool_id=upgrade.pool_id) & ~Q(Exists(newer))
         counts[f"u{upgrade.pk}"] = Count("id", filter=condition & _scope_condition(upgrade))
-    rows = Host.objects.filter(pool_id__in=pool_ids).values("pool_id", "domain_id").annotate(**counts).order_by()
+    rows = Host.objects.filter(pool_id__in=pool_ids).values("domain_id").annotate(**counts).order_by()
     pending: dict[int, dict[int, int]] = defaultdict(dict)
-    sizes: dict[int, int] = {}
-    totals: dict[int, int] = defaultdict(int)
     for row in rows:
         counted: dict[str, int] = dict(row)  # type: ignore[arg-type]  # annotated counts beside the ids
-        sizes[counted["domain_id"]] = counted["n"]
-        totals[counted["pool_id"]] += counted["n"]
         for key, value in counted.items():
             if key.startswith("u") and value:
                 pending[int(key[1:])][counted["domain_id"]] = value
-    return pending, sizes, totals
+    return pending
+
+
+def _scope_is_pool(upgrade: Upgrade) -> bool:
+    return upgrade.scope.strip() == f"pool {upgrade.pool.name}"
 
 
 def _scope_condition(upgrade: Upgrade) -> Q:
     """The upgrade's scope as a condition on hosts of its pool (the whole pool needs none)."""
-    if upgrade.scope.strip() == f"pool {upgrade.pool.name}":
+    if _scope_is_pool(upgrade):
         return Q()
     try:
         return Q(pk__in=sorted(resolve_scope(parse_scope(upgrade.scope))))

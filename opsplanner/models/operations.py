@@ -214,6 +214,13 @@ class HostTask(models.Model):
             models.Index(fields=["host", "state"], name="host_task_host_state_idx"),
             models.Index(fields=["pool_id", "state"], name="host_task_pool_state_idx"),
             models.Index(fields=["operation", "state"], name="host_task_operation_state_idx"),
+            # The open tasks, without the history: "the hosts a train has out", "any open task" and
+            # the like scanned every task ever made (a seq scan growing with the table, every tick).
+            models.Index(
+                fields=["operation", "host"],
+                name="host_task_open_idx",
+                condition=Q(state__in=sorted(OPEN_TASK_STATES)),
+            ),
         ]
 
     def __str__(self) -> str:
