@@ -233,6 +233,50 @@ def test_the_hosts_pending_per_domain_are_those_below_the_target_or_without_the_
     assert pending[rack_2.pk] == {2: 2}
 
 
+def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domains_next_visits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opsplanner.models import HostTask, TaskState
+    from tests.driving import drive_trains
+    from trains.selectors_forecast import hosts_missed, trains_missed_share
+
+    # Cycle 1 runs a BIOS release whose execution fails on every host (kept on by its policy).
+    instant_simulator(execute_by_kind={"upgrade:bios:2.16.0": {"failure_rate": 1.0}})
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, failure_buffer_hosts=6)  # every host may be in repair
+    train = make_train(pool, cycle_slo_s=5400, visit_overhead_s=600)
+    create(pool, "bios", "2.16.0", max_failures=100)
+    drive_trains(pool, until=lambda: Cycle.objects.filter(train=train, number=1, ended_at__isnull=False).exists())
+    assert set(HostTask.objects.filter(pool_id=pool.pk).values_list("state", flat=True)) >= {TaskState.FAILED}
+    instant_simulator()  # mended; the forecasts below only read
+    driver = create(pool, "gpu-driver", "560.35.03", priority=900)  # first in line: the bios waits behind it
+
+    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 10**6)  # not measured: every host succeeds
+    as_if_none_missed = forecast_of(driver)
+    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 1)
+    share = trains_missed_share([train.pk], now=clock.now())[train.pk]
+    expected = forecast_of(driver)
+
+    failed = HostTask.objects.filter(pool_id=pool.pk, state=TaskState.FAILED).count()
+    assert share == failed / HostTask.objects.filter(pool_id=pool.pk, operation__visit_link__isnull=False).count()
+    assert hosts_missed(share, 6) >= 1
+    # Its 6 hosts are all visited in the next cycle; those missed wait for their domains' visits a cycle later.
+    assert (as_if_none_missed.code, expected.code) == (ForecastCode.SCHEDULED, ForecastCode.SCHEDULED)
+    assert expected.cycle == as_if_none_missed.cycle + 1
+    assert expected.at > as_if_none_missed.at
+    assert f"with the {hosts_missed(share, 6)} hosts its visits are expected to miss taken again" in expected.text
+
+
+def test_no_host_is_expected_missed_while_fewer_than_half_a_host_would_be() -> None:
+    from trains.selectors_forecast import hosts_missed
+
+    assert [hosts_missed(0.004, 100), hosts_missed(0.005, 100), hosts_missed(0.006, 1000), hosts_missed(1.0, 6)] == [
+        0,
+        1,
+        6,
+        6,
+    ]
+
+
 def test_the_upgrade_form_takes_a_priority_a_deadline_and_a_time_per_host() -> None:
     from django.test import Client
 

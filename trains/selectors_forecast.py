@@ -5,13 +5,17 @@ The coming visits are played forward on rows read once (a fixed number of querie
 host or upgrade): the open cycle's remaining visits at the train forecast's times, then whole cycles
 in the train's domain order. Each visit takes, as the train tick does (trains/services/budget.py),
 the pending upgrades of its domain that fit its budget in (priority, deadline, age) order, the newest
-release of a component standing in for the older ones it supersedes. Approximations: rollout phases
-are assumed to graduate on time, and hosts of different upgrades in one domain overlap.
+release of a component standing in for the older ones it supersedes. A visit misses some hosts (a
+failed execution, a check that failed, work deferred to the next cycle): as many as the train's
+recent visits missed are taken again at their domains' next visits (`hosts_missed`). Approximations:
+rollout phases are assumed to graduate on time, hosts of different upgrades in one domain overlap,
+and the missed hosts are spread evenly over the domains the upgrade had hosts pending in.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import defaultdict
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -22,6 +26,8 @@ from django.db.models import Count, Exists, OuterRef, Q
 
 from fleet.models import Host, InstalledVersion
 from opsplanner import clock
+from opsplanner.models import HostTask, TaskState
+from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import TrainForecast
@@ -36,9 +42,15 @@ from trains.services.budget import (
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
-# their active upgrades, the trains' forecasts (5), the domains' sizes and the installed versions per
-# domain. Scopes other than a whole pool add one query, and one each to resolve.
-FORECAST_QUERIES = 9
+# their active upgrades, the trains' forecasts (5), the domains' sizes, the installed versions per
+# domain and what the recent visits missed. Scopes other than a whole pool add one query, and one
+# each to resolve.
+FORECAST_QUERIES = 10
+MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
+MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
+# A task that left its host below the target for this pass: failed (whatever failed), or deferred to
+# the next cycle. Superseded or cancelled work is not a miss.
+_MISSED = Q(state=TaskState.FAILED) | Q(state=TaskState.CANCELLED, failure_code=FailureCode.DEFERRED)
 
 
 class ForecastCode(models.TextChoices):
@@ -71,6 +83,7 @@ class PoolBacklog:
     upgrades: list[Upgrade]
     pending: dict[int, dict[int, int]]  # upgrade -> domain -> hosts below target
     cycle_number: int
+    missed_share: float = 0.0  # of the hosts its recent visits took, the share they missed (trains_missed_share)
 
 
 @dataclass
@@ -90,6 +103,12 @@ class _Visit:
 class _State:
     remaining: dict[int, dict[int, int]]
     done: dict[int, tuple[int, dt.datetime]] = field(default_factory=dict)
+    # What taking the missed hosts again needs: the hosts pending per domain when the play started,
+    # the train's domain order, the share its visits miss, and the upgrades whose misses were added.
+    first: dict[int, dict[int, int]] = field(default_factory=dict)
+    stops: list[int] = field(default_factory=list)
+    missed_share: float = 0.0
+    again: set[int] = field(default_factory=set)
 
 
 def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, PoolBacklog], list[Upgrade]]:
@@ -108,6 +127,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
         return {}, upgrades
     forecasts, visits = trains_forecasts_with_visits(trains, now=now)
     pending, sizes, totals = _pending_by_domain(upgrades, [t.pool_id for t in trains])
+    missed = trains_missed_share([t.pk for t in trains], now=now)
     backlogs = {}
     for train in trains:
         forecast = forecasts[train.pk]
@@ -128,8 +148,34 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             upgrades=[u for u in upgrades if u.pool_id == train.pool_id],
             pending={u.pk: pending.get(u.pk, {}) for u in upgrades if u.pool_id == train.pool_id},
             cycle_number=forecast.last_cycle_number,
+            missed_share=missed.get(train.pk, 0.0),
         )
     return backlogs, upgrades
+
+
+def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
+    """Per train, of the tasks of its visits that ended within MISSED_WINDOW, the share that left
+    their host below the target for that pass (failed, or deferred); such a host is taken again at
+    its domain's next visit. Trains with fewer than MISSED_MIN_TASKS such tasks are left out (one query)."""
+    visit = "operation__visit_link__visit__"
+    rows = (
+        HostTask.objects.filter(
+            **{f"{visit}train_id__in": train_ids, f"{visit}ended_at__gte": now - MISSED_WINDOW},
+            state__in=[TaskState.DONE, TaskState.HANDED_OVER, TaskState.FAILED, TaskState.CANCELLED],
+        )
+        .exclude(state=TaskState.CANCELLED, failure_code__in=[FailureCode.CANCELLED, FailureCode.SUPERSEDED])
+        .values_list(f"{visit}train_id")
+        .annotate(finished=Count("id"), missed=Count("id", filter=_MISSED))
+        .order_by()
+    )
+    return {train_id: missed / finished for train_id, finished, missed in rows if finished >= MISSED_MIN_TASKS}
+
+
+def hosts_missed(share: float, hosts: int) -> int:
+    """How many of `hosts` a pass of visits is expected to miss at the measured share: none while
+    fewer than half a host is expected (the forecast reads as if every host succeeds)."""
+    expected = share * hosts
+    return 0 if expected < 0.5 else min(hosts, max(1, round(expected)))
 
 
 def _pending_by_domain(
@@ -271,8 +317,32 @@ def _coming_visits(
 
 def _note_done(state: _State, upgrades: dict[int, Upgrade], cycle: int, at: dt.datetime) -> None:
     for upgrade_id, left in state.remaining.items():
-        if upgrade_id not in state.done and sum(left.values()) == 0:
+        if upgrade_id in state.done or sum(left.values()) > 0:
+            continue
+        again = _taken_again(state, upgrade_id)
+        if again:
+            state.remaining[upgrade_id] = again
+        else:
             state.done[upgrade_id] = (cycle, at)
+
+
+def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
+    """Once an upgrade's pending hosts were all visited: the hosts its visits are expected to have
+    missed, per domain, which their domains' next visits take again (once; none if none expected).
+    Spread evenly over the domains it had hosts pending in, so the last of n missed hosts lies about
+    n / (n + 1) of the way through the next pass, where the last of n scattered at random would."""
+    if upgrade_id in state.again:
+        return {}
+    state.again.add(upgrade_id)
+    first = state.first.get(upgrade_id, {})
+    domains = [d for d in state.stops if first.get(d)]
+    missed = hosts_missed(state.missed_share, sum(first.values()))
+    again: dict[int, int] = defaultdict(int)
+    for i in range(1, missed + 1):
+        domain = domains[min(len(domains) - 1, math.ceil(i * len(domains) / (missed + 1)) - 1)]
+        if again[domain] < first[domain]:
+            again[domain] += 1
+    return dict(again)
 
 
 def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
@@ -316,7 +386,12 @@ def play_forward(
     `priorities` overrides some upgrades' priority (what-if: would a higher one meet a deadline?)."""
     upgrades = [_with_priority(u, (priorities or {}).get(u.pk)) for u in backlog.upgrades]
     by_id = {u.pk: u for u in upgrades}
-    state = _State(remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades})
+    state = _State(
+        remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
+        first={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
+        stops=[d.domain_id for d in sorted(backlog.forecast.domains, key=lambda d: d.position)],
+        missed_share=backlog.missed_share,
+    )
     _note_done(state, by_id, backlog.cycle_number or 1, now)
     visits = _coming_visits(backlog, now, state, by_id)
     cost = None
@@ -357,6 +432,12 @@ def _forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dict) -> U
     cycle, at = done[upgrade.pk]
     met = None if upgrade.deadline is None else at <= upgrade.deadline
     text = f"reaches every host by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
+    missed = hosts_missed(backlog.missed_share, sum(backlog.pending.get(upgrade.pk, {}).values()))
+    if missed:
+        text += (
+            f", with the {missed} hosts its visits are expected to miss taken again "
+            f"(recent visits missed {backlog.missed_share:.1%} of their hosts)"
+        )
     if met is not None:
         text += f"; {'meets' if met else 'misses'} its deadline {upgrade.deadline:%Y-%m-%d %H:%M} UTC"
     return UpgradeForecast(upgrade.pk, ForecastCode.SCHEDULED, cycle=cycle, at=at, deadline_met=met, text=text)
