@@ -256,7 +256,7 @@ def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domain
     share = trains_missed_share([train.pk], now=clock.now())[train.pk]
     expected = forecast_of(driver)
 
-    failed = HostTask.objects.filter(pool_id=pool.pk, state=TaskState.FAILED).count()
+    failed = HostTask.objects.filter(pool_id=pool.pk, state=TaskState.FAILED, failure_code="execute_failed").count()
     assert share == failed / HostTask.objects.filter(pool_id=pool.pk, operation__visit_link__isnull=False).count()
     assert hosts_missed(share, 6) >= 1
     # Its 6 hosts are all visited in the next cycle; those missed wait for their domains' visits a cycle later.
@@ -264,6 +264,25 @@ def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domain
     assert expected.cycle == as_if_none_missed.cycle + 1
     assert expected.at > as_if_none_missed.at
     assert f"with the {hosts_missed(share, 6)} hosts its visits are expected to miss taken again" in expected.text
+
+
+def test_a_host_whose_check_failed_after_the_install_is_not_a_missed_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsplanner.models import HostTask, TaskState
+    from tests.driving import drive_trains
+    from trains.selectors_forecast import trains_missed_share
+
+    instant_simulator(verify_failure_rate=1.0)
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, failure_buffer_hosts=6)
+    train = make_train(pool, cycle_slo_s=5400, visit_overhead_s=600)
+    create(pool, "bios", "2.16.0", max_failures=100)
+    failed = HostTask.objects.filter(pool_id=pool.pk, state=TaskState.FAILED, operation__visit_link__isnull=False)
+    drive_trains(pool, until=failed.exists)  # a check failed after the install
+    instant_simulator()  # the repairs' own checks pass: the hosts come back and the cycle ends
+    drive_trains(pool, until=lambda: Cycle.objects.filter(train=train, number=1, ended_at__isnull=False).exists())
+    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 1)
+
+    assert set(failed.values_list("failure_code", flat=True)) == {"check_failed"}
+    assert trains_missed_share([train.pk], now=clock.now()) == {train.pk: 0.0}
 
 
 def test_no_host_is_expected_missed_while_fewer_than_half_a_host_would_be() -> None:
