@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Q
 
 from fleet.models import Host, InstalledVersion
 from opsplanner import clock
@@ -39,12 +39,12 @@ from trains.services.budget import (
     sizing_within_cycle,
     upgrade_order_key,
 )
+from trains.services.upgrades import hosts_below_target
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
 # their active upgrades, the trains' forecasts (5), the domains' sizes, the installed versions per
-# domain and what the recent visits missed. Scopes other than a whole pool add one query, and one
-# each to resolve.
+# domain and what the recent visits missed. An upgrade whose scope is narrower than its pool adds two.
 FORECAST_QUERIES = 10
 MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
 MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
@@ -186,8 +186,7 @@ def _pending_by_domain(
     upgrades: list[Upgrade], pool_ids: list[int]
 ) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int]]:
     """Hosts below each upgrade's target per domain, each domain's size and each pool's: two queries
-    whatever the backlog (plus one for the upgrades whose scope is not a whole pool, and one per such
-    scope to resolve it).
+    whatever the backlog (plus two per upgrade whose scope is narrower than its pool).
 
     The hosts at or beyond a target are counted from one histogram of the installed versions of the
     components the upgrades touch, per domain; the rest of the domain is pending. Counting each
@@ -203,8 +202,9 @@ def _pending_by_domain(
         sizes[domain_id] = n
         totals[pool_id] += n
         domains_of[pool_id].append(domain_id)
-    whole_pool = [u for u in ours if _scope_is_pool(u)]
-    pending: dict[int, dict[int, int]] = defaultdict(dict)
+    scoped, unresolved = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
+    whole_pool = [u for u in ours if _scope_is_pool(u)] + unresolved
+    pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
     reached = _hosts_by_version(whole_pool, pool_ids)
     for upgrade in whole_pool:
         target = upgrade.component_version
@@ -217,10 +217,6 @@ def _pending_by_domain(
             below = sizes[domain_id] - at_or_beyond[domain_id]
             if below:
                 pending[upgrade.pk][domain_id] = below
-    scoped = [u for u in ours if not _scope_is_pool(u)]
-    if scoped:
-        for upgrade_id, counts in _scoped_pending(scoped, pool_ids).items():
-            pending[upgrade_id] = counts
     return pending, sizes, totals
 
 
@@ -244,39 +240,31 @@ def _hosts_by_version(
     return histogram
 
 
-def _scoped_pending(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[int, dict[int, int]]:
-    """Hosts below target per domain of upgrades whose scope is narrower than their pool: a filtered
-    count per upgrade (one query, plus one per scope to resolve it); such scopes are few."""
-    counts = {}
+def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]], list[Upgrade]]:
+    """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
+    queries each: such scopes are few), by hosts_below_target; and the upgrades whose scope no
+    longer resolves, which the forecast takes as their whole pool."""
+    pending: dict[int, dict[int, int]] = {}
+    unresolved = []
     for upgrade in upgrades:
-        target = upgrade.component_version
-        newer = InstalledVersion.objects.filter(
-            host_id=OuterRef("pk"), component_id=target.component_id, version__sort_key__gte=target.sort_key
+        try:
+            scope = resolve_scope(parse_scope(upgrade.scope))
+        except ValidationError:
+            unresolved.append(upgrade)
+            continue
+        rows = (
+            hosts_below_target(upgrade, scope)
+            .filter(pool_id=upgrade.pool_id)
+            .values_list("domain_id")
+            .annotate(n=Count("id"))
+            .order_by()
         )
-        condition = Q(pool_id=upgrade.pool_id) & ~Q(Exists(newer))
-        counts[f"u{upgrade.pk}"] = Count("id", filter=condition & _scope_condition(upgrade))
-    rows = Host.objects.filter(pool_id__in=pool_ids).values("domain_id").annotate(**counts).order_by()
-    pending: dict[int, dict[int, int]] = defaultdict(dict)
-    for row in rows:
-        counted: dict[str, int] = dict(row)  # type: ignore[arg-type]  # annotated counts beside the ids
-        for key, value in counted.items():
-            if key.startswith("u") and value:
-                pending[int(key[1:])][counted["domain_id"]] = value
-    return pending
+        pending[upgrade.pk] = dict(rows)
+    return pending, unresolved
 
 
 def _scope_is_pool(upgrade: Upgrade) -> bool:
     return upgrade.scope.strip() == f"pool {upgrade.pool.name}"
-
-
-def _scope_condition(upgrade: Upgrade) -> Q:
-    """The upgrade's scope as a condition on hosts of its pool (the whole pool needs none)."""
-    if _scope_is_pool(upgrade):
-        return Q()
-    try:
-        return Q(pk__in=sorted(resolve_scope(parse_scope(upgrade.scope))))
-    except ValidationError:
-        return Q()  # a scope that no longer resolves: the forecast takes the whole pool
 
 
 # --- playing the visits forward ---------------------------------------------------------------------
