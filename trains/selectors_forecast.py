@@ -6,8 +6,8 @@ host or upgrade): the open cycle's remaining visits at the train forecast's time
 in the train's domain order. Each visit takes, as the train tick does (trains/services/budget.py),
 the pending upgrades of its domain that fit its budget in (priority, deadline, age) order, the newest
 release of a component standing in for the older ones it supersedes. A visit misses some hosts (a
-failed execution, a check that failed, work deferred to the next cycle): as many as the train's
-recent visits missed are taken again at their domains' next visits (`hosts_missed`). Approximations:
+failed drain or execution, work deferred to the next cycle): as many as the train's recent visits
+missed are taken again at their domains' next visits (`hosts_missed`). Approximations:
 rollout phases are assumed to graduate on time, hosts of different upgrades in one domain overlap,
 and the missed hosts are spread evenly over the domains the upgrade had hosts pending in.
 """
