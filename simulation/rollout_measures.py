@@ -28,6 +28,7 @@ from opsplanner.models import Event
 from simulation.config import SimulationConfig
 from simulation.engine import RunLog
 from simulation.policies import Rollout
+from trains.selectors_forecast import ForecastCode
 
 REACH_HOURS = (24, 72, 168)
 REACH_KEYS = ("reach_24h", "reach_72h", "reach_7d")
@@ -133,8 +134,8 @@ def forecast_summary(pools: list[dict[str, Any]], end_hours: float) -> dict[str,
     forecast = 0
     for pool in pools:
         for rollout, (at, code) in zip(pool.get("rollouts") or [], pool.get("forecasts") or [], strict=False):
-            forecast += code == "scheduled"
-            if code == "scheduled" and at is not None and at <= end_hours:
+            forecast += code == ForecastCode.SCHEDULED
+            if code == ForecastCode.SCHEDULED and at is not None and at <= end_hours:
                 due.append((at, rollout[3]))
     if not forecast:
         return {"forecasts_due": None, "forecasts_kept": None, "forecast_late_median_hours": None,
