@@ -37,13 +37,14 @@ from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.run import pools_with_work
 from simulation.config import Failure, SimulationConfig, Workload
 from simulation.policies import POLICY_CLASSES, Policy
-from simulation.runner import lane_analyze, lane_vacuum
+from simulation.runner import lane_analyze, lane_tables, lane_vacuum
 from simulation.world import World, world_create
 
 IDLE_STEP = dt.timedelta(hours=6)  # with work open but nothing due, look again this often (timers, soaks)
 ROUNDS_PER_TICK = 6
 CHECK_EVERY_TICKS = 500
 VACUUM_EVERY = dt.timedelta(hours=6)  # of simulated time: the lane's tables vacuumed (runner.lane_vacuum)
+EVENTS_ANALYZED_EVERY = dt.timedelta(hours=24)  # the append-only event table's statistics, less often
 
 
 class SimulationError(Exception):
@@ -99,14 +100,7 @@ def scratch_database_check() -> None:
 def tables_reset() -> None:
     """Empty every product table (fleet, core, trains) of the scratch database."""
     scratch_database_check()
-    from django.apps import apps
-
-    tables = [
-        model._meta.db_table
-        for app in ("fleet", "opsplanner", "trains")
-        for model in apps.get_app_config(app).get_models(include_auto_created=True)
-    ]
-    statements = connection.ops.sql_flush(no_style(), tables, reset_sequences=True, allow_cascade=True)
+    statements = connection.ops.sql_flush(no_style(), lane_tables(), reset_sequences=True, allow_cascade=True)
     if connection.vendor == "postgresql" and connection.in_atomic_block:
         with connection.cursor() as cursor:  # TRUNCATE refuses while deferred checks are pending
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
@@ -209,7 +203,7 @@ def _loop(
     )
     total = (config.end - config.start).total_seconds()
     last_full = config.start - IDLE_STEP
-    last_vacuum = config.start
+    last_vacuum = last_events_analyzed = config.start
     next_due: dt.datetime | None = None
     while virtual.now <= config.end:
         now = virtual.now
@@ -232,8 +226,10 @@ def _loop(
             _sample(log, now)
         log.ticks += 1
         if now - last_vacuum >= VACUUM_EVERY:
-            lane_vacuum()
+            events = now - last_events_analyzed >= EVENTS_ANALYZED_EVERY
+            lane_vacuum(events=events)
             last_vacuum = now
+            last_events_analyzed = now if events else last_events_analyzed
         if log.ticks % CHECK_EVERY_TICKS == 0:
             log.violations.extend(str(v) for v in check_invariants())
             log.invariant_checks += 1

@@ -163,6 +163,25 @@ def test_the_lane_vacuum_reclaims_the_dead_rows_of_the_lanes_tables_where_autova
     assert tuples == 6, "and analyzed: the planner knows its live rows"
 
 
+def _vacuums_of(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = %s", [table])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lane_vacuum_can_leave_out_the_append_only_event_table() -> None:
+    hosts_before, events_before = _vacuums_of("fleet_host"), _vacuums_of("opsplanner_event")
+
+    lane_vacuum(events=False)
+
+    assert _vacuums_of("fleet_host") == hosts_before + 1, "the tables the work updates are vacuumed"
+    assert _vacuums_of("opsplanner_event") == events_before, "the event table is left for a later round"
+    lane_vacuum()
+    assert _vacuums_of("opsplanner_event") == events_before + 1
+
+
 @pytest.mark.django_db
 def test_inside_a_transaction_where_postgresql_cannot_vacuum_the_lane_vacuum_still_analyzes() -> None:
     with connection.cursor() as cursor:

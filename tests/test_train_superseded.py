@@ -142,3 +142,26 @@ def test_a_higher_priority_n_plus_one_is_not_followed_by_n_in_the_same_drain() -
     drive(pool)
 
     assert installed_bios(pool) == {"2.18.0"}
+
+
+def test_an_upgrade_stays_unfinished_while_a_host_of_its_scope_runs_neither_its_target_nor_newer(
+    django_assert_num_queries: object,
+) -> None:
+    from fleet.services import installed_version_set
+    from trains.services.upgrades import hosts_below_target, upgrades_unfinished
+
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)  # both run bios 2.14.0
+    bios = {v.version: v for v in ComponentVersion.objects.filter(component__name="bios")}
+    bios["2.18.0"] = bios_2_18()
+    to_2_16 = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+    to_2_18 = upgrade_create(pool=pool, component="bios", version="2.18.0", reason="rollout")
+    scope = [h.pk for h in hosts]
+    installed_version_set(host=hosts[0], version=bios["2.16.0"])
+    installed_version_set(host=hosts[1], version=bios["2.18.0"])  # supersedes 2.16.0 there
+
+    with django_assert_num_queries(1):  # type: ignore[operator]
+        unfinished = upgrades_unfinished([to_2_16, to_2_18], scope)
+
+    assert unfinished == {to_2_18.pk}, "2.16.0 is done: one host runs it, the other a newer release"
+    assert {u.pk for u in (to_2_16, to_2_18) if hosts_below_target(u, scope).exists()} == unfinished
+    assert upgrades_unfinished([to_2_16, to_2_18], []) == set(), "no hosts, nothing below target"

@@ -60,13 +60,13 @@ from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, p
 from trains.services.trains import train_set_state
 from trains.services.upgrade_forecast import upgrades_deadline_check
 from trains.services.upgrades import (
-    hosts_below_target,
     phase_host_sets,
     upgrade_offboard,
     upgrade_scope_hosts,
     upgrades_phase_failures,
     upgrades_phase_successes,
     upgrades_phases,
+    upgrades_unfinished,
 )
 from trains.services.visits import (
     UpgradePlan,
@@ -240,15 +240,19 @@ def _upgrades_progress_step(
 ) -> list[UpgradePlan]:
     """Complete the upgrades every host has, graduate phases; the plans of the others."""
     scopes: dict[str, list[int]] = {}
+    unfinished: set[int] = set()
+    for entry in active:  # the upgrades of a pool mostly share one scope ("pool X"): a query per scope
+        if entry.upgrade.scope not in scopes:
+            scopes[entry.upgrade.scope] = upgrade_scope_hosts(entry.upgrade)
+            sharing = [a.upgrade for a in active if a.upgrade.scope == entry.upgrade.scope]
+            unfinished |= upgrades_unfinished(sharing, scopes[entry.upgrade.scope])
     plans = []
     for entry in active:
         upgrade, phases, phase = entry.upgrade, entry.phases, entry.phase
-        if upgrade.scope not in scopes:  # the upgrades of a pool mostly share one scope ("pool X")
-            scopes[upgrade.scope] = upgrade_scope_hosts(upgrade)
         scope = scopes[upgrade.scope]
         # Done when every host runs the target or newer: a newer release of the component that
         # reached a host first supersedes this upgrade there (the train never takes a host back down).
-        if not hosts_below_target(upgrade, scope).exists():
+        if upgrade.pk not in unfinished:
             _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version} or newer")
             report.events.append(f"completed upgrade {upgrade.pk}")
             continue

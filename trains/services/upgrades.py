@@ -35,7 +35,7 @@ from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_cancel, operation_submit
-from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState
+from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
 
@@ -311,17 +311,22 @@ def upgrade_tasks(upgrade: Upgrade, *, phase: int | None = None) -> QuerySet[Hos
     return tasks if phase is None else tasks.filter(operation__visit_link__phase=phase)
 
 
+def _phase_operations() -> QuerySet[VisitOperation, Any]:
+    """The operations of a phase, for a subquery of a subquery on UpgradePhase rows. Straight from
+    the visits' links: joined through the operations table, PostgreSQL hashed every operation ever
+    made at each count (a cost that grew with the run)."""
+    return VisitOperation.objects.filter(
+        upgrade_id=OuterRef(OuterRef("upgrade_id")), phase=OuterRef(OuterRef("position"))
+    ).values("operation_id")
+
+
 def phase_failures() -> Coalesce:
     """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
     (the one definition: the train tick, offboarding and the pages all count with it). A failed task
     of the phase's operations counts if it failed since the phase (re)started (a re-onboarded phase
     counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT)."""
     failed = (
-        HostTask.objects.filter(
-            operation__visit_link__upgrade_id=OuterRef("upgrade_id"),
-            operation__visit_link__phase=OuterRef("position"),
-            state=TaskState.FAILED,
-        )
+        HostTask.objects.filter(operation_id__in=_phase_operations(), state=TaskState.FAILED)
         .filter(Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at")))
         .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
     )
@@ -349,14 +354,34 @@ def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradeP
     return dict(_PHASE_FAILURES.rows(ids=[current[u.pk].pk for u in upgrades]))
 
 
+def _below(host_ids: Iterable[int], *, component: Any, sort_key: Any) -> QuerySet[Host]:
+    """The hosts among `host_ids` that run no version of `component` at or beyond `sort_key` (values
+    or references to an enclosing query): the one definition of a host below an upgrade's target."""
+    at_or_beyond = InstalledVersion.objects.filter(
+        host_id=OuterRef("pk"), component_id=component, version__sort_key__gte=sort_key
+    )
+    return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(at_or_beyond))
+
+
 def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Host]:
     """The hosts among `host_ids` that run neither the upgrade's target nor a newer version of its
     component (a newer release that reached a host first supersedes the upgrade there)."""
     target = upgrade.component_version
-    at_or_beyond = InstalledVersion.objects.filter(
-        host_id=OuterRef("pk"), component_id=target.component_id, version__sort_key__gte=target.sort_key
+    return _below(host_ids, component=target.component_id, sort_key=target.sort_key)
+
+
+def upgrades_unfinished(upgrades: Iterable[Upgrade], host_ids: Iterable[int]) -> set[int]:
+    """The upgrades among these that still have a host of `host_ids` below their target (as
+    hosts_below_target says), in one query: the train tick asks it of every active upgrade."""
+    below = _below(
+        host_ids,
+        component=OuterRef(OuterRef("component_version__component_id")),
+        sort_key=OuterRef(OuterRef("component_version__sort_key")),
     )
-    return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(at_or_beyond))
+    ids = [u.pk for u in upgrades]
+    if not ids:
+        return set()
+    return set(Upgrade.objects.filter(pk__any=ids).filter(Exists(below)).values_list("id", flat=True))
 
 
 def phase_successes() -> Coalesce:
@@ -366,8 +391,7 @@ def phase_successes() -> Coalesce:
     service, and it runs the target or a newer version of the component (a newer release that
     reached it supersedes the upgrade)."""
     succeeded = HostTask.objects.filter(
-        operation__visit_link__upgrade_id=OuterRef("upgrade_id"),
-        operation__visit_link__phase=OuterRef("position"),
+        operation_id__in=_phase_operations(),
         state__in=[TaskState.DONE, TaskState.HANDED_OVER],
         host__state=HostState.IN_SERVICE,
         host__installed_versions__component_id=OuterRef("upgrade__component_version__component_id"),
