@@ -2,7 +2,10 @@
 
 Versions are dotted numbers with an optional pre-release suffix ("560.35.03", "12.4.1-rc2"). The
 sort key pads every number and always has six parts, so comparisons can run in SQL on any database
-("hosts running the GPU driver below 560") and a pre-release sorts before its release.
+("hosts running the GPU driver below 560") and a pre-release sorts before its release. SQL compares
+the keys byte by byte: on PostgreSQL the column's collation is "C" whatever the database's locale
+(fleet migration 0010: a locale that ignores punctuation put "1.0-rc1" after "1.0"); SQLite
+compares text that way by default.
 """
 
 from __future__ import annotations
