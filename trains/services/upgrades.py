@@ -354,13 +354,19 @@ def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradeP
     return dict(_PHASE_FAILURES.rows(ids=[current[u.pk].pk for u in upgrades]))
 
 
+def _at_or_beyond(path: str, *, component: Any, sort_key: Any) -> Q:
+    """An installed version (at `path` from the rows filtered, "" for InstalledVersion rows) of
+    `component` at or beyond `sort_key` (values, or references to the enclosing queries): the one
+    definition of a host that runs an upgrade's target or a newer release of its component."""
+    return Q(**{f"{path}component_id": component, f"{path}version__sort_key__gte": sort_key})
+
+
 def _below(host_ids: Iterable[int], *, component: Any, sort_key: Any) -> QuerySet[Host]:
-    """The hosts among `host_ids` that run no version of `component` at or beyond `sort_key` (values
-    or references to an enclosing query): the one definition of a host below an upgrade's target."""
-    at_or_beyond = InstalledVersion.objects.filter(
-        host_id=OuterRef("pk"), component_id=component, version__sort_key__gte=sort_key
+    """The hosts among `host_ids` below the target `component` at `sort_key` (see _at_or_beyond)."""
+    reached = InstalledVersion.objects.filter(
+        _at_or_beyond("", component=component, sort_key=sort_key), host_id=OuterRef("pk")
     )
-    return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(at_or_beyond))
+    return Host.objects.filter(pk__any=sorted(host_ids)).filter(~Exists(reached))
 
 
 def hosts_below_target(upgrade: Upgrade, host_ids: Iterable[int]) -> QuerySet[Host]:
@@ -391,11 +397,14 @@ def phase_successes() -> Coalesce:
     service, and it runs the target or a newer version of the component (a newer release that
     reached it supersedes the upgrade)."""
     succeeded = HostTask.objects.filter(
+        _at_or_beyond(
+            "host__installed_versions__",
+            component=OuterRef("upgrade__component_version__component_id"),
+            sort_key=OuterRef("upgrade__component_version__sort_key"),
+        ),
         operation_id__in=_phase_operations(),
         state__in=[TaskState.DONE, TaskState.HANDED_OVER],
         host__state=HostState.IN_SERVICE,
-        host__installed_versions__component_id=OuterRef("upgrade__component_version__component_id"),
-        host__installed_versions__version__sort_key__gte=OuterRef("upgrade__component_version__sort_key"),
     )
     count = (
         succeeded.order_by()
