@@ -7,6 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
+from trains.services.budget import Correction
 
 RECENT_VISITS = 10
 
@@ -33,7 +34,12 @@ class TrainForecast:
     meets_slo: bool = True
     miss_cause: str = ""
     last_cycle_number: int = 0  # the open cycle's, else the last one's (0: none yet)
-    factor: float = 1.0  # recent visits' real length against their planned cost (budget.measured_correction)
+    # Recent visits' real length against their planned cost (budget.measured_correction).
+    correction: Correction = field(default_factory=Correction)
+
+    @property
+    def factor(self) -> float:
+        return self.correction.factor
 
 
 def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:

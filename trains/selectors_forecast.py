@@ -32,7 +32,6 @@ from opsplanner.scopes import parse_scope, resolve_scope
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import TrainForecast
 from trains.services.budget import (
-    Correction,
     VisitSizing,
     select_within_budget,
     sizing_for,
@@ -142,7 +141,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             domains=len(domain_ids),
             largest_domain=largest,
             planned_buffer=train.pool.buffers_for(totals.get(train.pool_id, 0)).planned,
-            correction=Correction(factor=forecast.factor),
+            correction=forecast.correction,
         )
         backlogs[train.pool_id] = PoolBacklog(
             train=train,

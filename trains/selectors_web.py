@@ -29,7 +29,14 @@ from trains.models import (
 )
 from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
-from trains.services.budget import HOST_TIME_KEY, factor_from, train_overhead_s, visits_host_time
+from trains.services.budget import (
+    MEASURED_FIELDS,
+    Correction,
+    MeasuredVisit,
+    correction_from,
+    train_overhead_s,
+    visits_host_time,
+)
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
 
@@ -111,9 +118,7 @@ _RECENT_VISITS = PreparedQuery(
         .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
         .filter(rank__lte=RECENT_VISITS)
         .order_by("train_id", "rank")
-        .values_list(
-            "pk", "train_id", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY
-        )
+        .values_list("train_id", *MEASURED_FIELDS)
     ),
     ids=IDS,
 )
@@ -129,32 +134,31 @@ _LAST_VISITS = PreparedQuery(  # per train and domain, when its last visit ended
 )
 
 
-def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, float]]:
+def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, Correction]]:
     """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
-    correction of its estimates, as budget.measured_correction measures it (one query, two as there).
-    A sliding visit (its plan counts the hosts it "released") overlaps the visit before it: its length
-    is what it added after that one ended, and it counts for the correction by its hosts' time."""
+    correction of its estimates (budget.correction_from, as the train tick measures it; one query,
+    two with sliding visits that kept no host time). A sliding visit (its plan counts the hosts it
+    "released") overlaps the visit before it: its length is what it added after that one ended."""
     overhead = {t.pk: train_overhead_s(t) for t in trains}
-    rows: dict[int, list[tuple[int, dt.datetime, dt.datetime, object, bool]]] = defaultdict(list)
-    sliding_visits: dict[int, tuple[int, object]] = {}  # visit -> its train's overhead, the host time it kept
-    for pk, train_id, started, ended, cost, released, host_time in _RECENT_VISITS.rows(ids=overhead.keys()):
-        if started is not None and ended is not None:  # a done visit has both
-            rows[train_id].append((pk, started, ended, cost, released is not None))
-            if released is not None:
-                sliding_visits[pk] = (overhead[train_id], host_time)
-    by_hosts = visits_host_time(sliding_visits)
+    rows: dict[int, list[MeasuredVisit]] = defaultdict(list)
+    for train_id, *row in _RECENT_VISITS.rows(ids=overhead.keys()):
+        visit = MeasuredVisit(*row)
+        if visit.started_at is not None and visit.ended_at is not None:  # a done visit has both
+            rows[train_id].append(visit)
+    by_hosts = visits_host_time(
+        {v.pk: (overhead[train_id], v.host_time) for train_id, vs in rows.items() for v in vs if v.released is not None}
+    )
     lengths: dict[int, list[float]] = defaultdict(list)
-    ratios: dict[int, list[float]] = defaultdict(list)
+    corrections: dict[int, Correction] = {}
     for train_id, visits in rows.items():
-        for i, (pk, started, ended, cost, sliding) in enumerate(visits):
-            older_end = visits[i + 1][2] if sliding and i + 1 < len(visits) else started
-            seconds = (ended - max(started, older_end)).total_seconds()
-            lengths[train_id].append(seconds)
-            if sliding and pk in by_hosts:
-                ratios[train_id].append(by_hosts[pk].total)
-            elif not sliding and isinstance(cost, int | float) and cost > 0:
-                ratios[train_id].append(seconds / cost)
-    return lengths, {train_id: factor_from(values) for train_id, values in ratios.items()}
+        for i, visit in enumerate(visits):
+            started, ended = visit.started_at, visit.ended_at
+            assert started is not None  # kept above
+            assert ended is not None
+            older_end = visits[i + 1].ended_at if visit.released is not None and i + 1 < len(visits) else None
+            lengths[train_id].append((ended - max(started, older_end or started)).total_seconds())
+        corrections[train_id] = correction_from(visits, by_hosts)
+    return lengths, corrections
 
 
 def trains_forecasts(trains: list[Train], *, now: dt.datetime | None = None) -> dict[int, TrainForecast]:
@@ -180,7 +184,7 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     newest = Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]
     latest = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, number=Subquery(newest))}
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
-    recent, factors = _visit_seconds(trains)
+    recent, corrections = _visit_seconds(trains)
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
     for train_id, domain_id, at in _LAST_VISITS.rows(ids=ids):
         last[train_id][domain_id] = at
@@ -198,7 +202,7 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
             train, cycles.get(train.pk), seconds, last[train.pk], visits[train.pk], stops[train.pk], now
         )
         forecasts[train.pk].last_cycle_number = latest[train.pk].number if train.pk in latest else 0
-        forecasts[train.pk].factor = factors.get(train.pk, 1.0)
+        forecasts[train.pk].correction = corrections.get(train.pk, Correction())
     return forecasts, visits
 
 

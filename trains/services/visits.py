@@ -204,19 +204,23 @@ def _plan_record(selection: Selection, sizing: VisitSizing) -> dict:
         "upgrades": [_entry(step, joined=False) for step in taken],
         "left": [{"upgrade": s.plan.upgrade.pk, "hosts": len(s.hosts)} for s in selection.left],
         "budget_s": round(sizing.budget_s),
-        **_cost_record(selection.cost_s, sizing),
+        **_cost_record(selection.cost_s, sizing, hosts=len({h for step in taken for h in step.hosts})),
     }
 
 
-def _cost_record(estimate_s: float, sizing: VisitSizing) -> dict:
+def _cost_record(estimate_s: float, sizing: VisitSizing, *, hosts: int) -> dict:
     """The visit's cost as planned: before the measured correction (cost_s, what the next visits
     measure their length against: measured against the corrected one, the correction fed on itself
-    and settled at the square root of the truth), the correction, and the estimate it gave."""
-    return {
-        "cost_s": round(estimate_s / sizing.factor),
+    and settled at the square root of the truth), its waves, the correction, and the estimate it gave."""
+    record = {
+        "cost_s": round(sizing.uncorrected_s(hosts, estimate_s)),
+        "waves": sizing.waves(hosts),
         "factor": round(sizing.factor, 4),
         "estimate_s": round(estimate_s),
     }
+    if sizing.extra_s is not None:
+        record["extra_s"] = round(sizing.extra_s)
+    return record
 
 
 def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined: bool) -> None:
@@ -313,7 +317,7 @@ def _join_visit(
         hosts |= step.hosts
         works.append(step.work_s)
         plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]
-        plan_record.update(_cost_record(cost, sizing))
+        plan_record.update(_cost_record(cost, sizing, hosts=len(hosts)))
         joins.append((visit.pk, step.plan.upgrade.pk, len(step.hosts)))
         event_record(
             kind="train.visit_joined",
