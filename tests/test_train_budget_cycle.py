@@ -5,20 +5,24 @@ behind its deadline gives the visits still to start only the time left."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 import pytest
 from django.utils import timezone
 
 from fleet.models import Pool
 from tests.driving import drive_trains
-from tests.test_train_budget import SLO_S, WORK_S, create_upgrades, drains_per_host, four_components_fleet
+from tests.test_train_budget import SLO_S, TARGETS, WORK_S, create_upgrades, drains_per_host, four_components_fleet
 from tests.test_train_late_joiners import a_visit_draining
 from tests.trains_builders import make_train
 from trains.models import Cycle, Pace, Train, Visit, VisitOperation, VisitState
 from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 from trains.services.budget import (
     FACTOR_BOUNDS,
+    HostTimeRatios,
+    MeasuredVisit,
     VisitSizing,
+    correction_from,
     factor_from,
     measured_correction,
     select_within_budget,
@@ -83,6 +87,68 @@ def test_a_visit_after_slow_visits_is_sized_so_its_corrected_estimate_stays_unde
     assert len(visit.plan["upgrades"]) == 1  # 2 x (600 + 1200) = 3600 fits; a second upgrade would not
     assert visit.plan["estimate_s"] == 3600 <= visit.plan["budget_s"]
     assert visit.plan["cost_s"] == 1800  # before the correction: what the next visits are measured against
+
+
+def test_a_small_visit_is_estimated_with_the_fixed_time_a_slow_host_adds_not_only_a_ratio() -> None:
+    # Recent visits took 1.5 times their cost, or 1000 s a wave beyond it (a slow host's longer drain).
+    sizing = VisitSizing(
+        budget_s=3600, overhead_s=600, hosts_at_once=1, factor=1.5, domains=2, largest_domain=2, extra_s=1000
+    )
+
+    assert sizing.cost_s(2, [3400]) == 2 * 4000 * 1.5  # a large visit: the ratio is the longer
+    assert sizing.cost_s(2, [200]) == 2 * (800 + 1000)  # a small one: the fixed extra is
+    for works in ([3400], [200], [0]):
+        estimate = sizing.cost_s(2, works)
+        assert sizing.uncorrected_s(2, estimate) == pytest.approx(2 * (600 + works[0]))
+    unmeasured = replace(sizing, extra_s=None)
+    assert unmeasured.cost_s(2, [200]) == 2 * 800 * 1.5
+    assert unmeasured.uncorrected_s(2, 2400) == 1600
+    # Visits of 2000 s waves that took half: faster than planned, the visits still pack more.
+    faster = replace(sizing, factor=0.5, extra_s=-1000)
+    assert faster.cost_s(2, [1400]) == 2 * 2000 * 0.5
+    assert faster.cost_s(2, [200]) == 2 * 800 * 0.5
+
+
+def test_the_correction_measures_what_a_domain_visits_wave_took_beyond_its_cost() -> None:
+    start = timezone.now()
+
+    def visit(
+        pk: int, cost: float, took: float, *, waves: int | None = 1, released: int | None = None
+    ) -> MeasuredVisit:
+        return MeasuredVisit(pk, start, start + dt.timedelta(seconds=took), cost, released, None, waves)
+
+    # A slow host adds about 1000 s to each visit, whatever its size.
+    visits = [visit(1, 4000, 5000), visit(2, 1000, 2100), visit(3, 2000, 2900, waves=None)]
+    correction = correction_from(visits, {})
+    assert correction.factor == pytest.approx(2.1)  # the small visit ran at the highest ratio
+    assert correction.extra_s == pytest.approx(1100)
+    two_waves = correction_from([visit(pk, 4000, 6000, waves=2) for pk in (1, 2, 3)], {})
+    assert two_waves.extra_s == pytest.approx(1000)  # per wave
+    assert correction_from(visits[:2], {}).extra_s is None  # too few measured
+    # A sliding visit counts by its hosts' time: it sets no extra.
+    sliding = [visit(pk, 4000, 9000, released=2) for pk in (1, 2, 3)]
+    by_hosts = {pk: HostTimeRatios(total=1.2, slowest=2.0) for pk in (1, 2, 3)}
+    factor, tail, extra = correction_from(sliding, by_hosts)
+    assert (factor, tail, extra) == (1.2, pytest.approx(2.0 / 1.2), None)
+
+
+def test_a_visit_after_visits_slowed_by_a_fixed_extra_takes_less_than_the_ratio_alone_would_let_it() -> None:
+    pool = four_components_fleet()  # two domains of two hosts, both out at once: one wave a visit
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # Visits planned at 2000 s that took 4000 s: twice their cost, or 2000 s more.
+    past_visits(train, pool, planned=[{"cost_s": 2000, "hosts": [1], "waves": 1}] * 4, took_s=4000)
+    for component, version in TARGETS:
+        upgrade_create(pool=pool, component=component, version=version, reason="rollout", duration_s=600)
+
+    train_tick(train_id=train.pk)
+
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    # 600 s overhead and one 600 s upgrade take 3200 s (1200 + 2000): it fits the 3600 s budget, a
+    # second would not (3800 s). With the ratio alone two would have (2 x 1800 s), and run over it.
+    assert len(visit.plan["upgrades"]) == 1
+    assert (visit.plan["factor"], visit.plan["extra_s"], visit.plan["waves"]) == (2.0, 2000, 1)
+    assert visit.plan["estimate_s"] == 3200 <= visit.plan["budget_s"]
+    assert visit.plan["cost_s"] == 1200  # before the correction: what the next visits are measured against
 
 
 def test_a_cycle_behind_its_deadline_gives_the_visits_still_to_start_only_the_time_left() -> None:
