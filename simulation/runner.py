@@ -53,7 +53,8 @@ def shard_jobs(config: SimulationConfig, *, key: str = "") -> list[Job]:
     ]
 
 
-def _database_url(name: str) -> str:
+def sibling_database_url(name: str) -> str:
+    """The URL of database `name` on the default database's server, as its user (a SQLite path)."""
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{name}"
@@ -74,15 +75,15 @@ def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
         paths = [directory / f"{name}.sqlite3" for name in names]
         for path in paths:
             path.unlink(missing_ok=True)
-        _migrate(_database_url(str(paths[0])))
+        _migrate(sibling_database_url(str(paths[0])))
         for path in paths[1:]:
             shutil.copyfile(paths[0], path)
-        return [_database_url(str(path)) for path in paths]
+        return [sibling_database_url(str(path)) for path in paths]
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         cursor.execute(f'CREATE DATABASE "{names[0]}"')
-    _migrate(_database_url(names[0]))
+    _migrate(sibling_database_url(names[0]))
     _scratch_tables_unlogged(names[0])
     with connection.cursor() as cursor:
         for name in names[1:]:  # a copy of the migrated first lane, much faster than migrating again
@@ -90,7 +91,7 @@ def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
         for name in names:
             # Nothing here outlives the run: a crash loses a shard, which fails and says so.
             cursor.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
-    return [_database_url(name) for name in names]
+    return [sibling_database_url(name) for name in names]
 
 
 # Every table of a scratch database UNLOGGED (no write-ahead log: the simulator writes hundreds of

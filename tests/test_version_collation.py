@@ -15,6 +15,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from simulation.runner import sibling_database_url
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.django_db
@@ -51,11 +53,6 @@ print(json.dumps({
 """
 
 
-def _url(name: str) -> str:
-    db = settings.DATABASES["default"]
-    return f"postgresql://{db.get('USER') or ''}@{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{name}"
-
-
 def _manage(url: str, *args: str) -> str:
     env = dict(os.environ, DATABASE_URL=url, DEBUG="1")
     done = subprocess.run(
@@ -80,10 +77,12 @@ def test_a_release_candidate_stays_below_its_release_in_a_database_whose_locale_
             "LOCALE 'C.UTF-8'"
         )
         try:
-            with psycopg.connect(_url(name)) as fresh:  # the premise: this database's own order is wrong
+            with psycopg.connect(
+                sibling_database_url(name)
+            ) as fresh:  # the premise: this database's own order is wrong
                 premise = fresh.execute("SELECT '000000001.000000000!rc1' < '000000001.000000000~'").fetchone()
-            _manage(_url(name), "migrate", "-v0")
-            seen = json.loads(_manage(_url(name), "shell", "-c", COMPARE).strip().splitlines()[-1])
+            _manage(sibling_database_url(name), "migrate", "-v0")
+            seen = json.loads(_manage(sibling_database_url(name), "shell", "-c", COMPARE).strip().splitlines()[-1])
         finally:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     assert premise == (False,), "in this database's locale the release candidate's key sorts after the release's"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -239,13 +240,13 @@ def _upgrades_progress_step(
     train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport
 ) -> list[UpgradePlan]:
     """Complete the upgrades every host has, graduate phases; the plans of the others."""
-    scopes: dict[str, list[int]] = {}
-    unfinished: set[int] = set()
+    sharing: dict[str, list[Upgrade]] = defaultdict(list)
     for entry in active:  # the upgrades of a pool mostly share one scope ("pool X"): a query per scope
-        if entry.upgrade.scope not in scopes:
-            scopes[entry.upgrade.scope] = upgrade_scope_hosts(entry.upgrade)
-            sharing = [a.upgrade for a in active if a.upgrade.scope == entry.upgrade.scope]
-            unfinished |= upgrades_unfinished(sharing, scopes[entry.upgrade.scope])
+        sharing[entry.upgrade.scope].append(entry.upgrade)
+    scopes = {name: upgrade_scope_hosts(upgrades[0]) for name, upgrades in sharing.items()}
+    unfinished: set[int] = set()
+    for name, upgrades in sharing.items():
+        unfinished |= upgrades_unfinished(upgrades, scopes[name])
     plans = []
     for entry in active:
         upgrade, phases, phase = entry.upgrade, entry.phases, entry.phase
