@@ -115,7 +115,7 @@ def test_the_correction_measures_what_a_domain_visits_wave_took_beyond_its_cost(
     def visit(
         pk: int, cost: float, took: float, *, waves: int | None = 1, released: int | None = None
     ) -> MeasuredVisit:
-        return MeasuredVisit(pk, start, start + dt.timedelta(seconds=took), cost, released, None, waves)
+        return MeasuredVisit(pk, 1, start, start + dt.timedelta(seconds=took), cost, released, None, waves)
 
     # A slow host adds about 1000 s to each visit, whatever its size.
     visits = [visit(1, 4000, 5000), visit(2, 1000, 2100), visit(3, 2000, 2900, waves=None)]
@@ -125,6 +125,9 @@ def test_the_correction_measures_what_a_domain_visits_wave_took_beyond_its_cost(
     two_waves = correction_from([visit(pk, 4000, 6000, waves=2) for pk in (1, 2, 3)], {})
     assert two_waves.extra_s == pytest.approx(1000)  # per wave
     assert correction_from(visits[:2], {}).extra_s is None  # too few measured
+    # One odd visit cannot make the extra absurd: it is bounded as the ratio is.
+    stuck = correction_from([visit(pk, 1000, 1_000_000) for pk in (1, 2, 3)], {})
+    assert (stuck.factor, stuck.extra_s) == (FACTOR_BOUNDS[1], (FACTOR_BOUNDS[1] - 1) * 1000)
     # A sliding visit counts by its hosts' time: it sets no extra.
     sliding = [visit(pk, 4000, 9000, released=2) for pk in (1, 2, 3)]
     by_hosts = {pk: HostTimeRatios(total=1.2, slowest=2.0) for pk in (1, 2, 3)}
@@ -149,6 +152,31 @@ def test_a_visit_after_visits_slowed_by_a_fixed_extra_takes_less_than_the_ratio_
     assert (visit.plan["factor"], visit.plan["extra_s"], visit.plan["waves"]) == (2.0, 2000, 1)
     assert visit.plan["estimate_s"] == 3200 <= visit.plan["budget_s"]
     assert visit.plan["cost_s"] == 1200  # before the correction: what the next visits are measured against
+
+
+def test_a_train_that_sized_itself_to_a_standstill_falls_back_to_its_estimates_after_its_empty_cycles() -> None:
+    pool = four_components_fleet()
+    train = make_train(pool, cycle_slo_s=SLO_S, visit_overhead_s=600)
+    # A host stuck draining: the last visits took ten times their cost. Every visit is now estimated
+    # over what the cycle can give it, so visits take nothing and nothing new is measured.
+    past_visits(train, pool, planned=[{"cost_s": 700, "hosts": [1], "waves": 1}] * 4, took_s=7000)
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=WORK_S)
+    assert measured_correction(train).factor == FACTOR_BOUNDS[1]
+
+    train_tick(train_id=train.pk)
+
+    empty = Cycle.objects.get(train=train, number=3)
+    assert empty.ended_at is not None
+    assert [v.outcome for v in empty.visits.all()] == ["nothing fits the time left in the cycle: 1 upgrades wait"] * 2
+    assert not VisitOperation.objects.filter(upgrade=upgrade).exists()
+    # Its next cycle no longer counts the visits of cycle 1 (MEASURED_CYCLES): too few measured, the
+    # estimates stand, and the upgrade is taken.
+    train_tick(train_id=train.pk)
+
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    assert (visit.cycle.number, visit.plan["factor"]) == (4, 1.0)
+    assert [u["upgrade"] for u in visit.plan["upgrades"]] == [upgrade.pk]
+    assert measured_correction(train, cycle=2).factor == FACTOR_BOUNDS[1]  # as the cycles were then
 
 
 def test_a_cycle_behind_its_deadline_gives_the_visits_still_to_start_only_the_time_left() -> None:

@@ -210,8 +210,9 @@ def test_a_sliding_visit_keeps_its_hosts_time_as_it_ends_and_the_correction_read
     measured = sliding_visit_ratios({visit.pk: 120 for visit in done})
     assert {visit.pk: tuple(visit.plan["host_time"]) for visit in done} == {pk: tuple(r) for pk, r in measured.items()}
 
+    cycle = done[0].cycle.number
     with django_assert_num_queries(1):  # the recent visits, with what they kept; no task is read
-        correction = measured_correction(train)
+        correction = measured_correction(train, cycle=cycle)
     assert correction.factor == pytest.approx(max(r.total for r in measured.values()))
     kept = done[0]
     Visit.objects.filter(pk=kept.pk).update(plan={**kept.plan, "host_time": [5.0, 5.0]})

@@ -66,6 +66,7 @@ def _manage(url: str, *args: str) -> str:
 def test_a_release_candidate_stays_below_its_release_in_a_database_whose_locale_ignores_punctuation() -> None:
     db = settings.DATABASES["default"]
     name = f"test_collation_{secrets.token_hex(4)}"
+    url = sibling_database_url(name)
     admin = psycopg.connect(
         dbname="postgres", user=db.get("USER") or None, host=db.get("HOST") or None, port=db.get("PORT") or None,
         autocommit=True,
@@ -77,12 +78,10 @@ def test_a_release_candidate_stays_below_its_release_in_a_database_whose_locale_
             "LOCALE 'C.UTF-8'"
         )
         try:
-            with psycopg.connect(
-                sibling_database_url(name)
-            ) as fresh:  # the premise: this database's own order is wrong
+            with psycopg.connect(url) as fresh:  # the premise: this database's own order is wrong
                 premise = fresh.execute("SELECT '000000001.000000000!rc1' < '000000001.000000000~'").fetchone()
-            _manage(sibling_database_url(name), "migrate", "-v0")
-            seen = json.loads(_manage(sibling_database_url(name), "shell", "-c", COMPARE).strip().splitlines()[-1])
+            _manage(url, "migrate", "-v0")
+            seen = json.loads(_manage(url, "shell", "-c", COMPARE).strip().splitlines()[-1])
         finally:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     assert premise == (False,), "in this database's locale the release candidate's key sorts after the release's"

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 from trains.services.budget import Correction
 
-RECENT_VISITS = 10
-
 
 @dataclass
 class DomainForecast:

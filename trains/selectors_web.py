@@ -9,8 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Window
-from django.db.models.functions import RowNumber
+from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, Subquery
 
 from fleet.models import ComponentVersion, MaintenanceDomain
 from opsplanner import clock
@@ -27,16 +26,9 @@ from trains.models import (
     Visit,
     VisitState,
 )
-from trains.selectors import RECENT_VISITS, DomainForecast, TrainForecast, forecast_from_rows
+from trains.selectors import DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
-from trains.services.budget import (
-    MEASURED_FIELDS,
-    Correction,
-    MeasuredVisit,
-    correction_from,
-    train_overhead_s,
-    visits_host_time,
-)
+from trains.services.budget import Correction, correction_from, recent_visits, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
 
@@ -111,17 +103,6 @@ def trains_shown(
 
 
 # The train tick forecasts at every tick (and the pages at every view): compiled once (opsplanner/prepared.py).
-_RECENT_VISITS = PreparedQuery(
-    lambda *, ids: (
-        Visit.objects.filter(train_id__any=ids, state=VisitState.DONE, started_at__isnull=False)
-        .exclude(plan__hosts=[])
-        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
-        .filter(rank__lte=RECENT_VISITS)
-        .order_by("train_id", "rank")
-        .values_list("train_id", *MEASURED_FIELDS)
-    ),
-    ids=IDS,
-)
 _LAST_VISITS = PreparedQuery(  # per train and domain, when its last visit ended
     lambda *, ids: (
         Visit.objects.filter(train_id__any=ids, state=VisitState.DONE)
@@ -134,17 +115,16 @@ _LAST_VISITS = PreparedQuery(  # per train and domain, when its last visit ended
 )
 
 
-def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[int, Correction]]:
-    """Per train, the lengths of its recent visits that drained hosts, newest first, and the measured
-    correction of its estimates (budget.correction_from, as the train tick measures it; one query,
-    two with sliding visits that kept no host time). A sliding visit (its plan counts the hosts it
-    "released") overlaps the visit before it: its length is what it added after that one ended."""
+def _visit_seconds(
+    trains: list[Train], newest_cycles: dict[int, int]
+) -> tuple[dict[int, list[float]], dict[int, Correction]]:
+    """Per train, the lengths of its recent visits that took work (budget.recent_visits), newest
+    first, and the measured correction of its estimates (budget.correction_from, as the train tick
+    measures it; one query, two with sliding visits that kept no host time). A sliding visit (its
+    plan counts the hosts it "released") overlaps the visit before it: its length is what it added
+    after that one ended."""
     overhead = {t.pk: train_overhead_s(t) for t in trains}
-    rows: dict[int, list[MeasuredVisit]] = defaultdict(list)
-    for train_id, *row in _RECENT_VISITS.rows(ids=overhead.keys()):
-        visit = MeasuredVisit(*row)
-        if visit.started_at is not None and visit.ended_at is not None:  # a done visit has both
-            rows[train_id].append(visit)
+    rows = recent_visits({train_id: newest_cycles.get(train_id, 0) for train_id in overhead})
     by_hosts = visits_host_time(
         {v.pk: (overhead[train_id], v.host_time) for train_id, vs in rows.items() for v in vs if v.released is not None}
     )
@@ -152,11 +132,10 @@ def _visit_seconds(trains: list[Train]) -> tuple[dict[int, list[float]], dict[in
     corrections: dict[int, Correction] = {}
     for train_id, visits in rows.items():
         for i, visit in enumerate(visits):
-            started, ended = visit.started_at, visit.ended_at
-            assert started is not None  # kept above
-            assert ended is not None
             older_end = visits[i + 1].ended_at if visit.released is not None and i + 1 < len(visits) else None
-            lengths[train_id].append((ended - max(started, older_end or started)).total_seconds())
+            lengths[train_id].append(
+                (visit.ended_at - max(visit.started_at, older_end or visit.started_at)).total_seconds()
+            )
         corrections[train_id] = correction_from(visits, by_hosts)
     return lengths, corrections
 
@@ -184,7 +163,7 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     newest = Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]
     latest = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, number=Subquery(newest))}
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
-    recent, corrections = _visit_seconds(trains)
+    recent, corrections = _visit_seconds(trains, {train_id: c.number for train_id, c in latest.items()})
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
     for train_id, domain_id, at in _LAST_VISITS.rows(ids=ids):
         last[train_id][domain_id] = at

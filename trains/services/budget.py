@@ -30,9 +30,16 @@ from fleet.models import Host
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
 from opsplanner.models import HostTask
-from trains.models import BudgetCode, Pace, Train, TrainStop, Upgrade, Visit, VisitState
+from opsplanner.prepared import IDS, PreparedQuery
+from trains.models import BudgetCode, Cycle, Pace, Train, TrainStop, Upgrade, Visit, VisitState
 
 MEASURED_VISITS = 10  # recent visits that correct the estimates
+# ... taken from the train's last few cycles only. A train can size itself to a standstill: a few
+# visits that ran very long (a host stuck draining) make every estimate exceed its budget, visits
+# take nothing, nothing new is measured, and the correction would never come back down. Its empty
+# cycles pass quickly, so after them it falls back to its estimates. (A count of cycles, not of
+# hours: an idle train starts no cycle and keeps what it measured.)
+MEASURED_CYCLES = 3
 MIN_MEASURED = 3  # fewer than this and the estimates stand as they are
 MEASURED_QUANTILE = 0.9  # the correction covers this share of the recent visits, not just the average one
 FACTOR_BOUNDS = (0.25, 10.0)  # one odd visit cannot make the budget absurd
@@ -114,15 +121,16 @@ class VisitSizing:
         return waves * uncorrected
 
 
-def train_sizing(train: Train) -> VisitSizing:
-    """The sizing of the train's visits (four queries)."""
+def train_sizing(train: Train, *, cycle: int | None = None) -> VisitSizing:
+    """The sizing of the train's visits, `cycle` its newest cycle's number (four queries, five
+    without `cycle`)."""
     domain_ids = list(TrainStop.objects.filter(train=train).values_list("domain_id", flat=True))
     return sizing_for(
         train,
         domains=len(domain_ids),
         largest_domain=_largest_domain(domain_ids),
         planned_buffer=pool_capacity(train.pool).buffers.planned,
-        correction=measured_correction(train),
+        correction=measured_correction(train, cycle=cycle),
     )
 
 
@@ -143,12 +151,21 @@ class MeasuredVisit(NamedTuple):
     """A train's recent done visit as the correction reads it (the plan's keys: `MEASURED_FIELDS`)."""
 
     pk: int
-    started_at: dt.datetime | None
-    ended_at: dt.datetime | None
+    cycle: int  # its cycle's number
+    started_at: dt.datetime
+    ended_at: dt.datetime
     cost_s: float | None  # the plan's uncorrected cost
     released: int | None  # a sliding visit's hosts released at its start (None: domain-paced)
     host_time: object  # what a sliding visit kept under HOST_TIME_KEY
     waves: int | None  # the plan's waves (None: one, a visit planned before they were kept)
+
+
+HOST_TIME_KEY = "host_time"  # a sliding visit's plan keeps its HostTimeRatios as it ends
+# What a correction reads of a visit (MeasuredVisit), as values_list arguments.
+MEASURED_FIELDS = (
+    "pk", "cycle__number", "started_at", "ended_at",
+    "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY, "plan__waves",
+)  # fmt: skip
 
 
 def sizing_for(
@@ -175,19 +192,48 @@ def _largest_domain(domain_ids: list[int]) -> int:
     return max((row["n"] for row in counts), default=0)
 
 
-def measured_correction(train: Train) -> Correction:
-    """How long the train's recent visits took against their uncorrected cost (the plan's cost_s);
-    1 until enough visits were measured (one query; two with sliding visits that kept no host time,
-    ended before visits kept it)."""
-    recent = [
-        MeasuredVisit(*row)
-        for row in Visit.objects.filter(
-            train=train, state=VisitState.DONE, started_at__isnull=False, plan__cost_s__gt=0
+# A done visit that took work, newest first, at most MEASURED_VISITS per train; compiled once (the
+# train tick sizes a visit with it, the pages and the tick's forecast read it for many trains).
+_RECENT_MEASURED = PreparedQuery(
+    lambda *, ids: (
+        Visit.objects.filter(
+            train_id__any=ids,
+            state=VisitState.DONE,
+            started_at__isnull=False,
+            ended_at__isnull=False,
+            plan__cost_s__gt=0,
         )
-        .annotate(rank=Window(RowNumber(), order_by=F("ended_at").desc()))
+        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
         .filter(rank__lte=MEASURED_VISITS)
-        .values_list(*MEASURED_FIELDS)
-    ]
+        .order_by("train_id", "rank")
+        .values_list("train_id", *MEASURED_FIELDS)
+    ),
+    ids=IDS,
+)
+
+
+def recent_visits(newest_cycles: dict[int, int]) -> dict[int, list[MeasuredVisit]]:
+    """Per train given as {train: its newest cycle's number}, its recent visits that took work,
+    newest first: at most MEASURED_VISITS, of its last MEASURED_CYCLES cycles (one query)."""
+    out: dict[int, list[MeasuredVisit]] = defaultdict(list)
+    if not newest_cycles:
+        return out
+    for train_id, *row in _RECENT_MEASURED.rows(ids=newest_cycles.keys()):
+        visit = MeasuredVisit(*row)
+        if visit.cycle > newest_cycles[train_id] - MEASURED_CYCLES:
+            out[train_id].append(visit)
+    return out
+
+
+def newest_cycle_number(train: Train) -> int:
+    return Cycle.objects.filter(train=train).aggregate(n=Max("number"))["n"] or 0
+
+
+def measured_correction(train: Train, *, cycle: int | None = None) -> Correction:
+    """How long the train's recent visits took against their uncorrected cost (the plan's cost_s),
+    `cycle` its newest cycle's number (None: read it); 1 until enough visits were measured (one query,
+    one more without `cycle`, one more with sliding visits that kept no host time)."""
+    recent = recent_visits({train.pk: newest_cycle_number(train) if cycle is None else cycle})[train.pk]
     overhead = train_overhead_s(train)
     return correction_from(
         recent, visits_host_time({v.pk: (overhead, v.host_time) for v in recent if v.released is not None})
@@ -203,11 +249,12 @@ def correction_from(visits: Sequence[MeasuredVisit], by_hosts: dict[int, HostTim
     ratios, extras = [], []
     for visit in visits:
         if visit.released is None:
-            if visit.started_at is None or visit.ended_at is None or not visit.cost_s or visit.cost_s <= 0:
+            if not visit.cost_s or visit.cost_s <= 0:
                 continue
-            took = (visit.ended_at - visit.started_at).total_seconds()
-            ratios.append(took / float(visit.cost_s))
-            extras.append((took - float(visit.cost_s)) / max(1, visit.waves or 1))
+            took, cost = (visit.ended_at - visit.started_at).total_seconds(), float(visit.cost_s)
+            ratios.append(took / cost)
+            # Bounded as the ratio is (FACTOR_BOUNDS): one odd visit cannot make the budget absurd.
+            extras.append(min(took - cost, (FACTOR_BOUNDS[1] - 1) * cost) / max(1, visit.waves or 1))
         elif visit.pk in by_hosts:
             ratios.append(by_hosts[visit.pk].total)
     factor = factor_from(ratios)
@@ -222,13 +269,6 @@ class HostTimeRatios(NamedTuple):
 
     total: float  # summed over its hosts: how its hosts flow through the train
     slowest: float  # its slowest host's own: what keeps a cycle open at its end
-
-
-HOST_TIME_KEY = "host_time"  # a sliding visit's plan keeps its HostTimeRatios as it ends
-# What a correction reads of a visit (MeasuredVisit), as values_list arguments.
-MEASURED_FIELDS = (
-    "pk", "started_at", "ended_at", "plan__cost_s", "plan__released", "plan__" + HOST_TIME_KEY, "plan__waves"
-)  # fmt: skip
 
 
 def visits_host_time(visits: dict[int, tuple[int, object]]) -> dict[int, HostTimeRatios]:

@@ -114,7 +114,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
     active = _upgrades_policy_step(train, report)
     _finish_visits(train, now, report)
     _autostop_step(train, now, report)
-    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
+    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain", "cycle"))
     if train.state == TrainState.RUNNING:
         _late_joiners_step(train, running, active, now, report)
     if train.state == TrainState.RUNNING and train_slides(train):
@@ -177,8 +177,9 @@ def _late_joiners_step(
         return
     late = {u.pk for upgrades in candidates.values() for u in upgrades}
     plans = _upgrades_progress_step(train, [a for a in active if a.upgrade.pk in late], now, report)
+    sizing = train_sizing(train, cycle=running[0].cycle.number)  # running visits are of the one open cycle
     for visit_id, upgrade_id, hosts in visits_join_late(
-        train=train, running=running, candidates=candidates, plans=plans, sizing=train_sizing(train)
+        train=train, running=running, candidates=candidates, plans=plans, sizing=sizing
     ):
         report.events.append(f"upgrade {upgrade_id} joined visit {visit_id} on {hosts} hosts")
 
@@ -503,7 +504,7 @@ def _start_visits(
             _skip(train, visit, optouts[visit.domain_id], now)
             continue
         if sizing is None:  # read once per tick, and only when a visit starts
-            sizing = train_sizing(train)
+            sizing = train_sizing(train, cycle=cycle.number)
             _budget_step(train, plans, sizing, now)
         left_s = (cycle.deadline_at - now).total_seconds()
         # A sliding train's hosts still out come before the visits still to start.
