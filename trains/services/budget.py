@@ -32,6 +32,7 @@ from opsplanner.events import event_record
 from opsplanner.models import HostTask
 from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import BudgetCode, Cycle, Pace, Train, TrainStop, Upgrade, Visit, VisitState
+from trains.services.actor import ACTOR
 
 MEASURED_VISITS = 10  # recent visits that correct the estimates
 # ... taken from the train's last few cycles only. A train can size itself to a standstill: a few
@@ -43,7 +44,6 @@ MEASURED_CYCLES = 3
 MIN_MEASURED = 3  # fewer than this and the estimates stand as they are
 MEASURED_QUANTILE = 0.9  # the correction covers this share of the recent visits, not just the average one
 FACTOR_BOUNDS = (0.25, 10.0)  # one odd visit cannot make the budget absurd
-ACTOR = "train-scheduler"
 
 T = TypeVar("T")
 

@@ -26,9 +26,8 @@ from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask
 from opsplanner.prepared import PreparedQuery
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
+from trains.services.actor import ACTOR
 from trains.services.visits import Step, UpgradePlan, split_release, unreleased_hosts, visit_steps_submit
-
-ACTOR = "train-scheduler"
 
 
 def train_slides(train: Train) -> bool:

@@ -23,9 +23,8 @@ from opsplanner.models import Approval, ApprovalKind, ApprovalState
 from opsplanner.services.approvals import approval_request, user_is_operator
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState
 from trains.models.upgrades import PhaseHoldCode, PhaseSelection
+from trains.services.actor import ACTOR
 from trains.services.upgrades import SUBJECT, hosts_below_target
-
-ACTOR = "train-scheduler"
 
 
 def phase_evidence_needed(phase: UpgradePhase) -> int:

@@ -4,8 +4,9 @@
    hosts picks some from the pool or holds: trains/services/phases.py), complete finished upgrades;
 2. visits: a visit whose tasks are all finished is done;
 3. autostop when the pool's buffers are exhausted (and resume automatically if configured);
-4. start visits while the train runs and has room (skipping domains under an opt-out window); a
-   sliding train (trains/services/pace.py) releases hosts to the core as others come back;
+4. start visits while the train runs and has room (trains/services/cycles.py; domains under an opt-out
+   window are skipped for now); a sliding train (trains/services/pace.py) releases hosts to the core
+   as others come back;
 5. forecast the cycle and alert when it will miss its SLO.
 The core's pool tick does the admitting, draining and returning of the operations a visit creates.
 """
@@ -18,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Exists, Max, OuterRef
+from django.db.models import Exists, OuterRef
 
 from fleet.models import PLANNED_OUT_STATES, Host
 from fleet.selectors.capacity import pool_capacity
@@ -27,7 +28,6 @@ from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
 from opsplanner.prepared import PreparedQuery
 from opsplanner.services.approvals import approvals_expire
-from opsplanner.services.optouts import optouts_by_domain
 from trains.models import (
     Cycle,
     Train,
@@ -39,16 +39,14 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
+from trains.services.actor import ACTOR
 from trains.services.budget import (
     HOST_TIME_KEY,
-    VisitSizing,
-    sizing_within_cycle,
-    sliding_in_flight_s,
     sliding_visit_ratios,
-    train_budget_check,
     train_overhead_s,
     train_sizing,
 )
+from trains.services.cycles import cycle_visits_start, visit_end
 from trains.services.pace import (
     ActiveUpgrade,
     sliding_allowance,
@@ -59,7 +57,6 @@ from trains.services.pace import (
 )
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import train_set_state
-from trains.services.upgrade_forecast import upgrades_deadline_check
 from trains.services.upgrades import (
     phase_host_sets,
     upgrade_offboard,
@@ -73,12 +70,10 @@ from trains.services.visits import (
     UpgradePlan,
     late_joiner_candidates,
     unreleased_hosts,
-    visit_start,
     visits_join_late,
 )
 
 log = logging.getLogger(__name__)
-ACTOR = "train-scheduler"
 
 
 @dataclass
@@ -127,7 +122,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         if train.state != TrainState.RUNNING or len(running) < train.visit_concurrency:
             plans = _upgrades_progress_step(train, active, now, report)
             if train.state == TrainState.RUNNING:
-                _start_visits(train, plans, now, report)
+                cycle_visits_start(train=train, plans=plans, now=now, events=report.events)
     _forecast_step(train, now, report)
     return report
 
@@ -144,7 +139,7 @@ def _slide_step(
     # At the end of a cycle (nothing planned, visits still running) nothing could start.
     if room > 0 and (not running or Visit.objects.filter(train=train, state=VisitState.PLANNED).exists()):
         plans = _upgrades_progress_step(train, active, now, report)
-        _start_visits(train, plans, now, report, room=room)
+        cycle_visits_start(train=train, plans=plans, now=now, events=report.events, room=room)
 
 
 def _release(
@@ -355,28 +350,8 @@ def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> N
         if "released" in plan:  # sliding: keep its hosts' time, which the sizings read every tick
             host_time = sliding_visit_ratios({visit.pk: train_overhead_s(train)}).get(visit.pk)
             plan = {**plan, HOST_TIME_KEY: list(host_time)} if host_time else plan
-        _end_visit(visit, now, f"{done} hosts done, {failed} failed", plan=plan)
+        visit_end(visit=visit, now=now, outcome=f"{done} hosts done, {failed} failed", plan=plan)
         report.events.append(f"visit {visit.pk} done")
-
-
-def _end_visit(visit: Visit, now: dt.datetime, outcome: str, *, plan: dict | None = None) -> None:
-    ended: dict[str, object] = {"state": VisitState.DONE, "ended_at": now, "outcome": outcome[:300]}
-    if plan is not None:
-        ended["plan"] = plan
-    if Visit.objects.filter(pk=visit.pk, state=visit.state).update(**ended):
-        event_record(
-            kind="train.visit_finished",
-            subject=visit,
-            actor=ACTOR,
-            reason=outcome,
-            pool_id=visit.train.pool_id,
-            data={
-                "train": visit.train_id,
-                "domain": visit.domain.name,
-                "cycle": visit.cycle_id,
-                "seconds": (now - visit.started_at).total_seconds() if visit.started_at else 0,
-            },
-        )
 
 
 # --- 3. autostop ------------------------------------------------------------------------------------
@@ -452,129 +427,6 @@ def _autostop_step(train: Train, now: dt.datetime, report: TrainTickReport) -> N
             kind="train.resumed",
         )
         report.events.append("auto-resumed")
-
-
-# --- 4. visits starting -----------------------------------------------------------------------------
-def _open_cycle(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cycle | None:
-    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
-    if cycle is not None:
-        return cycle
-    if not any(plan.has_pending() for plan in plans):
-        return None  # nothing to do: the train idles rather than spinning empty cycles
-    number = (Cycle.objects.filter(train=train).aggregate(n=Max("number"))["n"] or 0) + 1
-    cycle = Cycle.objects.create(
-        train=train, number=number, started_at=now, deadline_at=now + dt.timedelta(seconds=train.cycle_slo_s)
-    )
-    Visit.objects.bulk_create(
-        [
-            Visit(train=train, cycle=cycle, domain_id=stop.domain_id, position=stop.position)
-            for stop in train.stops.order_by("position")
-        ]
-    )
-    event_record(
-        kind="train.cycle_started",
-        subject=cycle,
-        actor=ACTOR,
-        pool_id=train.pool_id,
-        data={"train": train.pk, "number": number, "deadline": cycle.deadline_at.isoformat()},
-    )
-    return cycle
-
-
-def _start_visits(
-    train: Train, plans: list[UpgradePlan], now: dt.datetime, report: TrainTickReport, *, room: int | None = None
-) -> None:
-    """Start the next visits of the cycle: up to visit_concurrency at once, or, for a sliding train,
-    while there is `room` for hosts (each visit releases what fits)."""
-    cycle = _open_cycle(train, plans, now)
-    if cycle is None:
-        return
-    running_plans = list(Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING).values_list("plan", flat=True))
-    running = len(running_plans)
-    planned = list(Visit.objects.filter(cycle=cycle, state=VisitState.PLANNED).select_related("domain"))
-    optouts = {}
-    if planned and not train.emergency:
-        optouts = optouts_by_domain(now=now, domain_ids=[v.domain_id for v in planned])
-    sizing = None
-    visits_left = len(planned)  # a domain skipped for now still needs its share of the time left
-    for visit in planned:
-        if (running >= train.visit_concurrency) if room is None else (room <= 0):
-            break
-        if visit.domain_id in optouts:
-            _skip(train, visit, optouts[visit.domain_id], now)
-            continue
-        if sizing is None:  # read once per tick, and only when a visit starts
-            sizing = train_sizing(train, cycle=cycle.number)
-            _budget_step(train, plans, sizing, now)
-        left_s = (cycle.deadline_at - now).total_seconds()
-        # A sliding train's hosts still out come before the visits still to start.
-        in_flight_s = sliding_in_flight_s(sizing, running_plans) if room is not None else 0.0
-        share = sizing_within_cycle(
-            sizing, train=train, seconds_left=left_s, visits_left=visits_left, in_flight_s=in_flight_s
-        )
-        selection = visit_start(train=train, visit=visit, plans=plans, sizing=share, now=now, release=room)
-        if selection is None:
-            continue
-        visits_left -= 1
-        if selection.taken:
-            running += 1
-            running_plans.append(visit.plan)
-            if room is not None:
-                room -= int(visit.plan.get("released", 0))
-        elif selection.left:
-            _end_visit(visit, now, f"nothing fits the time left in the cycle: {len(selection.left)} upgrades wait")
-        else:
-            _end_visit(visit, now, "nothing pending in this domain")
-        report.events.append(f"visit {visit.pk} started")
-    if not running and not visits_left:  # every visit done, the last ones maybe just now with nothing to do
-        _end_cycle(train, cycle, now)
-        report.events.append(f"cycle {cycle.number} done")
-
-
-def _budget_step(train: Train, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime) -> None:
-    """Say at once when an upgrade alone cannot fit a visit; alert on deadlines the forecast misses."""
-    if not train.emergency:
-        train_budget_check(train=train, upgrades=[p.upgrade for p in plans], sizing=sizing)
-        upgrades_deadline_check(pool_id=train.pool_id, now=now)
-
-
-def _skip(train: Train, visit: Visit, reason: str, now: dt.datetime) -> None:
-    """The train passes the domain for now and comes back to it later in the cycle."""
-    if visit.skip_reason == reason:
-        return  # one event per new reason, not one per tick
-    Visit.objects.filter(pk=visit.pk).update(skips=visit.skips + 1, skip_reason=reason[:300])
-    event_record(
-        kind="train.domain_skipped",
-        subject=visit,
-        actor=ACTOR,
-        reason=reason,
-        pool_id=train.pool_id,
-        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id},
-    )
-
-
-def _end_cycle(train: Train, cycle: Cycle, now: dt.datetime) -> None:
-    if not Cycle.objects.filter(pk=cycle.pk, ended_at__isnull=True).update(ended_at=now):
-        return
-    seconds = (now - cycle.started_at).total_seconds()
-    met = now <= cycle.deadline_at
-    event_record(
-        kind="train.cycle_completed",
-        subject=cycle,
-        actor=ACTOR,
-        pool_id=train.pool_id,
-        reason=f"cycle {cycle.number} took {seconds:.0f} s; SLO {train.cycle_slo_s} s {'met' if met else 'missed'}",
-        data={"train": train.pk, "seconds": seconds, "slo_met": met},
-    )
-    if train.emergency:
-        train_set_state(
-            train=train,
-            expected={TrainState.RUNNING},
-            new=TrainState.FINISHED,
-            reason="every domain visited",
-            actor=ACTOR,
-            kind="train.finished",
-        )
 
 
 # --- 5. forecast ------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from django.db.models import TextChoices
 from opsplanner.events import event_record
 from trains.models import Upgrade, UpgradeState
 from trains.selectors_forecast import PoolBacklog, play_forward, pool_backlogs
+from trains.services.actor import ACTOR
 
-ACTOR = "train-scheduler"
 TOP_PRIORITY = 1000
 
 

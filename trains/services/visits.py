@@ -18,10 +18,10 @@ from opsplanner.events import event_record
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
+from trains.services.actor import ACTOR
 from trains.services.budget import Selection, VisitSizing, select_within_budget, upgrade_order_key
 from trains.services.upgrades import hosts_below_target
 
-ACTOR = "train-scheduler"
 # A host whose visit task is in one of these is still drained for the visit (or not yet started):
 # a task pending for it is handed over in the same drain. Verifying hosts are on their way back.
 JOINABLE_TASK_STATES = [TaskState.PENDING, TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING]
