@@ -16,9 +16,8 @@ from opsplanner.roles import Role
 from tests.builders import make_fleet
 from tests.driving import instant_simulator
 from tests.trains_builders import make_train, make_user
-from trains.models import Cycle, Train, Upgrade, VisitState
+from trains.models import Cycle, Train, Upgrade, Visit, VisitState
 from trains.selectors_forecast import FORECAST_QUERIES, ForecastCode, UpgradeForecast, upgrades_forecasts
-from trains.selectors_web import trains_forecasts
 from trains.services.tick import train_tick
 from trains.services.upgrade_forecast import DeadlineFix
 from trains.services.upgrades import upgrade_create
@@ -73,6 +72,23 @@ def test_the_forecast_counts_the_open_cycle_and_what_its_visits_already_took() -
     assert forecast_of(driver).cycle == 2
 
 
+def test_the_open_cycles_visits_last_what_their_work_takes_not_the_trains_typical_visit() -> None:
+    # The train expects 60 s visits (visit_estimate_s, nothing measured yet); bios makes each of the
+    # three 1800 s. Read at the train forecast's times, the open cycle ended 3 minutes after it
+    # started, and a meta run's first upgrade was forecast at 25 h and still rolling out at 10 days.
+    pool, train = one_upgrade_per_visit()
+    bios = create(pool, "bios", "2.16.0")
+    train_tick(train_id=train.pk)  # cycle 1 opens; its first visit takes bios
+    first = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    visit = dt.timedelta(seconds=first.plan["estimate_s"])
+    assert visit == dt.timedelta(seconds=1800)
+
+    forecast = forecast_of(bios)
+
+    assert forecast.cycle == 1
+    assert abs(forecast.at - (first.started_at + 3 * visit)) < dt.timedelta(seconds=1)
+
+
 def test_the_forecast_gives_the_visits_of_a_cycle_behind_its_deadline_less_than_their_share_as_the_tick_does() -> None:
     pool, train = one_upgrade_per_visit()
     bios = create(pool, "bios", "2.16.0")
@@ -81,13 +97,14 @@ def test_the_forecast_gives_the_visits_of_a_cycle_behind_its_deadline_less_than_
     # The cycle fell behind: when its second visit starts, 1600 s are left for the last two visits,
     # 800 s each, and an upgrade too long for that may stretch a visit to 1000 s (the other visit
     # down to its 600 s overhead); bios needs 1800 s, so the tick would leave it for cycle 2.
-    second = min(d.starts_at for d in trains_forecasts([train])[train.pk].domains if d.state == VisitState.PLANNED)
+    first = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    second = first.started_at + dt.timedelta(seconds=first.plan["estimate_s"])  # when the first is done
     Cycle.objects.filter(train=train, number=1).update(deadline_at=second + dt.timedelta(seconds=1600))
 
     behind = forecast_of(bios)
 
     assert (on_time.cycle, behind.cycle) == (1, 2)
-    assert behind.at >= on_time.at + dt.timedelta(seconds=2 * 1800)  # two more visits of 1800 s, in cycle 2
+    assert behind.at >= second + dt.timedelta(seconds=2 * 1800)  # its other two domains' visits, in cycle 2
 
 
 def test_an_upgrade_without_a_running_train_says_it_is_not_scheduled() -> None:

@@ -2,14 +2,18 @@
 around <date>"), from its place in the backlog.
 
 The coming visits are played forward on rows read once (a fixed number of queries per pool, not per
-host or upgrade): the open cycle's remaining visits at the train forecast's times, then whole cycles
-in the train's domain order. Each visit takes, as the train tick does (trains/services/budget.py),
-the pending upgrades of its domain that fit its budget in (priority, deadline, age) order, the newest
-release of a component standing in for the older ones it supersedes. A visit misses some hosts (a
-failed drain or execution, work deferred to the next cycle): as many as the train's recent visits
-missed are taken again at their domains' next visits (`hosts_missed`). Approximations:
-rollout phases are assumed to graduate on time, hosts of different upgrades in one domain overlap,
-and the missed hosts are spread evenly over the domains the upgrade had hosts pending in.
+host or upgrade): the open cycle's remaining visits, then whole cycles in the train's domain order,
+each visit starting when the one before it on its lane is expected to end (a running visit at its
+plan's estimate). Not at the train forecast's times: those give every visit the train's typical
+length whatever it takes, and a meta run's first upgrade, a kernel longer than a visit's share,
+was forecast at 25.7 h and was still rolling out at 10 days. Each visit takes, as the train tick
+does (trains/services/budget.py), the pending upgrades of its domain that fit its budget in
+(priority, deadline, age) order, the newest release of a component standing in for the older ones
+it supersedes. A visit misses some hosts (a failed drain or execution, work deferred to the next
+cycle): as many as the train's recent visits missed are taken again at their domains' next visits
+(`hosts_missed`). Approximations: rollout phases are assumed to graduate on time, hosts of
+different upgrades in one domain overlap, and the missed hosts are spread evenly over the domains
+the upgrade had hosts pending in.
 """
 
 from __future__ import annotations
@@ -93,13 +97,12 @@ class PoolBacklog:
 class _Visit:
     domain_id: int
     cycle: int
-    ends_at: dt.datetime
+    starts_at: dt.datetime
     # Where the visit stands in its cycle: its budget (its share, or less in a cycle behind its
     # deadline) and how long an upgrade too long for it may take there (budget.sizing_within_cycle),
     # as the train tick decides them.
-    starts_at: dt.datetime | None = None
-    deadline: dt.datetime | None = None
-    visits_left: int = 0
+    deadline: dt.datetime
+    visits_left: int
 
 
 @dataclass
@@ -270,40 +273,60 @@ def _scope_is_pool(upgrade: Upgrade) -> bool:
 def _coming_visits(
     backlog: PoolBacklog, now: dt.datetime, state: _State, upgrades: dict[int, Upgrade]
 ) -> Generator[_Visit, float | None, None]:
-    """The open cycle's remaining visits (running ones apply their plan at their forecast end),
-    then whole cycles; each cycle's visits last what they are forecast to take."""
+    """The open cycle's remaining visits, then whole cycles in the train's domain order, on the
+    train's lanes (visit_concurrency): each visit starts when a lane is free and lasts what its work
+    is forecast to take (the cost sent back), so a backlog that makes visits long moves the ones
+    after it, and a cycle that falls behind gives its last visits less, as the tick does. A running
+    visit holds its lane until its plan's estimate (its hosts are counted as reached then)."""
     forecast, number = backlog.forecast, backlog.cycle_number
-    end = now
-    deadline = forecast.cycle.deadline_at if forecast.cycle is not None else None
-    planned = sum(1 for v in backlog.visits.values() if v.state == VisitState.PLANNED)
-    for domain in forecast.domains:
-        visit = backlog.visits.get(domain.domain_id)
-        if visit is not None and visit.state == VisitState.RUNNING:
-            for entry in visit.plan.get("upgrades", []):
-                left = state.remaining.get(entry["upgrade"], {})
-                if domain.domain_id in left:
-                    left[domain.domain_id] = max(0, left[domain.domain_id] - int(entry.get("hosts", 0)))
-            _note_done(state, upgrades, number, domain.ends_at or now)
-        elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
-            yield _Visit(
-                domain.domain_id, number, domain.ends_at or domain.starts_at, domain.starts_at, deadline, planned
-            )
-            planned -= 1
-        end = max(end, domain.ends_at or end)
-    start = end if forecast.cycle is not None else now
-    stops = [d.domain_id for d in sorted(forecast.domains, key=lambda d: d.position)]
     lanes_n = backlog.train.visit_concurrency
+    start = now
+    if forecast.cycle is not None:
+        running: list[tuple[dt.datetime, dt.datetime]] = []  # (started, expected end)
+        planned = []
+        for domain in forecast.domains:
+            visit = backlog.visits.get(domain.domain_id)
+            if visit is not None and visit.state == VisitState.RUNNING:
+                for entry in visit.plan.get("upgrades", []):
+                    left = state.remaining.get(entry["upgrade"], {})
+                    if domain.domain_id in left:
+                        left[domain.domain_id] = max(0, left[domain.domain_id] - int(entry.get("hosts", 0)))
+                ends = _running_visit_end(visit, domain.ends_at, now)
+                _note_done(state, upgrades, number, ends)
+                running.append((visit.started_at or now, ends))
+            elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
+                planned.append(domain.domain_id)
+        # As the train forecast does: the visits that started first hold the lanes.
+        lanes = [ends for _, ends in sorted(running)[:lanes_n]] + [now] * max(0, lanes_n - len(running))
+        yield from _cycle_visits(planned, number, lanes, forecast.cycle.deadline_at)
+        start = max([now, *lanes, *(ends for _, ends in running)])
+    stops = [d.domain_id for d in sorted(forecast.domains, key=lambda d: d.position)]
     slo = dt.timedelta(seconds=backlog.train.cycle_slo_s)
     for cycle in range(number + 1, number + 1 + MAX_CYCLES):
         lanes = [start] * lanes_n
-        for position, domain_id in enumerate(stops):
-            lane = min(range(lanes_n), key=lambda i: lanes[i])
-            coming = _Visit(domain_id, cycle, lanes[lane], lanes[lane], start + slo, len(stops) - position)
-            cost = yield coming
-            lanes[lane] = coming.ends_at = lanes[lane] + dt.timedelta(seconds=cost or 0)
+        yield from _cycle_visits(stops, cycle, lanes, start + slo)
         start = max(lanes)
         if all(sum(left.values()) == 0 for left in state.remaining.values()):
             return
+
+
+def _cycle_visits(
+    domain_ids: list[int], cycle: int, lanes: list[dt.datetime], deadline: dt.datetime
+) -> Generator[_Visit, float | None, None]:
+    """One cycle's visits in order on `lanes` (their free times, updated in place)."""
+    for position, domain_id in enumerate(domain_ids):
+        lane = min(range(len(lanes)), key=lambda i: lanes[i])
+        cost = yield _Visit(domain_id, cycle, lanes[lane], deadline, len(domain_ids) - position)
+        lanes[lane] += dt.timedelta(seconds=cost or 0)
+
+
+def _running_visit_end(visit: Visit, forecast_end: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+    """When a running visit's hosts are expected back: at its plan's estimate (what its work takes),
+    else where the train forecast puts it (the train's typical visit); not before now."""
+    estimate_s = float((visit.plan or {}).get("estimate_s") or 0)
+    if estimate_s and visit.started_at is not None:
+        return max(now, visit.started_at + dt.timedelta(seconds=estimate_s))
+    return max(now, forecast_end or now)
 
 
 def _note_done(state: _State, upgrades: dict[int, Upgrade], cycle: int, at: dt.datetime) -> None:
@@ -339,7 +362,7 @@ def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
 def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
     """Apply what the visit would take to the state; its expected length."""
     domain_id, sizing = visit.domain_id, backlog.sizing
-    if visit.starts_at is not None and visit.deadline is not None and visit.visits_left:
+    if visit.visits_left:
         left_s = (visit.deadline - visit.starts_at).total_seconds()
         sizing = sizing_within_cycle(sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left)
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
@@ -390,7 +413,7 @@ def play_forward(
         while True:
             visit = visits.send(cost)
             cost = _visit_takes(backlog, state, upgrades, visit)
-            ends = visit.ends_at if visit.cycle == backlog.cycle_number else visit.ends_at + dt.timedelta(seconds=cost)
+            ends = visit.starts_at + dt.timedelta(seconds=cost)
             _note_done(state, by_id, visit.cycle, ends)
     except StopIteration:
         pass
