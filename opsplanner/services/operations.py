@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Required, TypedDict, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
@@ -72,49 +72,33 @@ class OperationRequest:
     override_buffers: bool = False
 
 
-def operation_submit(
-    *,
-    kind: str,
-    scope: str,
-    reason: str,
-    component: str = "",
-    version: str = "",
-    priority: int = 100,
-    source: str = OperationSource.AD_HOC,
-    actor: Actor = None,
-    needs_drain: bool | None = None,
-    gang: bool = False,
-    estimated_duration_s: int = 1800,
-    executor: str = POOLS_ADAPTER,
-    drainer: str = POOLS_ADAPTER,
-    max_attempts: int = 3,
-    drain_timeout_s: int = 3600,
-    host_ids: list[int] | None = None,
-    hold_reason: str = "",
-    override_buffers: bool = False,
-) -> Operation:
+class OperationFields(TypedDict, total=False):
+    """operation_submit's keywords: OperationRequest's fields by name and type. Their defaults are
+    set only there; mypy holds the two lists to each other where operation_submit builds one."""
+
+    kind: Required[str]
+    scope: Required[str]
+    reason: Required[str]
+    component: str
+    version: str
+    priority: int
+    source: str
+    needs_drain: bool | None
+    gang: bool
+    estimated_duration_s: int
+    executor: str
+    drainer: str
+    max_attempts: int
+    drain_timeout_s: int
+    host_ids: Sequence[int] | None
+    hold_reason: str
+    override_buffers: bool
+
+
+def operation_submit(*, actor: Actor = None, **fields: Unpack[OperationFields]) -> Operation:
     """Create an operation and one pending host task per host in scope, or refuse with the reason
     (OperationRequest says what each keyword asks)."""
-    request = OperationRequest(
-        kind=kind,
-        scope=scope,
-        reason=reason,
-        component=component,
-        version=version,
-        priority=priority,
-        source=source,
-        needs_drain=needs_drain,
-        gang=gang,
-        estimated_duration_s=estimated_duration_s,
-        executor=executor,
-        drainer=drainer,
-        max_attempts=max_attempts,
-        drain_timeout_s=drain_timeout_s,
-        host_ids=host_ids,
-        hold_reason=hold_reason,
-        override_buffers=override_buffers,
-    )
-    return operations_submit(requests=[request], actor=actor)[0]
+    return operations_submit(requests=[OperationRequest(**fields)], actor=actor)[0]
 
 
 @transaction.atomic
