@@ -51,6 +51,38 @@ def test_it_draws_each_domain_with_its_train_visits_and_the_forecast_ahead_of_no
     assert "task task-done kind-upgrade" in done_row  # the visit's host tasks, as an operation bar
 
 
+def test_each_active_upgrade_is_marked_on_its_pool_row_where_it_is_forecast_to_reach_every_host(client) -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=3, hosts_per_domain=2, pool_name="gpu-west")
+    make_train(pool, cycle_slo_s=5400, visit_overhead_s=600)
+    now = clock.now()
+    bios = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+    driver = upgrade_create(
+        pool=pool,
+        component="gpu-driver",
+        version="560.35.03",
+        reason="rollout",
+        duration_s=1200,
+        deadline=now + dt.timedelta(minutes=30),  # taken first for it, but three visits take 1.5 h
+    )
+    client.force_login(make_user(Role.VIEWER))
+    window = f"start={now - dt.timedelta(hours=1):%Y-%m-%dT%H:%M}&end={now + dt.timedelta(days=1):%Y-%m-%dT%H:%M}"
+
+    page = client.get(f"/gantt/?pool={pool.name}&{window}").content.decode()
+    by_component = client.get(f"/gantt/?pool={pool.name}&component=bios&{window}").content.decode()
+
+    marks = re.findall(
+        r'<a href="([^"]+)"><polygon class="mark ([^"]+)"[^>]*><title>([^<]+)</title>', bars_of(page, f"pool-{pool.pk}")
+    )
+    assert [(href, css) for href, css, _ in marks] == [
+        (f"/trains/upgrades/{bios.pk}/", "upgrade-forecast"),
+        (f"/trains/upgrades/{driver.pk}/", "upgrade-forecast late"),
+    ]
+    assert marks[0][2].startswith(f"upgrade {bios.pk}, bios 2.16.0: reaches every host by cycle 2, around ")
+    assert "misses its deadline" in marks[1][2]
+    assert bars_of(by_component, f"pool-{pool.pk}").count('class="mark ') == 1
+
+
 def test_expanding_a_domain_draws_one_row_per_host_with_its_tasks(client) -> None:
     instant_simulator()
     pool, hosts = make_fleet(domains=2, hosts_per_domain=2)

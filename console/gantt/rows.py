@@ -1,6 +1,6 @@
 """What the Gantt draws, read set-based: one query per kind of thing (domains, visits, operations
-per domain, tasks of expanded hosts, opt-out windows, reservations) plus the trains' forecasts,
-whatever the number of rows."""
+per domain, tasks of expanded hosts, opt-out windows, reservations) plus the trains' forecasts and
+the per-upgrade forecasts (a fixed number of queries per pool), whatever the number of rows."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from console.gantt.params import GanttParams
 from fleet.models import CapacityReservation, Host, MaintenanceDomain, OptOutWindow, Pool, ServicePlacement
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
-from trains.models import LIVE_TRAIN_STATES, Train, TrainStop, Visit, VisitState
+from trains.models import LIVE_TRAIN_STATES, Train, TrainStop, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import train_forecast
+from trains.selectors_forecast import upgrades_forecasts
 
 # Without a pool filter the whole fleet is drawn only while it is this small; beyond, the first pool.
 MAX_ROWS_WITHOUT_POOL = 300
@@ -45,6 +46,16 @@ class Band:
 
 
 @dataclass
+class Mark:
+    """A moment drawn as a marker on a row: when an upgrade is forecast to reach every host."""
+
+    at: dt.datetime
+    css: str
+    title: str
+    href: str = ""
+
+
+@dataclass
 class Row:
     key: str  # the SVG group's id is gantt-row-<key>
     level: int  # 0 pool, 1 domain, 2 host
@@ -56,6 +67,7 @@ class Row:
     expanded: bool = False
     bars: list[Bar] = field(default_factory=list)
     bands: list[Band] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +140,7 @@ def gantt_rows(params: GanttParams, *, pool_ids: set[int] | None = None) -> Gant
         return gantt
     _add_visits(gantt, domain_rows)
     _add_forecasts(gantt, domain_rows, pool_rows)
+    _add_upgrade_forecasts(gantt, pool_rows)
     _add_operations(gantt, domain_rows)
     if host_rows:
         _add_host_tasks(gantt, host_rows)
@@ -218,6 +231,34 @@ def _add_forecasts(gantt: Gantt, domain_rows: dict[int, Row], pool_rows: dict[in
             title = f"forecast: {train.name} visits {domain.domain} {when}{skip}"
             css = f"forecast train-{train.state}" + (" skipped" if domain.skip_reason else "")
             row.bars.append(Bar(domain.starts_at, domain.ends_at, css, title))
+
+
+def _add_upgrade_forecasts(gantt: Gantt, pool_rows: dict[int, Row]) -> None:
+    """On each pool's row, where its active upgrades are forecast to reach every host (one set of
+    forecast queries for all of them), marked late when that misses the upgrade's deadline."""
+    params = gantt.params
+    if params.end <= gantt.now:
+        return
+    upgrades = Upgrade.objects.filter(pool_id__in=list(pool_rows), state=UpgradeState.ACTIVE, emergency=False)
+    if params.component:
+        upgrades = upgrades.filter(component_version__component__name=params.component)
+    listed = list(upgrades.select_related("pool", "component_version__component").order_by("created_at", "id"))
+    if not listed:
+        return
+    forecasts = upgrades_forecasts(listed, now=gantt.now)
+    for upgrade in listed:
+        forecast = forecasts[upgrade.pk]
+        if forecast.at is None or not params.start <= forecast.at <= params.end:
+            continue
+        target = f"{upgrade.component_version.component.name} {upgrade.component_version.version}"
+        pool_rows[upgrade.pool_id].marks.append(
+            Mark(
+                at=forecast.at,
+                css="upgrade-forecast" + (" late" if forecast.deadline_met is False else ""),
+                title=f"upgrade {upgrade.pk}, {target}: {forecast.text}",
+                href=reverse("trains:upgrade-detail", args=[upgrade.pk]),
+            )
+        )
 
 
 def _task_css(states: dict[str, int]) -> str:

@@ -8,8 +8,8 @@ from urllib.parse import urlencode
 
 from django.utils.html import escape
 
-from console.gantt.rows import Bar, Gantt, Row
-from drawing.timeline import SVG_NS, Scale, bar_rect, calendar_ticks, esc
+from console.gantt.rows import Bar, Gantt, Mark, Row
+from drawing.timeline import SVG_NS, Scale, bar_rect, calendar_ticks, coordinate, esc
 
 WIDTH = 1200
 LABEL_WIDTH = 210
@@ -79,6 +79,8 @@ def render_row_contents(gantt: Gantt, row: Row) -> str:
     parts.append(_label(gantt, row, height))
     for bar in row.bars:
         parts.append(_bar(axis, bar, height))
+    for mark in row.marks:
+        parts.append(_mark(axis, mark, height))
     return "".join(parts)
 
 
@@ -106,6 +108,15 @@ def _bar(axis: _TimeAxis, bar: Bar, height: int) -> str:
         y, h = height * (1 - LANE_HEIGHT[1]) - 2, height * LANE_HEIGHT[1]
     x1, x2 = axis.x(bar.start), axis.x(bar.end)
     return bar_rect(css=f"bar {bar.css}", x1=x1, x2=x2, y=y, height=h, title=bar.title, min_width=2, attrs=' rx="2"')
+
+
+def _mark(axis: _TimeAxis, mark: Mark, height: int) -> str:
+    """A diamond at the mark's moment across the row's middle, its title as tooltip."""
+    x, y, r = axis.x(mark.at), height / 2, height * 0.3
+    corners = ((x, y - r), (x + r, y), (x, y + r), (x - r, y))
+    points = " ".join(f"{coordinate(px)},{coordinate(py)}" for px, py in corners)
+    shape = f'<polygon class="mark {mark.css}" points="{points}"><title>{esc(mark.title)}</title></polygon>'
+    return f'<a href="{esc(mark.href)}">{shape}</a>' if mark.href else shape
 
 
 def render_svg(gantt: Gantt) -> str:
