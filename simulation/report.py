@@ -210,6 +210,17 @@ def _finished(row: Row) -> str:
     return DASH if row.get("rollouts") is None else f"{row['rollouts_finished']:,} / {row['rollouts']:,}"
 
 
+def _reach(row: Row) -> str:
+    shares = [row.get(key) for key in ("reach_24h_mean", "reach_72h_mean", "reach_7d_mean")]
+    return DASH if all(v is None for v in shares) else " / ".join(_num(v, 3) for v in shares)
+
+
+def _cycles(row: Row) -> str:
+    if not row.get("cycles_completed"):
+        return _get("cycles_completed")(row)
+    return f"{_num(row['cycles_completed'])} ({_pair(row['cycle_mean_hours'], row['cycle_worst_hours'])})"
+
+
 def _forecasts_kept(row: Row) -> str:
     return DASH if row.get("forecasts_due") is None else f"{row['forecasts_kept']:,} / {row['forecasts_due']:,}"
 
@@ -335,7 +346,8 @@ def report_markdown_table(summary: dict[str, Any]) -> str:
         ("interrupted jobs", interrupted),
         ("time to full rollout (mean / worst h)", lambda r: _pair(r["rollout_mean_hours"], r["rollout_worst_hours"])),
         ("rollouts finished", _finished),
-        ("hosts reached per upgrade at 72 h (mean share)", _get("reach_72h_mean", 3)),
+        ("hosts reached per upgrade at 24 h / 72 h / 7 days (mean share)", _reach),
+        ("cycles completed (mean / worst h)", _cycles),
         ("cycles that missed a keepable SLO", _get("cycles_missed_keepable")),
         ("upgrades done by their first forecast", _forecasts_kept),
         ("done after that forecast (median / p90 h)", _forecast_late),

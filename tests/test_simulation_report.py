@@ -209,7 +209,8 @@ def test_markdown_table():
         "interrupted jobs",
         "time to full rollout (mean / worst h)",
         "rollouts finished",
-        "hosts reached per upgrade at 72 h (mean share)",
+        "hosts reached per upgrade at 24 h / 72 h / 7 days (mean share)",
+        "cycles completed (mean / worst h)",
         "cycles that missed a keepable SLO",
         "upgrades done by their first forecast",
         "done after that forecast (median / p90 h)",
@@ -221,6 +222,7 @@ def test_markdown_table():
     assert "| 0.40 | 1.50 | 1.00 |" in table
     assert "15 by drains, 1 by failures" in table
     assert "| host-cycles drained more than once | 2 | — | — |" in table
+    assert "| cycles completed (mean / worst h) | 2 (25.0 / 30.0) | — | — |" in table
 
 
 def test_plots_are_well_formed_svg():
