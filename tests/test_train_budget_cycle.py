@@ -245,6 +245,33 @@ def test_a_long_upgrade_retried_on_one_host_does_not_keep_the_other_hosts_from_t
     assert [s[0] for s in without.taken] == ["retry"]  # not narrowed: the whole domain waited a cycle
 
 
+def test_beside_a_first_upgrade_that_overruns_the_budget_a_visit_takes_what_does_not_make_it_longer() -> None:
+    sizing = VisitSizing(budget_s=3000, overhead_s=600, hosts_at_once=40, factor=1.0, domains=1, largest_domain=40)
+    # The oldest upgrade, long, is left on hosts 1 and 2 and stretches the visit to 4600 s; hosts 3
+    # and 4 are idle that long and have 4000 s for other work.
+    steps = [("kernel", {1, 2}, 4000), ("bios", {1, 2, 3, 4}, 500), ("bmc", {3, 4}, 500), ("os", {3, 4}, 4000)]
+
+    selection = select_within_budget(
+        steps,
+        sizing=sizing,
+        hosts_of=lambda s: s[1],
+        work_of=lambda s: s[2],
+        restrict=lambda s, hosts: (s[0], hosts, s[2]),
+    )
+
+    assert selection.taken == [("kernel", {1, 2}, 4000), ("bios", {3, 4}, 500), ("bmc", {3, 4}, 500)]
+    assert selection.left == [("bios", {1, 2}, 500), ("os", {3, 4}, 4000)]  # either would make it longer
+    assert (selection.cost_s, selection.over_budget) == (4600, True)
+    sliding = select_within_budget(  # its hosts 3 and 4 return at once and make room for the next domain's
+        steps,
+        sizing=replace(sizing, waits_for_busiest=False),
+        hosts_of=lambda s: s[1],
+        work_of=lambda s: s[2],
+        restrict=lambda s, hosts: (s[0], hosts, s[2]),
+    )
+    assert [s[0] for s in sliding.taken] == ["kernel"]
+
+
 def test_an_upgrade_too_long_for_its_visit_runs_only_where_the_rest_of_the_cycle_can_give_the_time() -> None:
     train = Train(cycle_slo_s=SLO_S, visit_concurrency=1)
     sizing = VisitSizing(budget_s=3600, overhead_s=600, hosts_at_once=2, factor=1.0, domains=2, largest_domain=2)

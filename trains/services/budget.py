@@ -89,6 +89,11 @@ class VisitSizing:
     # can give up if every visit after this one shrinks to its overhead. None: no limit, the first
     # upgrade is always taken (an emergency train, a cycle already past its deadline).
     stretch_s: float | None = None
+    # A domain-paced visit's hosts all wait for its busiest one: once its first upgrade has made it
+    # longer than its budget, work that does not make it longer still fits. A sliding visit's hosts
+    # return as each finishes and make room for the next domain's, so there the budget stays the
+    # limit (taking more beside a long upgrade finished fewer rollouts in a 20-day meta run).
+    waits_for_busiest: bool = True
 
     def work_s(self, upgrade: Upgrade) -> int:
         """The time one host takes to apply the upgrade (before the measured correction)."""
@@ -184,6 +189,7 @@ def sizing_for(
         default_work_s=train_default_work_s(train),
         tail=correction.tail,
         extra_s=correction.extra_s,
+        waits_for_busiest=train.pace != Pace.SLIDING,
     )
 
 
@@ -403,20 +409,25 @@ def select_within_budget(
     not fit on every host is taken on the hosts where it fits and left for the next cycle on the
     others. The first one is taken even alone over the budget (the train says so), so a backlog
     never stops moving, unless it overruns what the rest of the cycle can give (`stretch_s`): then
-    it waits for a cycle with the time, and the visit takes what fits."""
+    it waits for a cycle with the time, and the visit takes what fits. Once the first has made a
+    domain-paced visit longer than its budget, what does not make it longer still fits
+    (`VisitSizing.waits_for_busiest`): in a meta run a kernel left on two hosts of a domain
+    stretched its visit, and the other 38 hosts, idle those hours, waited a whole cycle for the
+    upgrades that would have fitted beside it."""
     selection = Selection()
     chains: dict[int, float] = {}  # host -> the work it does in this visit
     for candidate in candidates:
         its_hosts, work = hosts_of(candidate), work_of(candidate)
         hosts = chains.keys() | its_hosts
         cost = _chain_cost(sizing, chains, its_hosts, work, hosts)
-        if cost <= sizing.budget_s or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
+        limit = max(sizing.budget_s, selection.cost_s) if sizing.waits_for_busiest else sizing.budget_s
+        if cost <= limit or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             selection.taken.append(candidate)
             _add_work(chains, its_hosts, work)
             selection.cost_s = cost
             continue
-        fitting = {h for h in its_hosts if _chain_cost(sizing, chains, {h}, work, hosts) <= sizing.budget_s}
+        fitting = {h for h in its_hosts if _chain_cost(sizing, chains, {h}, work, hosts) <= limit}
         if restrict is None or not fitting:
             selection.left.append(candidate)
             continue
