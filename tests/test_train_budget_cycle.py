@@ -21,6 +21,7 @@ from trains.services.budget import (
     FACTOR_BOUNDS,
     HostTimeRatios,
     MeasuredVisit,
+    Selection,
     VisitSizing,
     correction_from,
     factor_from,
@@ -223,19 +224,23 @@ def test_a_late_upgrade_joins_a_visit_only_within_the_budget_the_visit_was_given
     assert visit.plan["late_seen"] == [late.pk]
 
 
+Steps = list[tuple[str, set[int], int]]  # (name, hosts, work s)
+
+
+def select_narrowed(steps: Steps, sizing: VisitSizing) -> Selection:
+    """select_within_budget as the train tick calls it: a step may be narrowed to the hosts where it fits."""
+    return select_within_budget(
+        steps, sizing=sizing, hosts_of=lambda s: s[1], work_of=lambda s: s[2], restrict=lambda s, h: (s[0], h, s[2])
+    )
+
+
 def test_a_long_upgrade_retried_on_one_host_does_not_keep_the_other_hosts_from_their_upgrades() -> None:
     sizing = VisitSizing(budget_s=3000, overhead_s=600, hosts_at_once=40, factor=1.0, domains=1, largest_domain=40)
     # The oldest upgrade is long and left on one host (its first try failed there); the newer ones
     # are pending on all four hosts, that host included.
     steps = [("retry", {1}, 2000), ("bios", {1, 2, 3, 4}, 500), ("bmc", {1, 2, 3, 4}, 500)]
 
-    selection = select_within_budget(
-        steps,
-        sizing=sizing,
-        hosts_of=lambda s: s[1],
-        work_of=lambda s: s[2],
-        restrict=lambda s, hosts: (s[0], hosts, s[2]),
-    )
+    selection = select_narrowed(steps, sizing)
 
     assert selection.taken == [("retry", {1}, 2000), ("bios", {2, 3, 4}, 500), ("bmc", {2, 3, 4}, 500)]
     assert selection.left == [("bios", {1}, 500), ("bmc", {1}, 500)]  # host 1 takes them next cycle
@@ -251,24 +256,13 @@ def test_beside_a_first_upgrade_that_overruns_the_budget_a_visit_takes_what_does
     # and 4 are idle that long and have 4000 s for other work.
     steps = [("kernel", {1, 2}, 4000), ("bios", {1, 2, 3, 4}, 500), ("bmc", {3, 4}, 500), ("os", {3, 4}, 4000)]
 
-    selection = select_within_budget(
-        steps,
-        sizing=sizing,
-        hosts_of=lambda s: s[1],
-        work_of=lambda s: s[2],
-        restrict=lambda s, hosts: (s[0], hosts, s[2]),
-    )
+    selection = select_narrowed(steps, sizing)
 
     assert selection.taken == [("kernel", {1, 2}, 4000), ("bios", {3, 4}, 500), ("bmc", {3, 4}, 500)]
     assert selection.left == [("bios", {1, 2}, 500), ("os", {3, 4}, 4000)]  # either would make it longer
     assert (selection.cost_s, selection.over_budget) == (4600, True)
-    sliding = select_within_budget(  # its hosts 3 and 4 return at once and make room for the next domain's
-        steps,
-        sizing=replace(sizing, waits_for_busiest=False),
-        hosts_of=lambda s: s[1],
-        work_of=lambda s: s[2],
-        restrict=lambda s, hosts: (s[0], hosts, s[2]),
-    )
+    # A sliding visit's hosts 3 and 4 would return at once and make room for the next domain's.
+    sliding = select_narrowed(steps, replace(sizing, waits_for_busiest=False))
     assert [s[0] for s in sliding.taken] == ["kernel"]
 
 
