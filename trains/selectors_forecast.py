@@ -361,10 +361,10 @@ def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
 
 def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
     """Apply what the visit would take to the state; its expected length."""
-    domain_id, sizing = visit.domain_id, backlog.sizing
-    if visit.visits_left:
-        left_s = (visit.deadline - visit.starts_at).total_seconds()
-        sizing = sizing_within_cycle(sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left)
+    domain_id, left_s = visit.domain_id, (visit.deadline - visit.starts_at).total_seconds()
+    sizing = sizing_within_cycle(
+        backlog.sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left
+    )
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
     newest: dict[int, Upgrade] = {}
     best_key: dict[int, tuple] = {}

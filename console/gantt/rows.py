@@ -250,12 +250,11 @@ def _add_upgrade_forecasts(gantt: Gantt, pool_rows: dict[int, Row]) -> None:
         forecast = forecasts[upgrade.pk]
         if forecast.at is None or not params.start <= forecast.at <= params.end:
             continue
-        target = f"{upgrade.component_version.component.name} {upgrade.component_version.version}"
         pool_rows[upgrade.pool_id].marks.append(
             Mark(
                 at=forecast.at,
                 css="upgrade-forecast" + (" late" if forecast.deadline_met is False else ""),
-                title=f"upgrade {upgrade.pk}, {target}: {forecast.text}",
+                title=f"upgrade {upgrade.pk}, {upgrade.component_version}: {forecast.text}",
                 href=reverse("trains:upgrade-detail", args=[upgrade.pk]),
             )
         )
