@@ -41,10 +41,12 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
-from trains.models import Train, TrainState
+from trains.models import Train, TrainState, Upgrade, UpgradeState
+from trains.selectors_forecast import PromiseState, upgrade_promise
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RECENT_WINDOW = dt.timedelta(minutes=15)
+PROMISES_WINDOW = dt.timedelta(days=7)  # completed upgrades counted in opsplanner_upgrade_promises
 # Label value for a pending task without a waiting code (an empty label means "absent"). Tasks get
 # their queue reason when submitted, so a non-zero count here is a task that waits in silence.
 NOT_WAITING = "none"
@@ -105,7 +107,7 @@ def render(families: Iterable[MetricFamily]) -> str:
 
 # --- collection -------------------------------------------------------------------------------------
 def collect() -> list[MetricFamily]:
-    """Every family, read now. About nine queries, whatever the number of pools, hosts or tasks."""
+    """Every family, read now. About ten queries, whatever the number of pools, hosts or tasks."""
     started = time.perf_counter()
     now = clock.now()
     since = now - RECENT_WINDOW
@@ -113,6 +115,7 @@ def collect() -> list[MetricFamily]:
     families.append(_drift_family(pools))
     families += _task_families(pools)
     families += _train_families(pools)
+    families.append(_promise_family(pools, now))
     families += _recent_task_families(pools, since)
     families += _work_item_families(now, since)
     families += _worker_families(now)
@@ -223,6 +226,27 @@ def _train_families(pools: dict[int, str]) -> list[MetricFamily]:
         for state in TrainState.values:
             trains.add(counts.get((pool_id, state), 0), pool=pool, state=state)
     return [trains]
+
+
+def _promise_family(pools: dict[int, str], now: dt.datetime) -> MetricFamily:
+    """How each upgrade's promise (its first forecast) stands: the active upgrades, and those
+    completed within PROMISES_WINDOW, classified by upgrade_promise (one query on a small table)."""
+    fields = ["pool_id", "state", "finished_at", "promise_made_at", "promised_cycle", "promised_at"]
+    upgrades = Upgrade.objects.filter(emergency=False).filter(
+        Q(state=UpgradeState.ACTIVE) | Q(state=UpgradeState.COMPLETED, finished_at__gte=now - PROMISES_WINDOW)
+    )
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    for upgrade in upgrades.only(*fields).order_by():
+        counts[(upgrade.pool_id, upgrade_promise(upgrade, now=now).state)] += 1
+    family = MetricFamily(
+        "opsplanner_upgrade_promises",
+        "Active upgrades, and those completed in the last 7 days, per pool and how the promise of their first "
+        "forecast stands (pending, overdue, kept, missed, ...).",
+    )
+    for pool_id, pool in pools.items():
+        for state in PromiseState.values:
+            family.add(counts.get((pool_id, state), 0), pool=pool, promise=state)
+    return family
 
 
 def _recent_task_families(pools: dict[int, str], since: dt.datetime) -> list[MetricFamily]:

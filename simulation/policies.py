@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Q
 
@@ -30,9 +30,6 @@ from simulation.scenarios import (
 )
 from simulation.world import World
 
-if TYPE_CHECKING:
-    from trains.selectors_forecast import UpgradeForecast
-
 ACTOR = "simulator"
 
 
@@ -46,8 +43,9 @@ class Rollout:
     arrived: dt.datetime
     finished: dt.datetime | None = None
     outcome: str = ""
-    # What the product forecast when the upgrade first appeared (trains only): when it would reach
-    # every host, and the forecast's code (trains.selectors_forecast.ForecastCode).
+    # What the product promised when the upgrade first appeared (trains only: the first forecast the
+    # upgrade keeps, trains/services/upgrade_forecast.py): when it would reach every host, and the
+    # forecast's code (trains.selectors_forecast.ForecastCode).
     forecast_at: dt.datetime | None = None
     forecast_code: str = ""
 
@@ -89,11 +87,6 @@ class TrainsPolicy(Policy):
     label = "maintenance trains"
     pace = "domain"  # domain-synchronous; TrainsSlidingPolicy slides (a live train's own pace is not kept)
 
-    def __init__(self, config: SimulationConfig, world: World) -> None:
-        super().__init__(config, world)
-        self.unforecast: list[int] = []  # upgrades created since the last step
-        self.first_forecasts: dict[int, UpgradeForecast] = {}
-
     def setup(self) -> None:
         from trains.services.trains import train_create
 
@@ -120,7 +113,7 @@ class TrainsPolicy(Policy):
 
         duration_s = self.upgrade_known(arrival)
         pool = Pool.objects.get(pk=self.world.pool(arrival.pool).id)
-        upgrade = upgrade_create(
+        upgrade_create(
             pool=pool,
             component=arrival.component,
             version=arrival.version,
@@ -132,7 +125,6 @@ class TrainsPolicy(Policy):
             duration_s=duration_s,
             actor=ACTOR,
         )
-        self.unforecast.append(upgrade.pk)
 
     def step(self, pool_ids: set[int] | None) -> bool:
         from trains.models import Train, TrainState
@@ -144,28 +136,17 @@ class TrainsPolicy(Policy):
         changed = False
         for train_id in trains.order_by("pk").values_list("pk", flat=True):
             changed |= bool(train_tick(train_id=train_id).events)
-        self._first_forecasts_take()
         return changed
-
-    def _first_forecasts_take(self) -> None:
-        """The forecast an operator sees for each new upgrade once its train has ticked with it (the
-        instant it arrived): kept to measure the forecast against what happened. Reads only."""
-        if not self.unforecast:
-            return
-        from trains.models import Upgrade
-        from trains.selectors_forecast import upgrades_forecasts
-
-        upgrades = list(Upgrade.objects.filter(pk__in=self.unforecast).select_related("component_version"))
-        self.first_forecasts.update(upgrades_forecasts(upgrades))
-        self.unforecast = []
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState
+        from trains.selectors_forecast import ForecastCode
 
         names = {pool.id: pool.name for pool in self.world.pools}
         rollouts = []
         for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id"):
-            forecast = self.first_forecasts.get(upgrade.pk)
+            promised = upgrade.promise_made_at is not None
+            code = ForecastCode.SCHEDULED if upgrade.promised_at else ForecastCode.BEYOND_HORIZON if promised else ""
             rollouts.append(
                 Rollout(
                     pool=names[upgrade.pool_id],
@@ -174,8 +155,8 @@ class TrainsPolicy(Policy):
                     arrived=upgrade.created_at,
                     finished=upgrade.finished_at if upgrade.state == UpgradeState.COMPLETED else None,
                     outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
-                    forecast_at=forecast.at if forecast else None,
-                    forecast_code=str(forecast.code) if forecast else "",
+                    forecast_at=upgrade.promised_at,
+                    forecast_code=str(code),
                 )
             )
         return rollouts

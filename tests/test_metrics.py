@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 TOKEN = "metrics-token-for-the-tests-0123456789"
 T0 = dt.datetime(2030, 1, 6, 12, 0, tzinfo=dt.UTC)
-MAX_QUERIES = 9
+MAX_QUERIES = 10
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,|$)')
@@ -299,3 +299,35 @@ def test_logged_in_users_may_read_it_when_their_role_may_see_the_fleet(client, r
 
 def test_only_get_is_answered(client, token) -> None:
     assert client.post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+
+
+def test_a_scrape_counts_each_pools_upgrades_by_how_their_promise_stands(client, token, clock) -> None:
+    from fleet.models import Component
+    from tests.builders import make_version
+    from trains.models import Upgrade, UpgradeState
+    from trains.services.upgrades import upgrade_create
+
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2)
+    make_train(pool, cycle_slo_s=7200)
+    for version in ("2.18.0", "2.20.0", "2.22.0"):
+        make_version(Component.objects.get(name="bios"), version)
+    pending, overdue, kept, missed, old = (
+        upgrade_create(pool=pool, component=c, version=v, reason="rollout")
+        for c, v in [("bios", "2.16.0"), ("gpu-driver", "560.35.03"), ("bios", "2.18.0"), ("bios", "2.20.0"),
+                     ("bios", "2.22.0")]
+    )  # fmt: skip
+    hour = dt.timedelta(hours=1)
+    Upgrade.objects.filter(pk=overdue.pk).update(promised_at=T0 - hour)
+    Upgrade.objects.filter(pk=kept.pk).update(state=UpgradeState.COMPLETED, promised_at=T0, finished_at=T0 - hour)
+    Upgrade.objects.filter(pk=missed.pk).update(state=UpgradeState.COMPLETED, promised_at=T0 - 2 * hour,
+                                                finished_at=T0 - hour)  # fmt: skip
+    # Completed more than a week ago: no longer counted.
+    Upgrade.objects.filter(pk=old.pk).update(state=UpgradeState.COMPLETED, finished_at=T0 - dt.timedelta(days=8))
+
+    samples = parse(scrape(client).content.decode())
+
+    p = pool.name
+    assert Upgrade.objects.get(pk=pending.pk).promised_at > T0
+    counted = {s: value(samples, "opsplanner_upgrade_promises", pool=p, promise=s) for s in
+               ["pending", "overdue", "kept", "missed", "none", "beyond_horizon", "ended"]}  # fmt: skip
+    assert counted == {"pending": 1, "overdue": 1, "kept": 1, "missed": 1, "none": 0, "beyond_horizon": 0, "ended": 0}

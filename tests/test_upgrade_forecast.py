@@ -17,9 +17,17 @@ from tests.builders import make_fleet
 from tests.driving import instant_simulator
 from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Train, Upgrade, Visit, VisitState
-from trains.selectors_forecast import FORECAST_QUERIES, ForecastCode, UpgradeForecast, upgrades_forecasts
+from trains.selectors_forecast import (
+    FORECAST_QUERIES,
+    ForecastCode,
+    PromiseState,
+    UpgradeForecast,
+    UpgradePromise,
+    upgrade_promise,
+    upgrades_forecasts,
+)
 from trains.services.tick import train_tick
-from trains.services.upgrade_forecast import DeadlineFix
+from trains.services.upgrade_forecast import DeadlineFix, upgrades_forecast_check
 from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
@@ -335,3 +343,95 @@ def test_the_upgrade_form_takes_a_priority_a_deadline_and_a_time_per_host() -> N
     assert upgrade.deadline == deadline.replace(second=0, microsecond=0)
     assert past.status_code == 400
     assert "The deadline is in the past." in error_of(past, "deadline")
+
+
+# --- the promise: the first forecast, kept and held against what happened ---------------------------
+def promise_of(upgrade: Upgrade) -> UpgradePromise:
+    return upgrade_promise(Upgrade.objects.get(pk=upgrade.pk), now=clock.now())
+
+
+def test_an_upgrade_keeps_its_first_forecast_as_its_promise_when_a_later_arrival_moves_its_forecast() -> None:
+    pool, train = one_upgrade_per_visit()
+    bios = create(pool, "bios", "2.16.0")
+    promised = promise_of(bios)
+
+    create(pool, "gpu-driver", "560.35.03", priority=500)
+    train_tick(train_id=train.pk)
+    upgrades_forecast_check(pool_id=pool.pk, now=clock.now())  # asked again: made once
+
+    assert (promised.state, promised.cycle) == (PromiseState.PENDING, 1)
+    assert forecast_of(bios).cycle == 2  # the forecast moved, the promise did not
+    assert (promise_of(bios).cycle, promise_of(bios).at) == (1, promised.at)
+    event = Event.objects.get(kind="upgrade.promised", subject_id=bios.pk)
+    assert event.data["cycle"] == 1
+    assert "reaches every host by cycle 1, around " in event.reason
+
+
+def test_an_upgrade_created_without_a_running_train_gets_its_promise_when_a_train_starts_a_visit() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=1)
+    upgrade = create(pool, "bios", "2.16.0")
+    assert promise_of(upgrade).state == PromiseState.NONE
+
+    train = make_train(pool, cycle_slo_s=5400, visit_overhead_s=600)
+    train_tick(train_id=train.pk)
+
+    promise = promise_of(upgrade)
+    assert (promise.state, promise.cycle) == (PromiseState.PENDING, 1)
+    assert promise.made_at is not None
+
+
+def test_the_promise_is_held_against_when_every_host_ran_it_and_says_by_how_much() -> None:
+    from tests.driving import drive_trains
+
+    pool, _ = one_upgrade_per_visit()
+    kept = create(pool, "bios", "2.16.0")
+    late = create(pool, "gpu-driver", "560.35.03")
+    # The driver's promise was for an hour ago (as if it had been made then and the train fell behind).
+    past = clock.now() - dt.timedelta(hours=1)
+    Upgrade.objects.filter(pk=late.pk).update(promised_at=past)
+    assert promise_of(late).state == PromiseState.OVERDUE
+    assert promise_of(late).text.endswith("h overdue")
+
+    drive_trains(pool, until=lambda: not Upgrade.objects.filter(pool=pool, state="active").exists())
+
+    on_time, missed = promise_of(kept), promise_of(late)
+    assert (on_time.state, missed.state) == (PromiseState.KEPT, PromiseState.MISSED)
+    assert on_time.late_s is not None
+    assert on_time.late_s <= 0
+    assert missed.late_s is not None
+    assert missed.late_s >= 3600
+    assert "missed by 1." in missed.text
+    completed = {e.subject_id: e for e in Event.objects.filter(kind="upgrade.completed")}
+    assert completed[kept.pk].data["promise"] == PromiseState.KEPT
+    assert completed[late.pk].data["promise"] == PromiseState.MISSED
+    assert completed[late.pk].data["late_s"] >= 3600
+    assert "missed by" in completed[late.pk].reason
+
+
+def test_the_api_and_the_upgrades_page_show_each_upgrades_promise() -> None:
+    from django.test import Client
+
+    pool, _ = one_upgrade_per_visit()
+    api = APIClient()
+    api.force_authenticate(make_user(Role.OPERATOR))
+    created = api.post(
+        "/api/upgrades/",
+        {"pool": pool.pk, "component": "bios", "version": "2.16.0", "reason": "rollout", "duration_s": 1200},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    promise = created.json()["promise"]
+    assert (promise["state"], promise["cycle"]) == ("pending", 1)
+    assert promise["late_s"] < 0
+    upgrade = Upgrade.objects.get(pk=created.json()["id"])
+    Upgrade.objects.filter(pk=upgrade.pk).update(promised_at=clock.now() - dt.timedelta(hours=2))
+
+    listed = api.get("/api/upgrades/").json()["results"][0]["promise"]
+    browser = Client()
+    browser.force_login(make_user(Role.VIEWER))
+    page = browser.get("/trains/upgrades/").content.decode()
+
+    assert listed["state"] == "overdue"
+    assert 'data-promise="overdue"' in page
+    assert promise_of(upgrade).text.split(":")[0] in page

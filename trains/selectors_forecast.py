@@ -429,7 +429,8 @@ def _with_priority(upgrade: Upgrade, priority: int | None) -> Upgrade:
     return copy
 
 
-def _forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dict) -> UpgradeForecast:
+def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dict) -> UpgradeForecast:
+    """An upgrade's forecast from its pool's backlog and what play_forward made of it (no query)."""
     if upgrade.state != UpgradeState.ACTIVE:
         return UpgradeForecast(upgrade.pk, ForecastCode.NOT_ACTIVE, text=f"{upgrade.get_state_display().lower()}")
     if upgrade.emergency:
@@ -463,4 +464,53 @@ def upgrades_forecasts(upgrades: list[Upgrade], *, now: dt.datetime | None = Non
     pool_ids = sorted({u.pool_id for u in upgrades if u.state == UpgradeState.ACTIVE})
     backlogs, _ = pool_backlogs(pool_ids, now=now) if pool_ids else ({}, [])
     done = {pool_id: play_forward(backlog, now=now) for pool_id, backlog in backlogs.items()}
-    return {u.pk: _forecast_of(u, backlogs.get(u.pool_id), done.get(u.pool_id, {})) for u in upgrades}
+    return {u.pk: upgrade_forecast_of(u, backlogs.get(u.pool_id), done.get(u.pool_id, {})) for u in upgrades}
+
+
+# --- the promise: the first forecast, held against what happened ------------------------------------
+class PromiseState(models.TextChoices):
+    NONE = "none", "No promise yet (no running train when it was created, or its emergency train applies it)"
+    BEYOND_HORIZON = "beyond_horizon", f"Promised nothing within {MAX_CYCLES} cycles"
+    PENDING = "pending", "Within its promise so far"
+    OVERDUE = "overdue", "Past its promise, not on every host yet"
+    KEPT = "kept", "On every host by its promise"
+    MISSED = "missed", "On every host, after its promise"
+    ENDED = "ended", "Ended before reaching every host"
+
+
+@dataclass(frozen=True)
+class UpgradePromise:
+    state: str
+    cycle: int | None = None
+    at: dt.datetime | None = None
+    made_at: dt.datetime | None = None
+    late_s: float | None = None  # past the promised time: when every host ran it, or now if not yet; < 0 early
+    text: str = ""
+
+
+def upgrade_promise(upgrade: Upgrade, *, now: dt.datetime) -> UpgradePromise:
+    """The upgrade's promise (the forecast its train first gave it, trains/services/upgrade_forecast.py)
+    against when every host ran it, or against now while it has not (no query)."""
+    made, at, cycle = upgrade.promise_made_at, upgrade.promised_at, upgrade.promised_cycle
+    if made is None:
+        return UpgradePromise(PromiseState.NONE, text="no promise yet")
+    if at is None or cycle is None:
+        return UpgradePromise(
+            PromiseState.BEYOND_HORIZON, made_at=made, text=f"promised nothing within {MAX_CYCLES} cycles"
+        )
+    promised = f"promised every host by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
+    if upgrade.state == UpgradeState.COMPLETED and upgrade.finished_at is not None:
+        late = (upgrade.finished_at - at).total_seconds()
+        state = PromiseState.KEPT if late <= 0 else PromiseState.MISSED
+        how = f"kept, {_hours(-late)} early" if late <= 0 else f"missed by {_hours(late)}"
+        return UpgradePromise(state, cycle, at, made, late, f"{promised}: {how}")
+    if upgrade.state != UpgradeState.ACTIVE:
+        return UpgradePromise(PromiseState.ENDED, cycle, at, made, text=f"{promised}; {upgrade.state} before that")
+    late = (now - at).total_seconds()
+    if late > 0:
+        return UpgradePromise(PromiseState.OVERDUE, cycle, at, made, late, f"{promised}: {_hours(late)} overdue")
+    return UpgradePromise(PromiseState.PENDING, cycle, at, made, late, promised)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"

@@ -27,7 +27,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import DomainForecast, TrainForecast, forecast_from_rows
-from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
+from trains.selectors_forecast import UpgradeForecast, UpgradePromise, upgrade_promise, upgrades_forecasts
 from trains.services.budget import Correction, correction_from, recent_visits, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures, phase_successes
@@ -249,6 +249,7 @@ class UpgradeRow:
     phases: list[PhaseRow]
     reonboard: Approval | None  # a pending request to re-onboard it
     forecast: UpgradeForecast | None = None  # when it reaches every host (active upgrades)
+    promise: UpgradePromise | None = None  # its first forecast, against what happened
 
     @property
     def reonboard_state(self) -> str:
@@ -298,12 +299,14 @@ def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
 
 
 def upgrade_rows(upgrades: list[Upgrade]) -> list[UpgradeRow]:
-    """Upgrades with their phases' counts, any pending re-onboarding request, and the forecast of
-    the active ones (a fixed number of queries: selectors_forecast.upgrades_forecasts)."""
+    """Upgrades with their phases' counts, any pending re-onboarding request, the forecast of the
+    active ones (a fixed number of queries: selectors_forecast.upgrades_forecasts) and each one's
+    promise held against what happened."""
     ids = [u.pk for u in upgrades]
     if not ids:
         return []
     forecasts = upgrades_forecasts(upgrades)
+    now = clock.now()
     phases: dict[int, list[UpgradePhase]] = defaultdict(list)
     for phase in phases_with_counts(ids):
         phases[phase.upgrade_id].append(phase)
@@ -330,6 +333,7 @@ def upgrade_rows(upgrades: list[Upgrade]) -> list[UpgradeRow]:
             ],
             reonboard=pending.get(upgrade.pk),
             forecast=forecasts.get(upgrade.pk),
+            promise=upgrade_promise(upgrade, now=now),
         )
         for upgrade in upgrades
     ]

@@ -55,6 +55,13 @@ class Upgrade(models.Model):
     deadline_alerted_at = models.DateTimeField(
         null=True, blank=True, help_text="when the forecast first said the deadline cannot be met"
     )
+    # Its promise: the first forecast its train gave it (trains/services/upgrade_forecast.py), kept
+    # to be held against when every host ran it. Made at most once; no time: beyond the horizon.
+    promise_made_at = models.DateTimeField(null=True, blank=True, help_text="when its first forecast was made")
+    promised_cycle = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the cycle its first forecast said every host has it by"
+    )
+    promised_at = models.DateTimeField(null=True, blank=True, help_text="around when, by its first forecast")
     duration_s = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -78,6 +85,12 @@ class Upgrade(models.Model):
                 violation_error_message="A multi-cycle upgrade needs a number of hosts per visit.",
             ),
             models.CheckConstraint(condition=~Q(reason=""), name="upgrade_reason_given"),
+            models.CheckConstraint(
+                condition=Q(promised_at__isnull=True, promised_cycle__isnull=True)
+                | Q(promised_at__isnull=False, promised_cycle__isnull=False, promise_made_at__isnull=False),
+                name="upgrade_promise_whole",
+                violation_error_message="A promise has its cycle, its time and when it was made.",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -20,7 +20,7 @@ from trains.services.budget import (
     train_sizing,
 )
 from trains.services.trains import train_set_state
-from trains.services.upgrade_forecast import upgrades_deadline_check
+from trains.services.upgrade_forecast import upgrades_forecast_check
 from trains.services.visits import UpgradePlan, visit_start
 
 
@@ -102,10 +102,11 @@ def cycle_visits_start(
 
 
 def _budget_step(train: Train, plans: list[UpgradePlan], sizing: VisitSizing, now: dt.datetime) -> None:
-    """Say at once when an upgrade alone cannot fit a visit; alert on deadlines the forecast misses."""
+    """Say at once when an upgrade alone cannot fit a visit; promise new upgrades their forecast and
+    alert on deadlines the forecast misses."""
     if not train.emergency:
         train_budget_check(train=train, upgrades=[p.upgrade for p in plans], sizing=sizing)
-        upgrades_deadline_check(pool_id=train.pool_id, now=now)
+        upgrades_forecast_check(pool_id=train.pool_id, now=now)
 
 
 def _domain_skip(train: Train, visit: Visit, reason: str, now: dt.datetime) -> None:

@@ -39,6 +39,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
+from trains.selectors_forecast import upgrade_promise
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     HOST_TIME_KEY,
@@ -323,7 +324,16 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
     if Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.COMPLETED, state_reason=reason, finished_at=now
     ):
-        event_record(kind="upgrade.completed", subject=upgrade, actor=ACTOR, reason=reason, pool_id=upgrade.pool_id)
+        upgrade.state, upgrade.state_reason, upgrade.finished_at = UpgradeState.COMPLETED, reason, now
+        promise = upgrade_promise(upgrade, now=now)
+        event_record(
+            kind="upgrade.completed",
+            subject=upgrade,
+            actor=ACTOR,
+            reason=f"{reason}; {promise.text}",
+            pool_id=upgrade.pool_id,
+            data={"promise": promise.state, "late_s": None if promise.late_s is None else round(promise.late_s)},
+        )
 
 
 # --- 2. visits finishing ----------------------------------------------------------------------------

@@ -1,16 +1,20 @@
-"""Deadlines: an upgrade whose forecast misses its deadline raises an alert that says what would
-meet it (a higher priority, a larger buffer, an emergency train). Runs in the caller's transaction;
-one alert per upgrade (deadline_alerted_at), and none while no upgrade of the pool has a deadline."""
+"""Promises and deadlines, from one forecast of the pool.
+
+Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promised_at`), made once, to
+be held against when every host ran it (trains.selectors_forecast.upgrade_promise). An upgrade whose
+forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
+larger buffer, an emergency train), once (deadline_alerted_at). Runs in the caller's transaction;
+one query while every upgrade of the pool has its promise and none waits on a deadline."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import TextChoices
+from django.db.models import Q, TextChoices
 
 from opsplanner.events import event_record
 from trains.models import Upgrade, UpgradeState
-from trains.selectors_forecast import PoolBacklog, play_forward, pool_backlogs
+from trains.selectors_forecast import ForecastCode, PoolBacklog, play_forward, pool_backlogs, upgrade_forecast_of
 from trains.services.actor import ACTOR
 
 TOP_PRIORITY = 1000
@@ -22,31 +26,60 @@ class DeadlineFix(TextChoices):
     EMERGENCY_TRAIN = "emergency_train", "An emergency train"
 
 
-def upgrades_deadline_check(*, pool_id: int, now: dt.datetime) -> list[int]:
-    """Alert for each active upgrade of the pool whose deadline the forecast misses (not alerted
-    before); the ids alerted. One query when no upgrade of the pool waits on a deadline."""
-    waiting = list(
-        Upgrade.objects.filter(
-            pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False, deadline__isnull=False,
-            deadline_alerted_at__isnull=True,
-        ).values_list("id", "deadline")
-    )  # fmt: skip
-    if not waiting:
+def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
+    """Give each active upgrade of the pool that has none its promise, and alert for each whose
+    deadline the forecast misses (not alerted before); the ids alerted. The train tick and the
+    creation of an upgrade ask it; without a running train it waits for one."""
+    rows = list(
+        Upgrade.objects.filter(pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False)
+        .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False, deadline_alerted_at__isnull=True))
+        .values_list("id", "deadline", "deadline_alerted_at", "promise_made_at")
+    )
+    if not rows:
         return []
     backlogs, _ = pool_backlogs([pool_id], now=now)
     backlog = backlogs.get(pool_id)
     if backlog is None:
         return []  # no running train: the upgrade page says "not scheduled"
     done = play_forward(backlog, now=now)
+    _promises_make(backlog, [upgrade_id for upgrade_id, _, _, made in rows if made is None], done, now)
     alerted = []
-    for upgrade_id, deadline in waiting:
+    for upgrade_id, deadline, alerted_at, _ in rows:
         reached = done.get(upgrade_id)
-        if deadline is None or (reached is not None and reached[1] <= deadline):
+        if deadline is None or alerted_at is not None or (reached is not None and reached[1] <= deadline):
             continue
         if Upgrade.objects.filter(pk=upgrade_id, deadline_alerted_at__isnull=True).update(deadline_alerted_at=now):
             _alert(backlog, upgrade_id, deadline, reached, now)
             alerted.append(upgrade_id)
     return alerted
+
+
+def _promises_make(backlog: PoolBacklog, upgrade_ids: list[int], done: dict, now: dt.datetime) -> None:
+    """Record the forecast of each of these upgrades as its promise (guarded: made once) with an event."""
+    by_id = {u.pk: u for u in backlog.upgrades}
+    for upgrade_id in upgrade_ids:
+        upgrade = by_id.get(upgrade_id)
+        if upgrade is None:
+            continue
+        forecast = upgrade_forecast_of(upgrade, backlog, done)
+        if forecast.code not in (ForecastCode.SCHEDULED, ForecastCode.BEYOND_HORIZON):
+            continue
+        if not Upgrade.objects.filter(pk=upgrade_id, promise_made_at__isnull=True).update(
+            promise_made_at=now, promised_cycle=forecast.cycle, promised_at=forecast.at
+        ):
+            continue  # another tick made it
+        event_record(
+            kind="upgrade.promised",
+            subject=upgrade,
+            actor=ACTOR,
+            reason=f"upgrade #{upgrade.pk} ({upgrade.component_version}) {forecast.text}",
+            pool_id=upgrade.pool_id,
+            data={
+                "upgrade": upgrade.pk,
+                "cycle": forecast.cycle,
+                "at": forecast.at.isoformat() if forecast.at else None,
+            },
+        )
 
 
 def _alert(

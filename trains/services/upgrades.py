@@ -290,9 +290,10 @@ def _phase_rows(upgrade: Upgrade, specs: list[PhaseSpec], scope_ids: list[int]) 
 
 
 def _train_says_at_once(pool: Pool) -> None:
-    """The pool's train checks at once that every active upgrade fits one of its visits, and the
-    forecast that every deadline is met (alerts otherwise), rather than when a cycle misses."""
-    from trains.services.upgrade_forecast import upgrades_deadline_check
+    """The pool's train checks at once that every active upgrade fits one of its visits, gives the new
+    one its promise, and the forecast that every deadline is met (alerts otherwise), rather than when a
+    cycle misses."""
+    from trains.services.upgrade_forecast import upgrades_forecast_check
 
     train = Train.objects.filter(pool=pool, emergency=False, state__in=LIVE_TRAIN_STATES).select_related("pool").first()
     if train is None:
@@ -303,7 +304,7 @@ def _train_says_at_once(pool: Pool) -> None:
         )
     )
     train_budget_check(train=train, upgrades=active)
-    upgrades_deadline_check(pool_id=pool.pk, now=clock.now())
+    upgrades_forecast_check(pool_id=pool.pk, now=clock.now())
 
 
 def upgrade_tasks(upgrade: Upgrade, *, phase: int | None = None) -> QuerySet[HostTask]:

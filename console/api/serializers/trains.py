@@ -9,11 +9,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.api.serializers.fields import MAX_ID
+from opsplanner import clock
 from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 from opsplanner.scopes import MAX_SCOPE_LENGTH
 from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
-from trains.selectors_forecast import ForecastCode, upgrades_forecasts
+from trains.selectors_forecast import ForecastCode, PromiseState, upgrade_promise, upgrades_forecasts
 
 
 class TrainSerializer(serializers.ModelSerializer):
@@ -156,6 +157,19 @@ class UpgradeForecastSerializer(serializers.Serializer):
     text = serializers.CharField()
 
 
+class UpgradePromiseSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=PromiseState.choices)
+    cycle = serializers.IntegerField(
+        allow_null=True, help_text="the cycle its first forecast said every host has it by"
+    )
+    at = serializers.DateTimeField(allow_null=True, help_text="around when, by that forecast")
+    made_at = serializers.DateTimeField(allow_null=True, help_text="when that forecast was made")
+    late_s = serializers.FloatField(
+        allow_null=True, help_text="past the promised time when every host ran it (or now, not yet); negative: early"
+    )
+    text = serializers.CharField()
+
+
 class UpgradeListSerializer(serializers.ListSerializer):
     """Forecasts every upgrade of the page at once (a fixed number of queries, whatever the page)."""
 
@@ -174,6 +188,9 @@ class UpgradeSerializer(serializers.ModelSerializer):
     held_reason = serializers.SerializerMethodField(help_text="what holds the phase in force and what would unblock it")
     forecast = serializers.SerializerMethodField(
         help_text="when the upgrade reaches every host of its scope, from its place in the backlog"
+    )
+    promise = serializers.SerializerMethodField(
+        help_text="its first forecast, kept, against when every host ran it (or now, while not every host has)"
     )
 
     class Meta:
@@ -204,6 +221,7 @@ class UpgradeSerializer(serializers.ModelSerializer):
             "held_code",
             "held_reason",
             "forecast",
+            "promise",
             "phases",
         ]
 
@@ -213,6 +231,10 @@ class UpgradeSerializer(serializers.ModelSerializer):
         if forecasts is None or upgrade.pk not in forecasts:  # one upgrade (a detail, a create)
             forecasts = upgrades_forecasts([upgrade])
         return UpgradeForecastSerializer(asdict(forecasts[upgrade.pk])).data
+
+    @extend_schema_field(UpgradePromiseSerializer)
+    def get_promise(self, upgrade: Upgrade) -> dict:
+        return UpgradePromiseSerializer(asdict(upgrade_promise(upgrade, now=clock.now()))).data
 
     def _phase_in_force(self, upgrade: Upgrade) -> UpgradePhase | None:
         phases = upgrade.phases.all()  # prefetched by the viewset
