@@ -435,3 +435,6 @@ def test_the_api_and_the_upgrades_page_show_each_upgrades_promise() -> None:
     assert listed["state"] == "overdue"
     assert 'data-promise="overdue"' in page
     assert promise_of(upgrade).text.split(":")[0] in page
+    made_at = promise_of(upgrade).made_at
+    assert made_at is not None
+    assert f'On <time datetime="{made_at.isoformat()}">{made_at:%Y-%m-%d %H:%M} UTC</time> its train' in page
