@@ -447,8 +447,8 @@ _PHASE_SUCCESSES = _per_phase(phase_successes)
 
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
     """Remove a failing upgrade from every train: its pending work is cancelled, its version is
-    withdrawn (no host returns running it: repairs roll it back), and hosts already back in
-    service with it get a rollback operation. Runs in the caller's transaction."""
+    withdrawn (no host returns running it: repairs roll it back), and hosts that may serve with it
+    (back in service, past the pre-return gate, draining) get a rollback operation. Runs in the caller's transaction."""
     now = clock.now()
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
@@ -488,12 +488,19 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     return True
 
 
+# Hosts that may be in service with a withdrawn version without passing the pre-return gate or a
+# repair (both of which take it off): those in service, those already past the gate on their way
+# back, and those draining (a failed drain returns the host as it was). A host that the gate or a
+# repair puts right after all ends its rollback as "nothing to do" at admission.
+_MAY_SERVE_WITHDRAWN = (HostState.IN_SERVICE, HostState.RETURNING, HostState.DRAINING)
+
+
 def _rollback_in_service(upgrade: Upgrade, actor: Actor) -> list[int]:
-    """Hosts in service that run the withdrawn version go back to what they ran before."""
+    """Hosts that run the withdrawn version and may serve with it go back to what they ran before."""
     target = upgrade.component_version
     by_previous: dict[str, list[int]] = {}
     for host_id, previous in InstalledVersion.objects.filter(
-        version=target, previous_version__isnull=False, host__state=HostState.IN_SERVICE
+        version=target, previous_version__isnull=False, host__state__in=_MAY_SERVE_WITHDRAWN
     ).values_list("host_id", "previous_version__version"):
         by_previous.setdefault(previous, []).append(host_id)
     operations = []

@@ -1,0 +1,91 @@
+"""Offboarding an upgrade: no host serves its withdrawn version, wherever the host was at that moment."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
+from fleet.services import installed_version_set
+from opsplanner.models import HostTask, Operation, OperationSource, TaskState, WorkItem
+from opsplanner.services.operations import operation_submit
+from tests.builders import make_fleet
+from tests.driving import busy, drive, drive_trains, instant_simulator
+from tests.trains_builders import make_train
+from trains.models import Upgrade
+from trains.services.upgrades import upgrade_create, upgrade_offboard
+
+pytestmark = pytest.mark.django_db
+
+
+def hosts_running(version_id: int, state: HostState) -> set[int]:
+    return set(
+        InstalledVersion.objects.filter(version_id=version_id, host__state=state).values_list("host_id", flat=True)
+    )
+
+
+def test_a_host_past_the_pre_return_gate_when_its_upgrade_is_offboarded_is_rolled_back_once_in_service() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=3)
+    make_train(pool)
+    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
+    target = upgrade.component_version_id
+
+    # Stop the moment a host has passed the gate with the new driver and is on its way back.
+    drive_trains(pool, until=lambda: bool(hosts_running(target, HostState.RETURNING)))
+    returning = hosts_running(target, HostState.RETURNING)
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+
+    drive_trains(pool, until=lambda: not busy([pool]))
+
+    assert not hosts_running(target, HostState.IN_SERVICE), "a host serves the withdrawn driver"
+    rolled_back = HostTask.objects.filter(
+        operation__source=OperationSource.REPAIR,
+        operation__component_version__version="550.127.05",
+        state=TaskState.DONE,
+    )
+    assert returning <= set(rolled_back.values_list("host_id", flat=True))
+    assert set(Host.objects.filter(pk__in=returning).values_list("state", flat=True)) == {HostState.IN_SERVICE}
+
+
+def test_a_host_the_gate_already_put_right_ends_its_rollback_with_nothing_to_do() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    make_train(pool)
+    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
+    target = upgrade.component_version_id
+    drive_trains(pool, until=lambda: bool(hosts_running(target, HostState.RETURNING)))
+    returning = hosts_running(target, HostState.RETURNING)
+    # Something else (an operator, a repair) put the driver back before the rollback is admitted.
+    old = InstalledVersion.objects.get(host_id=next(iter(returning)), component__name="gpu-driver").previous_version
+    with transaction.atomic():
+        upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    InstalledVersion.objects.filter(host_id__in=returning, component__name="gpu-driver").update(version=old)
+
+    drive_trains(pool, until=lambda: not busy([pool]))
+
+    rollbacks = Operation.objects.filter(source=OperationSource.REPAIR, component_version__version="550.127.05")
+    tasks = HostTask.objects.filter(operation__in=rollbacks, host_id__in=returning)
+    assert set(tasks.values_list("state", flat=True)) == {TaskState.DONE}
+    assert not tasks.filter(drain_key__isnull=False).exists(), "a host was drained for nothing"
+
+
+def test_a_host_draining_with_the_withdrawn_version_whose_drain_fails_is_rolled_back_after_it_returns() -> None:
+    instant_simulator(refusing_host_fraction=1.0)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    new_driver = ComponentVersion.objects.get(component__name="gpu-driver", version="560.35.03")
+    installed_version_set(host=hosts[0], version=new_driver)  # an earlier drain gave it the new driver
+    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
+    scope = f"hosts: {hosts[0].hostname}"
+    operation_submit(kind="upgrade", scope=scope, component="bios", version="2.16.0", reason="bios", actor="op")
+    drive(pool, until=lambda: Host.objects.get(pk=hosts[0].pk).state == HostState.DRAINING)
+    assert WorkItem.objects.get(host_task__operation__component_version__component__name="bios").state == "failed"
+    with transaction.atomic():
+        upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    instant_simulator()  # the drainer takes the host again, once the refused drain has brought it back
+
+    drive(pool)
+
+    assert not hosts_running(new_driver.pk, HostState.IN_SERVICE)
+    assert InstalledVersion.objects.get(host=hosts[0], component__name="gpu-driver").version.version == "550.127.05"
