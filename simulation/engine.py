@@ -276,12 +276,14 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
     for _ in range(ROUNDS_PER_TICK):
         log.rounds += 1
         finished = simulated_work_step(profile=profile) if claim else 0
-        acted = log.policy.step(touched) if everything or touched else False
+        acted = log.policy.step(touched) if everything or touched else set()
         # A tick admits after it returns hosts, so a pool needs another only for new work or outcomes.
-        acted_on = (touched or set()) if acted else set()
-        pools_due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted_on | broke
+        pools_due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted | broke
         broke = set()  # a pool where a host broke is ticked at once: its repair is admitted
-        everything, touched, claim = False, set(), False
+        # The policy acts again where it changed something, as its next beat would seconds later: a
+        # train that ended its cycle opens the next, a queue that finished a rollout starts the next.
+        # Without it they waited for the next arrival or IDLE_STEP, up to 6 idle hours each time.
+        everything, touched, claim = False, set(acted), False
         for pool_id in sorted(pools_due):
             counts = pool_tick(pool_id=pool_id, kick=False).counts
             claim |= counts.work_items_created > 0

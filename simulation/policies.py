@@ -74,9 +74,9 @@ class Policy:
             return None
         return max(1, round(upgrade_execute_seconds(self.config, arrival.component, arrival.version)))
 
-    def step(self, pool_ids: set[int] | None) -> bool:
-        """Act for these pools (None: all) at the current instant; True when it changed something."""
-        return False
+    def step(self, pool_ids: set[int] | None) -> set[int]:
+        """Act for these pools (None: all) at the current instant; the pools where it changed something."""
+        return set()
 
     def rollouts(self) -> list[Rollout]:
         raise NotImplementedError
@@ -126,17 +126,18 @@ class TrainsPolicy(Policy):
             actor=ACTOR,
         )
 
-    def step(self, pool_ids: set[int] | None) -> bool:
+    def step(self, pool_ids: set[int] | None) -> set[int]:
         from trains.models import Train, TrainState
         from trains.services.tick import train_tick
 
         trains = Train.objects.filter(state__in=[TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED])
         if pool_ids is not None:
             trains = trains.filter(pool_id__in=pool_ids)
-        changed = False
-        for train_id in trains.order_by("pk").values_list("pk", flat=True):
-            changed |= bool(train_tick(train_id=train_id).events)
-        return changed
+        return {
+            pool_id
+            for train_id, pool_id in trains.order_by("pk").values_list("pk", "pool_id")
+            if train_tick(train_id=train_id).events
+        }
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState
@@ -204,12 +205,12 @@ class RollingPolicy(Policy):
         if duration_s is not None:
             self.durations[(rollout.component, rollout.version)] = duration_s
 
-    def step(self, pool_ids: set[int] | None) -> bool:
-        changed = False
-        for queue in self.queues.values():
-            if pool_ids is None or queue.pool_id in pool_ids:
-                changed |= self._advance(queue)
-        return changed
+    def step(self, pool_ids: set[int] | None) -> set[int]:
+        return {
+            queue.pool_id
+            for queue in self.queues.values()
+            if (pool_ids is None or queue.pool_id in pool_ids) and self._advance(queue)
+        }
 
     def _advance(self, queue: _PoolQueue) -> bool:
         if queue.current is None:
