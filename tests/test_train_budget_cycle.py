@@ -261,9 +261,33 @@ def test_beside_a_first_upgrade_that_overruns_the_budget_a_visit_takes_what_does
     assert selection.taken == [("kernel", {1, 2}, 4000), ("bios", {3, 4}, 500), ("bmc", {3, 4}, 500)]
     assert selection.left == [("bios", {1, 2}, 500), ("os", {3, 4}, 4000)]  # either would make it longer
     assert (selection.cost_s, selection.over_budget) == (4600, True)
-    # A sliding visit's hosts 3 and 4 would return at once and make room for the next domain's.
-    sliding = select_narrowed(steps, replace(sizing, waits_for_busiest=False))
-    assert [s[0] for s in sliding.taken] == ["kernel"]
+
+
+def test_beside_a_first_upgrade_that_overruns_the_budget_a_sliding_visits_other_hosts_take_what_fits_their_budget() -> (
+    None
+):
+    sizing = VisitSizing(
+        budget_s=3000,
+        overhead_s=600,
+        hosts_at_once=40,
+        factor=1.0,
+        domains=1,
+        largest_domain=40,
+        waits_for_busiest=False,
+    )
+    # The kernel keeps hosts 1 and 2 out 4600 s. A sliding visit's other hosts return as each
+    # finishes, so each may take up to the budget of its own work, and no more: not the 4600 s the
+    # kernel hosts are out (that would keep them from making room for the next domain's).
+    steps = [("kernel", {1, 2}, 4000), ("bios", {1, 2, 3, 4}, 500), ("bmc", {3, 4}, 500), ("os", {3, 4}, 4000)]
+
+    narrowed = select_narrowed(steps, sizing)
+    whole = select_within_budget(steps, sizing=sizing, hosts_of=lambda s: s[1], work_of=lambda s: s[2])
+
+    assert narrowed.taken == [("kernel", {1, 2}, 4000), ("bios", {3, 4}, 500), ("bmc", {3, 4}, 500)]
+    assert narrowed.left == [("bios", {1, 2}, 500), ("os", {3, 4}, 4000)]
+    assert (narrowed.cost_s, narrowed.over_budget) == (4600, True)  # the visit's longest host, as before
+    # Unnarrowed (the forecast): bmc fits each of its hosts and is taken whole; bios is not.
+    assert [s[0] for s in whole.taken] == ["kernel", "bmc"]
 
 
 def test_an_upgrade_too_long_for_its_visit_runs_only_where_the_rest_of_the_cycle_can_give_the_time() -> None:

@@ -23,6 +23,7 @@ import math
 from collections import defaultdict
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -359,6 +360,14 @@ def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
     return dict(again)
 
 
+class _Take(NamedTuple):
+    """An upgrade on some of a domain's hosts, as a forecast visit takes it (hosts are numbered:
+    those of different upgrades in one domain overlap)."""
+
+    upgrade: Upgrade
+    hosts: frozenset[int]
+
+
 def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
     """Apply what the visit would take to the state; its expected length."""
     domain_id, left_s = visit.domain_id, (visit.deadline - visit.starts_at).total_seconds()
@@ -376,15 +385,23 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
         best_key[component] = min(best_key.get(component, upgrade_order_key(upgrade)), upgrade_order_key(upgrade))
     candidates = sorted(newest.values(), key=lambda u: best_key[u.component_version.component_id])
 
-    def hosts(upgrade: Upgrade) -> set[int]:
+    def hosts(upgrade: Upgrade) -> frozenset[int]:
         count = state.remaining[upgrade.pk][domain_id]
         if upgrade.multi_cycle and upgrade.hosts_per_visit:
             count = min(count, upgrade.hosts_per_visit)
-        return set(range(count))
+        return frozenset(range(count))
 
-    selection = select_within_budget(candidates, sizing=sizing, hosts_of=hosts, work_of=sizing.work_s)
-    for upgrade in selection.taken:
-        taken = len(hosts(upgrade))
+    # As the tick does (visits.domain_steps): an upgrade that does not fit every host is taken on
+    # those where it fits, the rest left for the next cycle.
+    selection = select_within_budget(
+        [_Take(upgrade, hosts(upgrade)) for upgrade in candidates],
+        sizing=sizing,
+        hosts_of=lambda take: set(take.hosts),
+        work_of=lambda take: sizing.work_s(take.upgrade),
+        restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
+    )
+    for upgrade, its_hosts in selection.taken:
+        taken = len(its_hosts)
         state.remaining[upgrade.pk][domain_id] -= taken
         component = upgrade.component_version.component_id
         for older in waiting:  # superseded where the newest went

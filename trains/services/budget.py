@@ -427,7 +427,12 @@ def select_within_budget(
             _add_work(chains, its_hosts, work)
             selection.cost_s = cost
             continue
-        fitting = {h for h in its_hosts if _chain_cost(sizing, chains, {h}, work, hosts) <= limit}
+        fitting = {h for h in its_hosts if _host_cost(sizing, chains, h, work, hosts) <= limit}
+        if fitting == its_hosts:  # sliding: each of its hosts fits, beside one already over the budget
+            selection.taken.append(candidate)
+            _add_work(chains, its_hosts, work)
+            selection.cost_s = _chain_cost(sizing, chains, set(), 0.0, chains.keys())
+            continue
         if restrict is None or not fitting:
             selection.left.append(candidate)
             continue
@@ -443,6 +448,15 @@ def _chain_cost(sizing: VisitSizing, chains: dict[int, float], more: set[int], w
     busiest = max((chains.get(h, 0.0) + work for h in more), default=0.0)
     busiest = max(busiest, max(chains.values(), default=0.0))
     return sizing.cost_s(len(set(hosts)), [busiest])
+
+
+def _host_cost(sizing: VisitSizing, chains: dict[int, float], host: int, work: float, hosts: Iterable) -> float:
+    """What `work` on `host` costs the visit: a domain-paced visit lasts as long as its busiest host,
+    so the visit's cost with it; a sliding visit's host is out for its own work alone, so its own
+    chain's (a long upgrade left on one host keeps no other host from its work)."""
+    if sizing.waits_for_busiest:
+        return _chain_cost(sizing, chains, {host}, work, hosts)
+    return sizing.cost_s(len(set(hosts)), [chains.get(host, 0.0) + work])
 
 
 def _add_work(chains: dict[int, float], hosts: set[int], work: float) -> None:
