@@ -92,7 +92,8 @@ class VisitSizing:
     # A domain-paced visit's hosts all wait for its busiest one: once its first upgrade has made it
     # longer than its budget, work that does not make it longer still fits. A sliding visit's hosts
     # return as each finishes and make room for the next domain's, so there the budget stays the
-    # limit (taking more beside a long upgrade finished fewer rollouts in a 20-day meta run).
+    # limit of each host's own work (taking up to the long upgrade's length beside it finished fewer
+    # rollouts in a 20-day meta run), and a host over it keeps no other host from its work.
     waits_for_busiest: bool = True
 
     def work_s(self, upgrade: Upgrade) -> int:
