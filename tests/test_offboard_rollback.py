@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from fleet.models import ComponentVersion, Host, HostState, InstalledVersion
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
 from opsplanner.models import HostTask, Operation, OperationSource, TaskState, WorkItem
 from opsplanner.services.operations import operation_submit
@@ -24,16 +24,20 @@ def hosts_running(version_id: int, state: HostState) -> set[int]:
     )
 
 
-def test_a_host_past_the_pre_return_gate_when_its_upgrade_is_offboarded_is_rolled_back_once_in_service() -> None:
+def rollout_until_a_host_returns(*, domains: int, hosts_per_domain: int) -> tuple[Pool, Upgrade, set[int]]:
+    """A train rolls out the new driver until a host has passed the pre-return gate with it and is
+    on its way back: the pool, the upgrade and the hosts returning."""
     instant_simulator()
-    pool, _ = make_fleet(domains=2, hosts_per_domain=3)
+    pool, _ = make_fleet(domains=domains, hosts_per_domain=hosts_per_domain)
     make_train(pool)
     upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
-    target = upgrade.component_version_id
+    drive_trains(pool, until=lambda: bool(hosts_running(upgrade.component_version_id, HostState.RETURNING)))
+    return pool, upgrade, hosts_running(upgrade.component_version_id, HostState.RETURNING)
 
-    # Stop the moment a host has passed the gate with the new driver and is on its way back.
-    drive_trains(pool, until=lambda: bool(hosts_running(target, HostState.RETURNING)))
-    returning = hosts_running(target, HostState.RETURNING)
+
+def test_a_host_past_the_pre_return_gate_when_its_upgrade_is_offboarded_is_rolled_back_once_in_service() -> None:
+    pool, upgrade, returning = rollout_until_a_host_returns(domains=2, hosts_per_domain=3)
+    target = upgrade.component_version_id
     with transaction.atomic():
         assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
 
@@ -50,13 +54,7 @@ def test_a_host_past_the_pre_return_gate_when_its_upgrade_is_offboarded_is_rolle
 
 
 def test_a_host_the_gate_already_put_right_ends_its_rollback_with_nothing_to_do() -> None:
-    instant_simulator()
-    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
-    make_train(pool)
-    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
-    target = upgrade.component_version_id
-    drive_trains(pool, until=lambda: bool(hosts_running(target, HostState.RETURNING)))
-    returning = hosts_running(target, HostState.RETURNING)
+    pool, upgrade, returning = rollout_until_a_host_returns(domains=1, hosts_per_domain=2)
     # Something else (an operator, a repair) put the driver back before the rollback is admitted.
     old = InstalledVersion.objects.get(host_id=next(iter(returning)), component__name="gpu-driver").previous_version
     with transaction.atomic():
