@@ -20,6 +20,7 @@ from fleet.fleetfile.writers import FleetWriter
 from fleet.models import Pool
 from fleet.models.hosts import RETIRED
 from opsplanner.events import Actor
+from opsplanner.services.rollback import hosts_serving_counts
 
 
 class FleetApplyRefused(ValidationError):
@@ -86,7 +87,8 @@ def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Proble
 
 
 def _note_offboards(plan: FleetPlan) -> None:
-    """A version the file withdraws offboards its active upgrades: the plan names them."""
+    """A version the file withdraws offboards its active upgrades, or else rolls back the hosts that
+    may serve with it (`versions_withdrawal_apply`): the plan says which."""
     from trains.models import Upgrade, UpgradeState
 
     withdrawn: dict[int, Change] = {
@@ -101,8 +103,12 @@ def _note_offboards(plan: FleetPlan) -> None:
         component_version_id__in=list(withdrawn), state=UpgradeState.ACTIVE
     ).values_list("id", "component_version_id"):
         by_version.setdefault(version_id, []).append(pk)
-    for version_id, upgrades in by_version.items():
-        withdrawn[version_id].note = "offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(upgrades))
+    serving = hosts_serving_counts(withdrawn.keys() - by_version.keys())
+    for version_id, change in withdrawn.items():
+        if version_id in by_version:
+            change.note = "offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(by_version[version_id]))
+        elif serving.get(version_id):
+            change.note = f"rolls back the {serving[version_id]} hosts running it"
 
 
 def plan_text(plan: FleetPlan) -> str:

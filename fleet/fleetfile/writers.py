@@ -172,12 +172,12 @@ class FleetWriter:
     def _offboard(self, updated: list[Change]) -> None:
         """Upgrades to a version the file withdraws are offboarded by their own service (pending work
         cancelled, hosts running it rolled back); the file's reason is written after it."""
-        from fleet.services.catalogue import version_upgrades_offboard
+        from fleet.services.catalogue import versions_withdrawal_apply
 
         for change in updated:
             if change.fields.get("withdrawn") == (False, True):
                 why = change.spec[1].withdrawn_reason
-                version_upgrades_offboard(
+                versions_withdrawal_apply(
                     version_ids=[change.live.id],
                     reason=f"version withdrawn by the fleet file: {why}",
                     actor=self.actor_obj,

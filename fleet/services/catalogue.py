@@ -2,12 +2,13 @@
 placements (creations are in fleet.services.inventory and fleet.services.owners). Each is one
 transaction, validated, with an event; the fleet file's rules are asked, not written again: buffers
 (`fleet.fleetfile.safety.buffer_refusals`), the withdrawn refusal
-(`opsplanner.services.compatibility.withdrawn_refusal`) and offboarding upgrades to a withdrawn version."""
+(`opsplanner.services.compatibility.withdrawn_refusal`) and what withdrawing a version does (its upgrades
+offboarded, its hosts rolled back)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -28,6 +29,7 @@ from fleet.services.audit import inventory_record_delete, inventory_record_save
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.services.compatibility import withdrawn_refusal
+from opsplanner.services.rollback import version_rollback
 
 POOL_FIELDS = (
     "workload_class",
@@ -108,15 +110,39 @@ def component_update(
     return component
 
 
-def version_upgrades_offboard(*, version_ids: Iterable[int], reason: str, actor: Actor) -> int:
-    """Offboard every active upgrade to these versions through the upgrade's own service (its
-    pending work cancelled with the reason, hosts running it rolled back). Returns how many.
-    The one rule for withdrawing a version, by the fleet file or the API."""
+class Withdrawal(NamedTuple):
+    """What withdrawing versions did (`versions_withdrawal_apply`)."""
+
+    offboarded: int  # active upgrades offboarded (each rolls back the hosts running its version)
+    rollbacks: list[int]  # rollback operations of versions that had no active upgrade
+    without_previous: int  # hosts running such a version with nothing recorded to go back to
+
+
+def versions_withdrawal_apply(*, version_ids: Iterable[int], reason: str, actor: Actor) -> Withdrawal:
+    """What withdrawing these versions does, the one rule for the API and the fleet file: every
+    active upgrade to them is offboarded through the upgrade's own service (pending work cancelled,
+    hosts running it rolled back); a version without one has the hosts that may serve with it rolled
+    back all the same (`version_rollback`), rather than left serving it until their next drain."""
     from trains.models import Upgrade, UpgradeState
     from trains.services.upgrades import upgrade_offboard
 
-    upgrades = Upgrade.objects.filter(component_version_id__in=list(version_ids), state=UpgradeState.ACTIVE)
-    return sum(bool(upgrade_offboard(upgrade=upgrade, reason=reason, actor=actor)) for upgrade in upgrades)
+    version_ids = list(version_ids)
+    upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE)
+    offboarded = [u.component_version_id for u in upgrades if upgrade_offboard(upgrade=u, reason=reason, actor=actor)]
+    rollbacks, without_previous = [], 0
+    for version in ComponentVersion.objects.filter(pk__in=version_ids).exclude(pk__in=offboarded).order_by("pk"):
+        why = f"roll back withdrawn {version}: {reason}"
+        rollback = version_rollback(
+            version=version,
+            scope=f"withdrawn {version}",
+            reason=why,
+            actor=actor,
+            subject=version,
+            refused_kind="component_version.rollback_refused",
+        )
+        rollbacks += rollback.operations
+        without_previous += rollback.without_previous
+    return Withdrawal(offboarded=len(offboarded), rollbacks=rollbacks, without_previous=without_previous)
 
 
 @transaction.atomic
@@ -129,7 +155,7 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
     refusal = withdrawn_refusal(version)
     if refusal is not None:
         raise ValidationError(refusal.message, code="conflict")
-    offboarded = version_upgrades_offboard(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
+    withdrawal = versions_withdrawal_apply(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
     ComponentVersion.objects.filter(pk=version.pk).update(withdrawn_at=clock.now(), withdrawn_reason=reason[:500])
     version.refresh_from_db()
     event_record(
@@ -137,7 +163,13 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
         subject=version,
         actor=actor,
         reason=reason,
-        data={"component": version.component.name, "version": version.version, "offboarded_upgrades": offboarded},
+        data={
+            "component": version.component.name,
+            "version": version.version,
+            "offboarded_upgrades": withdrawal.offboarded,
+            "rollbacks": withdrawal.rollbacks,
+            "hosts_without_previous": withdrawal.without_previous,
+        },
     )
     return version
 

@@ -20,12 +20,9 @@ from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Ma
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
-    REPAIR_PRIORITY,
     ApprovalKind,
     HostTask,
     Operation,
-    OperationKind,
-    OperationSource,
     OperationState,
     TaskState,
 )
@@ -34,13 +31,13 @@ from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operations import operation_cancel
+from opsplanner.services.rollback import version_rollback
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
 
 SUBJECT = "trains.upgrade"
-ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
 # Failures that say nothing about the upgrade itself (the drainer refused, the return failed; a task
 # superseded by a newer version, which is cancelled, not failed, so never counted anyway): decided
 # by the task's failure code, never by its reason's wording.
@@ -466,7 +463,14 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
             cancelled += operation_cancel(
                 operation_id=operation_id, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
             )
-    rollbacks = _rollback_in_service(upgrade, actor)
+    rollback = version_rollback(
+        version=target,
+        scope=f"upgrade #{upgrade.pk}",
+        reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
+        actor=actor,
+        subject=upgrade,
+        refused_kind="upgrade.rollback_refused",
+    )
     failed_hosts = list(
         upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
     )
@@ -476,7 +480,7 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         actor=actor,
         reason=reason,
         pool_id=upgrade.pool_id,
-        data={"cancelled_tasks": cancelled, "rollbacks": rollbacks, "failed_hosts": failed_hosts},
+        data={"cancelled_tasks": cancelled, "rollbacks": rollback.operations, "failed_hosts": failed_hosts},
     )
     event_record(
         kind="alert.upgrade_offboarded",
@@ -486,49 +490,6 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         pool_id=upgrade.pool_id,
     )
     return True
-
-
-# Hosts that may be in service with a withdrawn version without passing the pre-return gate or a
-# repair (both of which take it off): those in service, those already past the gate on their way
-# back, and those draining (a failed drain returns the host as it was). A host that the gate or a
-# repair puts right after all ends its rollback as "nothing to do" at admission.
-_MAY_SERVE_WITHDRAWN = (HostState.IN_SERVICE, HostState.RETURNING, HostState.DRAINING)
-
-
-def _rollback_in_service(upgrade: Upgrade, actor: Actor) -> list[int]:
-    """Hosts that run the withdrawn version and may serve with it go back to what they ran before."""
-    target = upgrade.component_version
-    by_previous: dict[str, list[int]] = {}
-    for host_id, previous in InstalledVersion.objects.filter(
-        version=target, previous_version__isnull=False, host__state__in=_MAY_SERVE_WITHDRAWN
-    ).values_list("host_id", "previous_version__version"):
-        by_previous.setdefault(previous, []).append(host_id)
-    operations = []
-    for previous, host_ids in sorted(by_previous.items()):
-        try:
-            operation = operation_submit(
-                kind=OperationKind.UPGRADE,
-                scope=f"rollback of upgrade #{upgrade.pk} on {len(host_ids)} hosts",
-                host_ids=host_ids,
-                component=target.component.name,
-                version=previous,
-                reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
-                priority=ROLLBACK_PRIORITY,
-                source=OperationSource.REPAIR,
-                actor=actor,
-            )
-        except ValidationError as refused:
-            event_record(
-                kind="upgrade.rollback_refused",
-                subject=upgrade,
-                actor=actor,
-                reason="; ".join(refused.messages),
-                pool_id=upgrade.pool_id,
-                data={"hosts": host_ids},
-            )
-            continue
-        operations.append(operation.pk)
-    return operations
 
 
 @transaction.atomic

@@ -1,0 +1,105 @@
+"""Rolling back a withdrawn version: every host that may serve with it goes back to the version it
+ran before, through an ordinary upgrade operation at just below repair priority. The one rule for
+both ways a version is withdrawn: an upgrade offboarded (trains) and a version withdrawn by hand or by
+the fleet file with no upgrade active (fleet). Runs in the caller's transaction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Exists, OuterRef, QuerySet
+
+from fleet.models import ComponentVersion, HostState, InstalledVersion
+from opsplanner.events import Actor, event_record
+from opsplanner.models import OPEN_TASK_STATES, REPAIR_PRIORITY, HostTask, OperationKind, OperationSource
+from opsplanner.services.operations import operation_submit
+
+ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
+
+# Hosts that may be in service with a withdrawn version without passing the pre-return gate or a
+# repair (both of which take it off): those in service, those already past the gate on their way
+# back, and those draining (a failed drain returns the host as it was). A host that the gate or a
+# repair puts right after all ends its rollback as "nothing to do" at admission. Hosts elsewhere
+# (in maintenance, in repair) meet the gate before they serve again.
+MAY_SERVE_WITHDRAWN = (HostState.IN_SERVICE, HostState.RETURNING, HostState.DRAINING)
+
+
+class VersionRollback(NamedTuple):
+    operations: list[int]  # the rollback operations submitted, one per pool and previous version
+    # Hosts that run the version but never recorded what they ran before: nothing to roll back to,
+    # so the pre-return gate takes it off them at their next drain.
+    without_previous: int
+
+
+def _serving(version_ids: Iterable[int]) -> QuerySet[InstalledVersion]:
+    """Installed versions among `version_ids` on hosts that may serve with them and are not already
+    being put right: a host with an open repair task installing another version of the component (an
+    earlier rollback: offboarding a version's upgrades in two pools rolls its hosts back once)."""
+    in_repair = HostTask.objects.filter(
+        host_id=OuterRef("host_id"),
+        state__in=OPEN_TASK_STATES,
+        operation__source=OperationSource.REPAIR,
+        operation__component_version__component_id=OuterRef("component_id"),
+    ).exclude(operation__component_version_id=OuterRef("version_id"))
+    return InstalledVersion.objects.filter(
+        version_id__in=list(version_ids), host__state__in=MAY_SERVE_WITHDRAWN
+    ).exclude(Exists(in_repair))
+
+
+def hosts_serving_counts(version_ids: Iterable[int]) -> dict[int, int]:
+    """{version: hosts that may serve with it and have a version to go back to} (one query)."""
+    rows = (
+        _serving(version_ids)
+        .filter(previous_version__isnull=False)
+        .values("version_id")
+        .annotate(n=Count("host_id"))
+        .order_by()
+    )
+    return {row["version_id"]: row["n"] for row in rows}
+
+
+def version_rollback(
+    *, version: ComponentVersion, scope: str, reason: str, actor: Actor, subject: Any, refused_kind: str
+) -> VersionRollback:
+    """Submit the rollback of `version` on every host that may serve with it: one operation per pool
+    and previous version (`scope` names what withdrew it, `reason` why). A refused operation (its
+    previous version withdrawn too, say) is an event `refused_kind` on `subject` with the refusal and
+    the hosts, not an error: the other pools' rollbacks stand."""
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    without_previous = 0
+    for host_id, pool_id, previous in _serving([version.pk]).values_list(
+        "host_id", "host__pool_id", "previous_version__version"
+    ):
+        if previous is None:
+            without_previous += 1
+        else:
+            groups[(pool_id, previous)].append(host_id)
+    operations = []
+    for (pool_id, previous), host_ids in sorted(groups.items()):
+        try:
+            operation = operation_submit(
+                kind=OperationKind.UPGRADE,
+                scope=f"rollback of {scope} on {len(host_ids)} hosts",
+                host_ids=sorted(host_ids),
+                component=version.component.name,
+                version=previous,
+                reason=reason,
+                priority=ROLLBACK_PRIORITY,
+                source=OperationSource.REPAIR,
+                actor=actor,
+            )
+        except ValidationError as refusal:
+            event_record(
+                kind=refused_kind,
+                subject=subject,
+                actor=actor,
+                reason="; ".join(refusal.messages),
+                pool_id=pool_id,
+                data={"hosts": sorted(host_ids)},
+            )
+            continue
+        operations.append(operation.pk)
+    return VersionRollback(operations=operations, without_previous=without_previous)
