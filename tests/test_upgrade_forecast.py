@@ -23,6 +23,8 @@ from trains.selectors_forecast import (
     PromiseState,
     UpgradeForecast,
     UpgradePromise,
+    play_forward,
+    pool_backlogs,
     upgrade_promise,
     upgrades_forecasts,
 )
@@ -113,6 +115,36 @@ def test_the_forecast_gives_the_visits_of_a_cycle_behind_its_deadline_less_than_
 
     assert (on_time.cycle, behind.cycle) == (1, 2)
     assert behind.at >= second + dt.timedelta(seconds=2 * 1800)  # its other two domains' visits, in cycle 2
+
+
+def test_a_played_visit_that_takes_work_lasts_at_least_the_trains_typical_recent_visit() -> None:
+    # Upgrades keep arriving at the rate that filled the recent visits and join them behind the known
+    # work, so a visit that takes a small upgrade lasts as long as the recent ones did; a domain with
+    # nothing to take is skipped, as the tick skips it.
+    pool, _ = one_upgrade_per_visit()
+    everywhere = create(pool, "bios", "2.16.0", duration_s=60)  # 660 s a visit with the overhead
+    rack_3 = create(pool, "gpu-driver", "560.35.03", duration_s=60, scope=f"domain {pool.name}/rack-0003")
+    now = clock.now()
+    backlog = pool_backlogs([pool.pk], now=now)[0][pool.pk]
+    backlog.forecast.visit_seconds = 60.0  # recent visits as short as the work: the work decides
+    short = play_forward(backlog, now=now)
+    backlog.forecast.visit_seconds = 1500.0  # recent visits took 1500 s
+
+    filled = play_forward(backlog, now=now)
+
+    # rack-0003's visit, the last, takes both upgrades: 720 s of work and overhead.
+    assert short[everywhere.pk][1] == short[rack_3.pk][1] == now + dt.timedelta(seconds=660 + 660 + 720)
+    assert filled[everywhere.pk][1] == filled[rack_3.pk][1] == now + 3 * dt.timedelta(seconds=1500)
+
+
+def test_a_played_domain_with_nothing_to_take_is_skipped_whatever_the_recent_visits_took() -> None:
+    pool, _ = one_upgrade_per_visit()
+    rack_3 = create(pool, "bios", "2.16.0", duration_s=60, scope=f"domain {pool.name}/rack-0003")
+    now = clock.now()
+    backlog = pool_backlogs([pool.pk], now=now)[0][pool.pk]
+    backlog.forecast.visit_seconds = 1500.0
+
+    assert play_forward(backlog, now=now)[rack_3.pk][1] == now + dt.timedelta(seconds=1500)
 
 
 def test_an_upgrade_without_a_running_train_says_it_is_not_scheduled() -> None:
