@@ -424,21 +424,17 @@ def select_within_budget(
         limit = max(sizing.budget_s, selection.cost_s) if sizing.waits_for_busiest else sizing.budget_s
         if cost <= limit or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
+            fitting = its_hosts
+        else:  # sliding: each of its hosts may fit beside one already over the budget
+            fitting = {h for h in its_hosts if _host_cost(sizing, chains, h, work, hosts) <= limit}
+        if fitting == its_hosts:
             selection.taken.append(candidate)
-            _add_work(chains, its_hosts, work)
-            selection.cost_s = cost
-            continue
-        fitting = {h for h in its_hosts if _host_cost(sizing, chains, h, work, hosts) <= limit}
-        if fitting == its_hosts:  # sliding: each of its hosts fits, beside one already over the budget
-            selection.taken.append(candidate)
-            _add_work(chains, its_hosts, work)
-            selection.cost_s = _chain_cost(sizing, chains, set(), 0.0, chains.keys())
-            continue
-        if restrict is None or not fitting:
+        elif restrict is None or not fitting:
             selection.left.append(candidate)
             continue
-        selection.taken.append(restrict(candidate, fitting))
-        selection.left.append(restrict(candidate, its_hosts - fitting))
+        else:
+            selection.taken.append(restrict(candidate, fitting))
+            selection.left.append(restrict(candidate, its_hosts - fitting))
         _add_work(chains, fitting, work)
         selection.cost_s = _chain_cost(sizing, chains, set(), 0.0, chains.keys())
     return selection
