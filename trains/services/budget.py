@@ -425,7 +425,7 @@ def select_within_budget(
         if cost <= limit or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             fitting = its_hosts
-        else:  # sliding: each of its hosts may fit beside one already over the budget
+        else:  # per host: some may fit (sliding: all of them may, beside a host already over the budget)
             fitting = {h for h in its_hosts if _host_cost(sizing, chains, h, work, hosts) <= limit}
         if fitting == its_hosts:
             selection.taken.append(candidate)
