@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 from django.contrib.auth.models import Group, User
+from django.db.models import F
 
 from fleet.models import ComponentLayer, ComponentVersion, Pool
+from opsplanner.models import HostTask
 from opsplanner.roles import Role
 from tests.builders import make_component, make_version
-from trains.models import Train
+from trains.models import Cycle, Train
 from trains.services.trains import train_create
 
 _counter = itertools.count(1)
@@ -42,3 +45,16 @@ def make_train(pool: Pool, **overrides: object) -> Train:
     }
     fields.update(overrides)
     return train_create(pool=pool, **fields)  # type: ignore[arg-type]
+
+
+# make_fleet's driver release, failing on every host (simulator profile `execute_by_kind`).
+FAILING_DRIVER = {"upgrade:gpu-driver:560.35.03": {"failure_rate": 1.0}}
+
+
+def drains_per_host(pool: Pool) -> Counter[int]:
+    """A task whose drain key is its own id opened a drain (a repair inherits its drain's key)."""
+    return Counter(HostTask.objects.filter(pool_id=pool.pk, drain_key=F("id")).values_list("host_id", flat=True))
+
+
+def cycle_ended(train: Train, number: int) -> bool:
+    return Cycle.objects.filter(train=train, number=number, ended_at__isnull=False).exists()

@@ -56,10 +56,14 @@ MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no hos
 # A task that left its host below the target for this pass: it failed before or while installing,
 # or was deferred to the next cycle. A failed check or return comes after the install, and the host
 # keeps the version through its repair (a 10-day meta run: 9 of 16 failures, none taken again).
-_MISSED = Q(
+MISSED_TASK = Q(
     state=TaskState.FAILED,
     failure_code__in=[FailureCode.DRAIN_FAILED, FailureCode.EXECUTE_FAILED, FailureCode.UNKNOWN_VERSION],
 ) | Q(state=TaskState.CANCELLED, failure_code=FailureCode.DEFERRED)
+
+# A task re-submitted for a host repaired in its visit's drain (trains/services/catch_up.py): one
+# that succeeded makes up for a missed task of the same pass.
+_CATCH_UP = Q(operation__visit_link__catch_up=True)
 
 
 class ForecastCode(models.TextChoices):
@@ -163,8 +167,9 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
 
 def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
     """Per train, of the tasks of its visits that ended within MISSED_WINDOW, the share that left
-    their host below the target for that pass (_MISSED); such a host is taken again at its domain's
-    next visit. Trains with fewer than MISSED_MIN_TASKS such tasks are left out (one query)."""
+    their host below the target for that pass (MISSED_TASK, less the catch-ups that made up for
+    one); such a host is taken again at its domain's next visit. Trains with fewer than
+    MISSED_MIN_TASKS such tasks are left out (one query)."""
     visit = "operation__visit_link__visit__"
     rows = (
         HostTask.objects.filter(
@@ -173,10 +178,18 @@ def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, 
         )
         .exclude(state=TaskState.CANCELLED, failure_code__in=[FailureCode.CANCELLED, FailureCode.SUPERSEDED])
         .values_list(f"{visit}train_id")
-        .annotate(finished=Count("id"), missed=Count("id", filter=_MISSED))
+        .annotate(
+            finished=Count("id", filter=~_CATCH_UP),
+            missed=Count("id", filter=MISSED_TASK & ~_CATCH_UP),
+            caught_up=Count("id", filter=_CATCH_UP & Q(state__in=[TaskState.DONE, TaskState.HANDED_OVER])),
+        )
         .order_by()
     )
-    return {train_id: missed / finished for train_id, finished, missed in rows if finished >= MISSED_MIN_TASKS}
+    return {
+        train_id: max(0, missed - caught_up) / finished
+        for train_id, finished, missed, caught_up in rows
+        if finished >= MISSED_MIN_TASKS
+    }
 
 
 def hosts_missed(share: float, hosts: int) -> int:

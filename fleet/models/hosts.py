@@ -54,8 +54,9 @@ HOST_TRANSITIONS: dict[str, frozenset[str]] = {
     HostState.VERIFYING: frozenset({HostState.MAINTENANCE, HostState.RETURNING, HostState.FAILED}),
     HostState.RETURNING: frozenset({HostState.IN_SERVICE, HostState.FAILED}),
     HostState.FAILED: frozenset({HostState.REPAIR, HostState.ESCALATED}),
-    # A repaired host is verified and returned while still counted as broken (failure buffer).
-    HostState.REPAIR: frozenset({HostState.IN_SERVICE, HostState.FAILED, HostState.ESCALATED}),
+    # A repaired host is verified and returned while still counted as broken (failure buffer), or
+    # catches up on its drain's missed train work first (planned buffer, opsplanner/services/tick/repair.py).
+    HostState.REPAIR: frozenset({HostState.IN_SERVICE, HostState.MAINTENANCE, HostState.FAILED, HostState.ESCALATED}),
     HostState.ESCALATED: frozenset({HostState.REPAIR}),
 }
 

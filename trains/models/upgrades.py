@@ -173,9 +173,12 @@ class VisitOperation(models.Model):
     upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="visit_operations")
     operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="visit_link")
     phase = models.PositiveSmallIntegerField()
+    # Re-submitted for a host repaired in the visit's drain (trains/services/catch_up.py): it counts
+    # for the upgrade's phase, but the visit does not wait for it.
+    catch_up = models.BooleanField(default=False)
 
     # A domain-paced visit has one operation per upgrade; a sliding one one per upgrade and batch of
-    # hosts it releases (each host of the visit is released once).
+    # hosts it releases (each host of the visit is released once), and one per upgrade it catches up.
     class Meta:
         indexes = [models.Index(fields=["visit", "upgrade"], name="visit_operation_visit_upgrade")]
 

@@ -47,6 +47,7 @@ from trains.services.budget import (
     train_overhead_s,
     train_sizing,
 )
+from trains.services.catch_up import visits_catch_up
 from trains.services.cycles import cycle_visits_start, visit_end
 from trains.services.pace import (
     ActiveUpgrade,
@@ -108,6 +109,8 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         return report
     now = clock.now()
     active = _upgrades_policy_step(train, report)
+    if train.state == TrainState.RUNNING:
+        _catch_up_step(train, active, report)  # before the visits finish: a failed host may be their last
     _finish_visits(train, now, report)
     _autostop_step(train, now, report)
     running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain", "cycle"))
@@ -178,6 +181,17 @@ def _late_joiners_step(
         train=train, running=running, candidates=candidates, plans=plans, sizing=sizing
     ):
         report.events.append(f"upgrade {upgrade_id} joined visit {visit_id} on {hosts} hosts")
+
+
+def _catch_up_step(train: Train, active: list[_Active], report: TrainTickReport) -> None:
+    """Hosts being repaired in a running visit's drain get the visit's work they missed, to take in
+    the same drain (trains/services/catch_up.py); one query unless there are such hosts."""
+    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
+    if not running:
+        return
+    known = {a.upgrade.pk: ActiveUpgrade(upgrade=a.upgrade, phases=a.phases) for a in active}
+    for visit_id, host_id in visits_catch_up(train=train, running=running, active=known):
+        report.events.append(f"host {host_id} catches up in visit {visit_id}")
 
 
 # --- 1. upgrades ------------------------------------------------------------------------------------
@@ -339,7 +353,11 @@ def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
 # --- 2. visits finishing ----------------------------------------------------------------------------
 _VISIT_HAS_OPEN_TASK = PreparedQuery(  # asked of every running visit at every tick: compiled once
     lambda *, visit_id: (
-        HostTask.objects.filter(operation__visit_link__visit_id=visit_id, state__in=OPEN_TASK_STATES)
+        HostTask.objects.filter(
+            operation__visit_link__visit_id=visit_id,
+            operation__visit_link__catch_up=False,  # a repaired host's catch-up does not hold the visit
+            state__in=OPEN_TASK_STATES,
+        )
         .order_by()
         .values_list("id")[:1]
     ),

@@ -223,10 +223,11 @@ def _cost_record(estimate_s: float, sizing: VisitSizing, *, hosts: int) -> dict:
     return record
 
 
-def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined: bool) -> None:
+def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined: bool, catch_up: bool = False) -> None:
     """One operation per step over its hosts, submitted together (one check and write for all), each
-    linked to the visit with the phase it runs in."""
-    kind = "joined" if joined else "on"
+    linked to the visit with the phase it runs in (`catch_up`: for hosts repaired in the visit's
+    drain, trains/services/catch_up.py)."""
+    kind = "catches up in" if catch_up else "joined" if joined else "on"
     requests = [
         OperationRequest(
             kind=OperationKind.UPGRADE,
@@ -247,7 +248,13 @@ def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined:
     ]
     operations = operations_submit(requests=requests, actor=ACTOR)
     VisitOperation.objects.bulk_create(
-        VisitOperation(visit=visit, upgrade=step.plan.upgrade, operation=operation, phase=step.plan.phase.position)
+        VisitOperation(
+            visit=visit,
+            upgrade=step.plan.upgrade,
+            operation=operation,
+            phase=step.plan.phase.position,
+            catch_up=catch_up,
+        )
         for step, operation in zip(steps, operations, strict=True)
     )
 
@@ -293,9 +300,11 @@ def _join_visit(
     train: Train, visit: Visit, plans: list[UpgradePlan], sizing: VisitSizing, *, seen: list[int]
 ) -> list[tuple[int, int, int]]:
     drained = set(
-        HostTask.objects.filter(operation__visit_link__visit=visit, state__in=JOINABLE_TASK_STATES).values_list(
-            "host_id", flat=True
-        )
+        HostTask.objects.filter(
+            operation__visit_link__visit=visit,
+            operation__visit_link__catch_up=False,  # a host catching up after a repair takes no more
+            state__in=JOINABLE_TASK_STATES,
+        ).values_list("host_id", flat=True)
     )
     plan_record = dict(visit.plan)
     plan_record["late_seen"] = sorted({*plan_record.get("late_seen", []), *seen})

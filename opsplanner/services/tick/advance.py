@@ -42,7 +42,7 @@ from opsplanner.services.tick.context import (
     TickContext,
     task_refs_by_id,
 )
-from opsplanner.services.tick.repair import send_to_repair
+from opsplanner.services.tick.repair import catch_up_repaired, send_to_repair
 from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
 
 VERIFY_DEADLINE_S = 3600
@@ -298,8 +298,11 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     service (handover); with nothing left, its pre-return verification starts."""
     if not applied:
         return
-    # A repaired host is verified and returned first: it is out broken, not drained for work.
-    start_verification(ctx, [task for task in applied if _is_repair(task)])
+    # A repaired host is verified and returned, unless it catches up on the train work its drain
+    # missed (once, with room in the planned buffer; repair.py).
+    repaired = [task for task in applied if _is_repair(task)]
+    caught_up = catch_up_repaired(ctx, repaired)
+    start_verification(ctx, [task for task in repaired if task.host_id not in caught_up])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
     successor = successors(ctx, by_host)

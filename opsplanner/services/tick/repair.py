@@ -1,5 +1,11 @@
 """Invariant 4's failure path: a failed host is handed to a repair operation without returning to
-service; after MAX_REPAIR_ATTEMPTS failed repairs in one drain it is escalated to a human."""
+service; after MAX_REPAIR_ATTEMPTS failed repairs in one drain it is escalated to a human.
+
+A failed host's other train work is left for the train's next cycle (one drain per host per cycle).
+Once repaired, the host may still catch up in the same drain, once: when a train's task waits for it
+(the train re-submits what the drain missed, trains/services/catch_up.py) and the pool has room for
+one more host out for planned work, the repair hands the host over instead of returning it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,10 @@ from django.db.models import Count, F
 from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.services.tick.admission import Headroom, pool_headroom
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs, task_refs_by_id
+from opsplanner.services.tick.returning import hand_over, successors
 
 MAX_REPAIR_ATTEMPTS = 3
 
@@ -44,11 +53,72 @@ def send_to_repair(ctx: TickContext, failed: list[tuple[TaskRef, str]]) -> None:
     ctx.counts.repairs_started += len(takers)
 
 
-def defer_train_work(ctx: TickContext, host_ids: set[int]) -> None:
+_CAUGHT_UP_DRAINS = PreparedQuery(  # drains whose repair already handed its host over once
+    lambda *, keys: HostTask.objects.filter(
+        drain_key__any=keys, operation__kind=OperationKind.REPAIR, state=TaskState.HANDED_OVER
+    ).values_list("drain_key"),
+    keys=IDS,
+)
+
+
+def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
+    """Hosts whose repair is applied that take a train's pending task in the same drain instead of
+    returning (the hosts, from `repaired`). Only once per drain (a catch-up that fails again returns
+    the host), and only while the pool has room for one more host out for planned work: the host
+    leaves the failure buffer for the planned one. A host refused has its train tasks left for the
+    train's next cycle, so its return is not followed by a second drain."""
+    if not repaired:
+        return set()
+    by_host = {task.host_id: task for task in repaired}
+    takers = {
+        host_id: task for host_id, task in successors(ctx, by_host).items() if task.source == OperationSource.TRAIN
+    }
+    if not takers:
+        return set()
+    again = {key for (key,) in _CAUGHT_UP_DRAINS.rows(keys={by_host[h].drain_key for h in takers})}
+    once = {host_id for host_id in takers if by_host[host_id].drain_key in again}
+    headroom = pool_headroom(ctx)
+    taking: dict[int, TaskRef] = {}
+    for host_id in sorted(set(takers) - once, key=lambda h: (-takers[h].priority, takers[h].queued_at, h)):
+        if _no_room(headroom) is None:
+            headroom.planned -= 1
+            taking[host_id] = takers[host_id]
+    no_room = set(takers) - once - set(taking)
+    defer_train_work(ctx, once, why="its repaired host returns: its drain caught up once already")
+    defer_train_work(ctx, no_room, why=f"its repaired host returns: {_no_room(headroom)}")
+    hand_over(ctx, [by_host[host_id] for host_id in taking], taking)
+    ctx.move_hosts(
+        taking,
+        expected=HostState.REPAIR,
+        new=HostState.MAINTENANCE,
+        reason="repaired; takes the train work its drain missed before it returns",
+    )
+    return set(taking)
+
+
+def _no_room(headroom: Headroom) -> str | None:
+    """Why a repaired host may not stay out for planned work, or None. It is out of service already:
+    it takes a place in the planned buffer, and the pool must not be below its floors or a
+    reservation now (then the host returns: the pool needs it more)."""
+    if headroom.planned <= 0:
+        return headroom.planned_reason
+    for room, reason in (
+        (headroom.hard_floor, headroom.hard_floor_reason),
+        (headroom.floor, headroom.floor_reason),
+        (headroom.reservation, headroom.reservation_reason),
+    ):
+        if room < 0:
+            return reason
+    return None
+
+
+def defer_train_work(ctx: TickContext, host_ids: set[int], *, why: str = "the host's drain failed") -> None:
     """One drain per host per cycle: a train's pending tasks of a host whose drain failed are left to
     the train's next cycle (cancelled, code deferred), not admitted again once the host is repaired
     and back in service. The next cycle's visit takes the host again: it is still below the target.
     Ad-hoc and emergency work stays pending: somebody asked for it now."""
+    if not host_ids:
+        return
     deferred = task_refs(
         HostTask.objects.filter(host_id__any=host_ids, state=TaskState.PENDING, operation__source=OperationSource.TRAIN)
     )
@@ -57,7 +127,7 @@ def defer_train_work(ctx: TickContext, host_ids: set[int]) -> None:
         expected=TaskState.PENDING,
         new=TaskState.CANCELLED,
         failure_code=FailureCode.DEFERRED,
-        failure_reason="left for the train's next cycle: the host's drain failed",
+        failure_reason=f"left for the train's next cycle: {why}"[:500],
         finished_at=ctx.now,
         waiting_code="",
         waiting_reason="",
