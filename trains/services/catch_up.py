@@ -134,20 +134,19 @@ def visits_catch_up(
                 known = active[m.upgrade_id]
                 plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[m.phase], allowed=set())
                 steps.setdefault(m.upgrade_id, Step(plan=plan, hosts=set(), work_s=m.work_s)).hosts.add(host_id)
-        if taken:
-            _record(train, visit, taken, list(steps.values()))
+        if taken and _record(train, visit, taken, list(steps.values())):
             caught += [(visit.pk, host_id) for host_id in taken]
     return caught
 
 
-def _record(train: Train, visit: Visit, hosts: list[int], steps: list[Step]) -> None:
-    """Submit the catch-up and record its hosts on the visit (once per host). A submission the core
-    refuses (a target that became incompatible or was withdrawn meanwhile) writes nothing but the
-    record and an event saying why: the hosts return as they would have, their work is the next
-    cycle's."""
+def _record(train: Train, visit: Visit, hosts: list[int], steps: list[Step]) -> bool:
+    """Submit the catch-up and record its hosts on the visit (once per host); whether it was
+    submitted. A submission the core refuses (a target that became incompatible or was withdrawn
+    meanwhile) writes nothing but the record and an event saying why: the hosts return as they
+    would have, their work is the next cycle's."""
     plan_record = {**visit.plan, CAUGHT_UP_KEY: sorted({*visit.plan.get(CAUGHT_UP_KEY, []), *hosts})}
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
-        return
+        return False
     visit.plan = plan_record
     data = {"train": train.pk, "cycle": visit.cycle_id, "hosts": hosts,
             "upgrades": sorted(s.plan.upgrade.pk for s in steps)}  # fmt: skip
@@ -155,17 +154,16 @@ def _record(train: Train, visit: Visit, hosts: list[int], steps: list[Step]) -> 
         with transaction.atomic():
             visit_steps_submit(train, visit, steps, joined=False, catch_up=True)
     except ValidationError as refusal:
+        why = "; ".join(refusal.messages)
         event_record(
             kind="train.visit_catch_up_refused",
             subject=visit,
             actor=ACTOR,
             pool_id=train.pool_id,
-            reason=f"{len(hosts)} hosts being repaired return without their missed work: {'; '.join(refusal.messages)}"[
-                :500
-            ],
+            reason=f"{len(hosts)} hosts being repaired return without their missed work: {why}"[:500],
             data=data,
         )
-        return
+        return False
     event_record(
         kind="train.visit_catch_up",
         subject=visit,
@@ -175,3 +173,4 @@ def _record(train: Train, visit: Visit, hosts: list[int], steps: list[Step]) -> 
         "missed before they return, if the pool has room for planned work then",
         data=data,
     )
+    return True
