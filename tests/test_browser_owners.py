@@ -59,6 +59,8 @@ def test_a_service_owner_registers_an_opt_out_window_and_cannot_touch_another_ow
         # A bad one: the error appears next to the field, swapped in by HTMX, and nothing is written.
         page.get_by_role("link", name="Register an opt-out window").click()
         page.wait_for_selector("#window-form")
+        # Under load the form can show before HTMX is set up; submitted then, it would be a page load.
+        page.wait_for_load_state("load")
         page.evaluate("window.__notReloaded = true")
         windows, events = OptOutWindow.objects.count(), Event.objects.count()
         page.fill("#id_starts_at", local(tomorrow + dt.timedelta(hours=6)))
