@@ -67,6 +67,25 @@ class Headroom:
         self.reservation -= 1
         self.hard_floor -= 1
 
+    def keep_out_refusal(self) -> str | None:
+        """Why a host already out of service (a repaired one) may not stay out for planned work, or
+        None: it takes a place in the planned buffer, and the pool must not be below its floors or a
+        reservation now (then the host returns: the pool needs it more)."""
+        if self.planned <= 0:
+            return self.planned_reason
+        for room, reason in (
+            (self.hard_floor, self.hard_floor_reason),
+            (self.floor, self.floor_reason),
+            (self.reservation, self.reservation_reason),
+        ):
+            if room < 0:
+                return reason
+        return None
+
+    def keep_out(self) -> None:
+        """A host out of service stays out for planned work: only the planned buffer changes."""
+        self.planned -= 1
+
     def refusal(self, *, emergency: bool = False) -> tuple[str, str]:
         if emergency or self.hard_floor <= 0:
             return WaitingCode.FLOOR, self.hard_floor_reason

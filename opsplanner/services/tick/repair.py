@@ -16,7 +16,7 @@ from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery
-from opsplanner.services.tick.admission import Headroom, pool_headroom
+from opsplanner.services.tick.admission import pool_headroom
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs, task_refs_by_id
 from opsplanner.services.tick.returning import hand_over, successors
 
@@ -80,12 +80,12 @@ def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
     headroom = pool_headroom(ctx)
     taking: dict[int, TaskRef] = {}
     for host_id in sorted(set(takers) - once, key=lambda h: (-takers[h].priority, takers[h].queued_at, h)):
-        if _no_room(headroom) is None:
-            headroom.planned -= 1
+        if headroom.keep_out_refusal() is None:
+            headroom.keep_out()
             taking[host_id] = takers[host_id]
     no_room = set(takers) - once - set(taking)
     defer_train_work(ctx, once, why="its repaired host returns: its drain caught up once already")
-    defer_train_work(ctx, no_room, why=f"its repaired host returns: {_no_room(headroom)}")
+    defer_train_work(ctx, no_room, why=f"its repaired host returns: {headroom.keep_out_refusal()}")
     hand_over(ctx, [by_host[host_id] for host_id in taking], taking)
     ctx.move_hosts(
         taking,
@@ -94,22 +94,6 @@ def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
         reason="repaired; takes the train work its drain missed before it returns",
     )
     return set(taking)
-
-
-def _no_room(headroom: Headroom) -> str | None:
-    """Why a repaired host may not stay out for planned work, or None. It is out of service already:
-    it takes a place in the planned buffer, and the pool must not be below its floors or a
-    reservation now (then the host returns: the pool needs it more)."""
-    if headroom.planned <= 0:
-        return headroom.planned_reason
-    for room, reason in (
-        (headroom.hard_floor, headroom.hard_floor_reason),
-        (headroom.floor, headroom.floor_reason),
-        (headroom.reservation, headroom.reservation_reason),
-    ):
-        if room < 0:
-            return reason
-    return None
 
 
 def defer_train_work(ctx: TickContext, host_ids: set[int], *, why: str = "the host's drain failed") -> None:
