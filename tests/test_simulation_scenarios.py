@@ -7,6 +7,7 @@ import datetime as dt
 import statistics
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.management.base import CommandError
 from django.db import connection
@@ -26,7 +27,7 @@ from simulation.rollout_measures import (
     rollout_measures_add,
     rollout_summary,
 )
-from simulation.runner import lane_analyze, lane_vacuum
+from simulation.runner import lane_analyze, lane_vacuum, scratch_databases, scratch_databases_drop
 from simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
 from simulation.world import workload_draw
 from tests.builders import make_component, make_fleet
@@ -194,6 +195,33 @@ def test_inside_a_transaction_where_postgresql_cannot_vacuum_the_lane_vacuum_sti
     with connection.cursor() as cursor:
         cursor.execute("SELECT reltuples FROM pg_class WHERE relname = 'fleet_component'")
         assert cursor.fetchone()[0] == 5
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_scratch_lane_is_unlogged_and_keeps_no_statistics_of_its_json_and_free_text_columns() -> None:
+    (url,) = scratch_databases(1, tag="_tuned")
+    try:
+        with psycopg.connect(url, autocommit=True) as lane:
+            logged = lane.execute(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relpersistence = 'p'"
+            ).fetchone()
+            targets = dict(
+                lane.execute(
+                    "SELECT a.attrelid::regclass::text || '.' || a.attname, a.attstattarget FROM pg_attribute a "
+                    "WHERE a.attrelid IN ('opsplanner_event'::regclass, 'opsplanner_workitem'::regclass) "
+                    "AND a.attnum > 0 AND NOT a.attisdropped"
+                ).fetchall()
+            )
+    finally:
+        scratch_databases_drop([url])
+    assert logged == (0,), "no table of a lane writes the write-ahead log"
+    assert targets["opsplanner_event.data"] == targets["opsplanner_event.reason"] == 0
+    assert targets["opsplanner_workitem.params"] == targets["opsplanner_workitem.result"] == 0
+    # The columns the simulation filters on keep the default (-1 before PostgreSQL 17, NULL since).
+    assert targets["opsplanner_workitem.state"] != 0
+    assert targets["opsplanner_event.kind"] != 0
 
 
 META_SMALL = scenario_config(

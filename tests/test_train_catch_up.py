@@ -207,3 +207,23 @@ def test_a_catch_up_the_core_refuses_leaves_the_host_to_return_and_says_why() ->
     assert train.visits.get().plan["caught_up"] == [host.pk]  # asked once, not at every tick
     assert HostTask.objects.get(operation__kind=OperationKind.REPAIR).state == TaskState.DONE
     assert Host.objects.get(pk=host.pk).state == HostState.IN_SERVICE
+
+
+def test_a_train_tick_while_its_visit_runs_reads_the_visits_once_and_nothing_for_catch_ups_without_repairs(
+    django_assert_num_queries,
+) -> None:
+    from trains.services.tick import train_tick
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2, planned_buffer_hosts=2, failure_buffer_hosts=3)
+    train = make_train(pool)
+    rollouts(pool)
+    assert train_tick(train_id=train.pk).events  # the first visit starts; its hosts wait for the pool tick
+
+    with django_assert_num_queries(12 + 2) as captured:  # and the tick's savepoint in the test's transaction
+        report = train_tick(train_id=train.pk)
+
+    assert report.events == []
+    visit_reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith('SELECT "trains_visit"."id"')]
+    assert len(visit_reads) == 2, "the running visits, and the open cycle's for the forecast"
+    assert not [q for q in captured.captured_queries if '"operation"."kind" = ' in q["sql"] and "repair" in q["sql"]]

@@ -426,7 +426,7 @@ def select_within_budget(
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             fitting = its_hosts
         else:  # per host: some may fit (sliding: all of them may, beside a host already over the budget)
-            fitting = {h for h in its_hosts if _host_cost(sizing, chains, h, work, hosts) <= limit}
+            fitting = _fitting_hosts(sizing, chains, its_hosts, work, len(hosts), limit)
         if fitting == its_hosts:
             selection.taken.append(candidate)
         elif restrict is None or not fitting:
@@ -447,13 +447,20 @@ def _chain_cost(sizing: VisitSizing, chains: dict[int, float], more: set[int], w
     return sizing.cost_s(len(set(hosts)), [busiest])
 
 
-def _host_cost(sizing: VisitSizing, chains: dict[int, float], host: int, work: float, hosts: Iterable) -> float:
-    """What `work` on `host` costs the visit: a domain-paced visit lasts as long as its busiest host,
-    so the visit's cost with it; a sliding visit's host is out for its own work alone, so its own
-    chain's (a long upgrade left on one host keeps no other host from its work)."""
-    if sizing.waits_for_busiest:
-        return _chain_cost(sizing, chains, {host}, work, hosts)
-    return sizing.cost_s(len(set(hosts)), [chains.get(host, 0.0) + work])
+def _fitting_hosts(
+    sizing: VisitSizing, chains: dict[int, float], its_hosts: set[int], work: float, hosts: int, limit: float
+) -> set[int]:
+    """The hosts of `its_hosts` where `work` keeps the visit over `hosts` hosts within `limit`. A
+    domain-paced visit lasts as long as its busiest host, so a host's cost is the visit's with the
+    work on it; a sliding visit's host is out for its own work alone, so its own chain's (a long
+    upgrade left on one host keeps no other host from its work). The busiest chain is found once,
+    and each distinct chain priced once, not once per host: most hosts of a domain carry the same
+    work, and the forecast plays this for every upgrade of every visit it plays."""
+    busiest = max(chains.values(), default=0.0) if sizing.waits_for_busiest else None
+    fits: dict[float, bool] = {}
+    for chain in {chains.get(host, 0.0) + work for host in its_hosts}:
+        fits[chain] = sizing.cost_s(hosts, [chain if busiest is None else max(chain, busiest)]) <= limit
+    return {host for host in its_hosts if fits[chains.get(host, 0.0) + work]}
 
 
 def _add_work(chains: dict[int, float], hosts: set[int], work: float) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 
-from fleet.models import PLANNED_OUT_STATES, Host
-from fleet.selectors.capacity import pool_capacity
+from fleet.models import PLANNED_OUT_STATES, Host, HostState
+from fleet.selectors.capacity import PoolCapacity, pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
@@ -109,11 +109,13 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         return report
     now = clock.now()
     active = _upgrades_policy_step(train, report)
-    if train.state == TrainState.RUNNING:
-        _catch_up_step(train, active, report)  # before the visits finish: a failed host may be their last
-    _finish_visits(train, now, report)
-    _autostop_step(train, now, report)
+    # The running visits, read once: the steps below only change their plans (in place) and end them.
     running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain", "cycle"))
+    capacity = pool_capacity(train.pool)  # read once, as the tick began, for the catch-up and the autostop
+    if train.state == TrainState.RUNNING and capacity.by_state.get(HostState.REPAIR):
+        _catch_up_step(train, running, active, report)  # before the visits finish: a failed host may be their last
+    running = _finish_visits(train, running, now, report)
+    _autostop_step(train, capacity, now, report)
     if train.state == TrainState.RUNNING:
         _late_joiners_step(train, running, active, now, report)
     if train.state == TrainState.RUNNING and train_slides(train):
@@ -183,10 +185,10 @@ def _late_joiners_step(
         report.events.append(f"upgrade {upgrade_id} joined visit {visit_id} on {hosts} hosts")
 
 
-def _catch_up_step(train: Train, active: list[_Active], report: TrainTickReport) -> None:
+def _catch_up_step(train: Train, running: list[Visit], active: list[_Active], report: TrainTickReport) -> None:
     """Hosts being repaired in a running visit's drain get the visit's work they missed, to take in
-    the same drain (trains/services/catch_up.py); one query unless there are such hosts."""
-    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"))
+    the same drain (trains/services/catch_up.py); one query unless there are such hosts. The train
+    tick calls it only while some host of the pool is in repair."""
     if not running:
         return
     known = {a.upgrade.pk: ActiveUpgrade(upgrade=a.upgrade, phases=a.phases) for a in active}
@@ -365,11 +367,12 @@ _VISIT_HAS_OPEN_TASK = PreparedQuery(  # asked of every running visit at every t
 )
 
 
-def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
-    for visit in Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain"):
-        if visit.plan.get("unreleased"):
-            continue  # a sliding visit with hosts still to release is not done
-        if _VISIT_HAS_OPEN_TASK.rows(visit_id=visit.pk):
+def _finish_visits(train: Train, running: list[Visit], now: dt.datetime, report: TrainTickReport) -> list[Visit]:
+    """End the running visits with no open task left; those still running."""
+    still: list[Visit] = []
+    for visit in running:
+        if visit.plan.get("unreleased") or _VISIT_HAS_OPEN_TASK.rows(visit_id=visit.pk):
+            still.append(visit)  # a sliding visit with hosts still to release is not done either
             continue
         tasks = HostTask.objects.filter(operation__visit_link__visit=visit)
         done = tasks.filter(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).values("host_id").distinct().count()
@@ -380,6 +383,7 @@ def _finish_visits(train: Train, now: dt.datetime, report: TrainTickReport) -> N
             plan = {**plan, HOST_TIME_KEY: list(host_time)} if host_time else plan
         visit_end(visit=visit, now=now, outcome=f"{done} hosts done, {failed} failed", plan=plan)
         report.events.append(f"visit {visit.pk} done")
+    return still
 
 
 # --- 3. autostop ------------------------------------------------------------------------------------
@@ -401,8 +405,7 @@ _OTHERS_OUT = PreparedQuery(  # the pool's hosts out for planned work other than
 )
 
 
-def _exhausted(train: Train) -> str:
-    capacity = pool_capacity(train.pool)
+def _exhausted(train: Train, capacity: PoolCapacity) -> str:
     buffers = capacity.buffers
     name = train.pool.name
     if capacity.failure_out and capacity.failure_out >= buffers.failure:
@@ -415,7 +418,8 @@ def _exhausted(train: Train) -> str:
         floor = min(floor, train.pool.hard_floor_hosts)  # an approved emergency goes down to the hard floor
     if capacity.in_service < floor:
         return f"pool {name} is below its floor: {capacity.in_service} in service, floor {floor}"
-    if buffers.planned:
+    # The other work is among the hosts out for planned work: no need to count it unless they fill the buffer.
+    if buffers.planned and capacity.planned_out >= buffers.planned:
         # One statement: counted apart, a pool tick committing in between (hosts back, tasks done)
         # made the train's own finished hosts look like other work and stopped it for nothing.
         others = len(_OTHERS_OUT.rows(train_id=train.pk, pool_id=train.pool_id))
@@ -426,9 +430,9 @@ def _exhausted(train: Train) -> str:
     return ""
 
 
-def _autostop_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
+def _autostop_step(train: Train, capacity: PoolCapacity, now: dt.datetime, report: TrainTickReport) -> None:
     if train.state == TrainState.RUNNING:
-        why = _exhausted(train)
+        why = _exhausted(train, capacity)
         if why and train_set_state(
             train=train, expected={TrainState.RUNNING}, new=TrainState.AUTOSTOPPED, reason=why, actor=ACTOR,
             kind="train.autostopped",
@@ -438,7 +442,7 @@ def _autostop_step(train: Train, now: dt.datetime, report: TrainTickReport) -> N
         return
     if train.state != TrainState.AUTOSTOPPED or train.auto_resume_after_s is None:
         return
-    if _exhausted(train):
+    if _exhausted(train, capacity):
         if train.recovered_since is not None:
             Train.objects.filter(pk=train.pk).update(recovered_since=None)
         return
