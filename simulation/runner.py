@@ -31,6 +31,7 @@ from django.db import connection
 from simulation.config import SimulationConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+LANE_RANDOM_PAGE_COST = 1.1
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
         for name in names:
             # Nothing here outlives the run: a crash loses a shard, which fails and says so.
             cursor.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+            # A lane lives in memory (unlogged, a few hundred MB): an index probe costs about what a
+            # page read in sequence does. At PostgreSQL's default (4, for spinning disks) the train
+            # tick's count of phase successes scanned every finished task for each phase it counted,
+            # 67 ms for 52 upgrades at day 20 of a 1,000-host meta run; 20 ms through the index.
+            cursor.execute(f'ALTER DATABASE "{name}" SET random_page_cost = {LANE_RANDOM_PAGE_COST}')
     return [sibling_database_url(name) for name in names]
 
 

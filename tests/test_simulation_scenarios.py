@@ -27,7 +27,13 @@ from simulation.rollout_measures import (
     rollout_measures_add,
     rollout_summary,
 )
-from simulation.runner import lane_analyze, lane_vacuum, scratch_databases, scratch_databases_drop
+from simulation.runner import (
+    LANE_RANDOM_PAGE_COST,
+    lane_analyze,
+    lane_vacuum,
+    scratch_databases,
+    scratch_databases_drop,
+)
 from simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
 from simulation.world import workload_draw
 from tests.builders import make_component, make_fleet
@@ -199,7 +205,7 @@ def test_inside_a_transaction_where_postgresql_cannot_vacuum_the_lane_vacuum_sti
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_scratch_lane_is_unlogged_and_keeps_no_statistics_of_its_json_and_free_text_columns() -> None:
+def test_a_scratch_lane_is_unlogged_costs_index_probes_as_memory_and_keeps_no_statistics_of_free_text() -> None:
     (url,) = scratch_databases(1, tag="_tuned")
     try:
         with psycopg.connect(url, autocommit=True) as lane:
@@ -207,6 +213,11 @@ def test_a_scratch_lane_is_unlogged_and_keeps_no_statistics_of_its_json_and_free
                 "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relpersistence = 'p'"
             ).fetchone()
+            settings = dict(
+                lane.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN ('random_page_cost', 'synchronous_commit')"
+                ).fetchall()
+            )
             targets = dict(
                 lane.execute(
                     "SELECT a.attrelid::regclass::text || '.' || a.attname, a.attstattarget FROM pg_attribute a "
@@ -217,6 +228,7 @@ def test_a_scratch_lane_is_unlogged_and_keeps_no_statistics_of_its_json_and_free
     finally:
         scratch_databases_drop([url])
     assert logged == (0,), "no table of a lane writes the write-ahead log"
+    assert settings == {"random_page_cost": str(LANE_RANDOM_PAGE_COST), "synchronous_commit": "off"}
     assert targets["opsplanner_event.data"] == targets["opsplanner_event.reason"] == 0
     assert targets["opsplanner_workitem.params"] == targets["opsplanner_workitem.result"] == 0
     # The columns the simulation filters on keep the default (-1 before PostgreSQL 17, NULL since).

@@ -20,7 +20,7 @@ from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
 from trains.services.budget import Selection, VisitSizing, select_within_budget, upgrade_order_key
-from trains.services.upgrades import hosts_below_target
+from trains.services.upgrades import hosts_below_target, upgrades_hosts_below
 
 # A host whose visit task is in one of these is still drained for the visit (or not yet started):
 # a task pending for it is handed over in the same drain. Verifying hosts are on their way back.
@@ -36,9 +36,6 @@ class UpgradePlan:
     phase: UpgradePhase
     allowed: set[int]
     _has_pending: bool | None = None
-
-    def pending_among(self, host_ids: set[int]) -> set[int]:
-        return set(hosts_below_target(self.upgrade, self.allowed & host_ids).values_list("id", flat=True))
 
     def has_pending(self) -> bool:
         if self._has_pending is None:
@@ -64,7 +61,8 @@ def _sort_key(upgrade: Upgrade) -> str:
 def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> list[Step]:
     """The pending work among `host_ids`, one step per upgrade, newest version per component and
     host, in the order a visit takes them (a newer release inherits the best place it supersedes)."""
-    pending = [(plan, plan.pending_among(host_ids)) for plan in plans]
+    below = upgrades_hosts_below([plan.upgrade for plan in plans], set().union(*(p.allowed for p in plans)) & host_ids)
+    pending = [(plan, below[plan.upgrade.pk] & plan.allowed) for plan in plans]
     by_component: dict[int, list[tuple[UpgradePlan, set[int]]]] = defaultdict(list)
     for plan, hosts in pending:
         if hosts:
