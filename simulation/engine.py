@@ -44,7 +44,7 @@ IDLE_STEP = dt.timedelta(hours=6)  # with work open but nothing due, look again 
 ROUNDS_PER_TICK = 6
 CHECK_EVERY_TICKS = 500
 VACUUM_EVERY = dt.timedelta(hours=6)  # of simulated time: the lane's tables vacuumed (runner.lane_vacuum)
-EVENTS_ANALYZED_EVERY = dt.timedelta(hours=24)  # the append-only event table's statistics, less often
+ANALYZED_EVERY = dt.timedelta(hours=24)  # and their statistics refreshed, less often
 
 
 class SimulationError(Exception):
@@ -203,7 +203,7 @@ def _loop(
     )
     total = (config.end - config.start).total_seconds()
     last_full = config.start - IDLE_STEP
-    last_vacuum = last_events_analyzed = config.start
+    last_vacuum = last_analyzed = config.start
     next_due: dt.datetime | None = None
     while virtual.now <= config.end:
         now = virtual.now
@@ -226,10 +226,10 @@ def _loop(
             _sample(log, now)
         log.ticks += 1
         if now - last_vacuum >= VACUUM_EVERY:
-            events = now - last_events_analyzed >= EVENTS_ANALYZED_EVERY
-            lane_vacuum(events=events)
+            analyze = now - last_analyzed >= ANALYZED_EVERY
+            lane_vacuum(analyze=analyze)
             last_vacuum = now
-            last_events_analyzed = now if events else last_events_analyzed
+            last_analyzed = now if analyze else last_analyzed
         if log.ticks % CHECK_EVERY_TICKS == 0:
             log.violations.extend(str(v) for v in check_invariants())
             log.invariant_checks += 1
