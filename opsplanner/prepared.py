@@ -5,7 +5,8 @@ the query; the scheduler tick runs about fifteen per pool, every few seconds, fo
 that was about half of its Python time. A PreparedQuery compiles its queryset once, with markers
 in place of its parameters, records where each marker went, and afterwards only puts the values
 in and runs the SQL, converting the rows as the ORM would. The queryset is still written with the
-ORM, in one place; only its compiling is kept. PreparedUpdate does the same for an UPDATE.
+ORM, in one place; only its compiling is kept. PreparedUpdate does the same for an UPDATE, and
+PreparedModels for a queryset of model instances (with select_related).
 
 Only on PostgreSQL: elsewhere (the embedded SQLite) the queryset is simply built and run each time.
 Parameters are ints, datetimes, strings, or collections of ints (for `field__any`).
@@ -21,7 +22,8 @@ from typing import Any, cast
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
+from django.db.models.query import ModelIterable, get_related_populators
 from django.db.models.sql import UpdateQuery
 
 _MARK = -7_391_000_000_000  # far outside any id, count or version the project stores
@@ -36,10 +38,49 @@ class _Compiled:
     constants: tuple[Any, ...]
     converters: dict[int, tuple[list[Any], Any]]
     empty: bool  # the query can match nothing whatever the values (Django raised EmptyResultSet)
+    shape: _ModelShape | None = None  # how rows become model instances (PreparedModels)
+
+
+@dataclass(frozen=True)
+class _ModelShape:
+    """What Django's ModelIterable works out from the compiler before its first row, kept."""
+
+    model: type[Model]
+    init_list: list[str]
+    start: int
+    end: int
+    populators: list[Any]  # django.db.models.query.RelatedPopulator, one per select_related model
+    annotations: dict[str, int]
+
+    @classmethod
+    def of(cls, compiler: Any, alias: str) -> _ModelShape:
+        select, klass_info = compiler.select, compiler.klass_info
+        start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
+        return cls(
+            model=klass_info["model"],
+            init_list=[column[0].target.attname for column in select[start:end]],
+            start=start,
+            end=end,
+            populators=get_related_populators(klass_info, select, alias),  # type: ignore[call-arg]  # stubs: Django 6
+            annotations=dict(compiler.annotation_col_map or {}),
+        )
+
+    def instances(self, rows: list[tuple[Any, ...]], alias: str) -> list[Any]:
+        objects = []
+        for row in rows:
+            obj = self.model.from_db(alias, self.init_list, row[self.start : self.end])
+            for populator in self.populators:
+                populator.populate(row, obj)
+            for name, position in self.annotations.items():
+                setattr(obj, name, row[position])
+            objects.append(obj)
+        return objects
 
 
 class PreparedQuery:
     """`build(**params)` returns a values_list() queryset; `rows(**params)` runs it."""
+
+    _models = False  # rows become model instances (PreparedModels)
 
     def __init__(self, build: Callable[..., QuerySet[Any]], **kinds: ParamKind) -> None:
         self._build = build
@@ -48,20 +89,28 @@ class PreparedQuery:
         self._lock = threading.Lock()
 
     def rows(self, **params: Any) -> list[tuple[Any, ...]]:
-        if set(params) != set(self._kinds):
-            raise TypeError(f"expected parameters {sorted(self._kinds)}, got {sorted(params)}")
+        self._check(params)
         if connections["default"].vendor != "postgresql":
             return list(self._build(**params))
+        return self._fetched(params)[0]
+
+    def _check(self, params: dict[str, Any]) -> None:
+        if set(params) != set(self._kinds):
+            raise TypeError(f"expected parameters {sorted(self._kinds)}, got {sorted(params)}")
+
+    def _fetched(self, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], _Compiled | None]:
+        """The rows, converted as the ORM converts them, and the statement that gave them (None:
+        nothing could match, and the database was not asked)."""
         # An empty collection of ids matches nothing (`= ANY('{}')`), as the ORM decides without asking.
         connection, compiled, values = self._ready(params)
         if compiled is None:
-            return []
+            return [], None
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, values)
             rows = cursor.fetchall()
         if compiled.converters:
             rows = [_convert(row, compiled.converters, connection) for row in rows]
-        return rows
+        return rows, compiled
 
     def _compile(self, alias: str) -> _Compiled:
         markers: dict[str, Any] = {}
@@ -87,7 +136,8 @@ class PreparedQuery:
         if getattr(compiler, "select", None) is not None:
             select = [column[0] for column in compiler.select[: compiler.col_count]]
             converters = compiler.get_converters(select)
-        return _Compiled(sql, slots, tuple(sql_params), converters, empty=False)
+        shape = _ModelShape.of(compiler, alias) if self._models else None
+        return _Compiled(sql, slots, tuple(sql_params), converters, empty=False, shape=shape)
 
     def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
         return self._build(**markers).query.get_compiler(using=alias)
@@ -124,8 +174,7 @@ class PreparedUpdate(PreparedQuery):
         self._values = values
 
     def count(self, **params: Any) -> int:
-        if set(params) != set(self._kinds):
-            raise TypeError(f"expected parameters {sorted(self._kinds)}, got {sorted(params)}")
+        self._check(params)
         if connections["default"].vendor != "postgresql":
             return self._build(**params).update(**self._values(**params))
         connection, compiled, values = self._ready(params)
@@ -143,6 +192,31 @@ class PreparedUpdate(PreparedQuery):
         query = cast(UpdateQuery, self._build(**markers).query.chain(UpdateQuery))
         query.add_update_values(self._values(**markers))
         return query.get_compiler(using=alias)
+
+
+class PreparedModels(PreparedQuery):
+    """`build(**params)` returns a queryset of model instances (select_related and slicing allowed,
+    not prefetch_related); `objects(**params)` runs it and returns what list(queryset) would."""
+
+    _models = True
+
+    def objects(self, **params: Any) -> list[Any]:
+        self._check(params)
+        if connections["default"].vendor != "postgresql":
+            return list(self._build(**params))
+        rows, compiled = self._fetched(params)
+        return cast(_ModelShape, compiled.shape).instances(rows, "default") if compiled else []
+
+    def rows(self, **params: Any) -> list[tuple[Any, ...]]:
+        raise TypeError("a PreparedModels query returns model instances: call objects()")
+
+    def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
+        queryset = self._build(**markers)
+        if queryset._iterable_class is not ModelIterable:
+            raise TypeError("a PreparedModels query returns model instances: build it without values()")
+        if getattr(queryset, "_prefetch_related_lookups", ()):
+            raise ValueError("prefetch_related runs more queries; prepare each of them")
+        return queryset.query.get_compiler(using=alias)
 
 
 def _marker(kind: ParamKind, position: int) -> Any:

@@ -16,11 +16,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner import clock
 from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind
+from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.operations import operation_submit
 from simulation.config import Arrival, SimulationConfig
 from simulation.scenarios import (
@@ -29,6 +30,18 @@ from simulation.scenarios import (
     upgrade_execute_seconds,
 )
 from simulation.world import World
+
+
+def _ticking_trains(**where: Any) -> QuerySet[Any, tuple[int, int]]:
+    from trains.models import Train, TrainState
+
+    states = [TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED]
+    return Train.objects.filter(state__in=states, **where).order_by("pk").values_list("pk", "pool_id")
+
+
+# The trains a policy step ticks, asked at nearly every instant: compiled once.
+_TICKING_TRAINS = PreparedQuery(_ticking_trains)
+_TICKING_TRAINS_OF = PreparedQuery(lambda *, ids: _ticking_trains(pool_id__any=ids), ids=IDS)
 
 ACTOR = "simulator"
 
@@ -127,17 +140,10 @@ class TrainsPolicy(Policy):
         )
 
     def step(self, pool_ids: set[int] | None) -> set[int]:
-        from trains.models import Train, TrainState
         from trains.services.tick import train_tick
 
-        trains = Train.objects.filter(state__in=[TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED])
-        if pool_ids is not None:
-            trains = trains.filter(pool_id__in=pool_ids)
-        return {
-            pool_id
-            for train_id, pool_id in trains.order_by("pk").values_list("pk", "pool_id")
-            if train_tick(train_id=train_id).events
-        }
+        trains = _TICKING_TRAINS.rows() if pool_ids is None else _TICKING_TRAINS_OF.rows(ids=pool_ids)
+        return {pool_id for train_id, pool_id in trains if train_tick(train_id=train_id).events}
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState

@@ -6,13 +6,13 @@ import datetime as dt
 
 import pytest
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Host, HostState
 from opsplanner import clock
 from opsplanner.models import WorkItem
-from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
+from opsplanner.prepared import IDS, PreparedModels, PreparedQuery, PreparedUpdate
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
@@ -109,3 +109,44 @@ def test_a_prepared_update_changes_what_the_orm_update_would_and_says_how_many_r
     assert Host.objects.get(pk=hosts[0].pk).state_changed_at == at
     with pytest.raises(TypeError, match="call count"):
         move.rows(ids=first_two, expected=HostState.IN_SERVICE, new=HostState.MAINTENANCE, now=at)
+
+
+def _hosts_with_their_domain_and_pool(*, pool_id: int, ids: frozenset[int]) -> QuerySet[Host]:
+    return (
+        Host.objects.filter(pool_id=pool_id, pk__any=ids)
+        .select_related("domain", "pool")
+        .annotate(versions=Count("installed_versions"))
+        .order_by("-id")
+    )
+
+
+def test_prepared_models_give_the_instances_the_orm_gives_with_their_related_objects_and_annotations() -> None:
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
+    query = PreparedModels(_hosts_with_their_domain_and_pool, pool_id=int, ids=IDS)
+    for ids in [{h.pk for h in hosts}, {hosts[0].pk, hosts[3].pk}]:
+        expected = list(_hosts_with_their_domain_and_pool(pool_id=pool.pk, ids=frozenset(ids)))
+        got = query.objects(pool_id=pool.pk, ids=ids)
+        assert [h.pk for h in got] == [h.pk for h in expected] and len(got) == len(ids)
+        for mine, theirs in zip(got, expected, strict=True):
+            assert (mine.hostname, mine.state, mine.state_changed_at) == (
+                theirs.hostname,
+                theirs.state,
+                theirs.state_changed_at,
+            )
+            assert mine.versions == theirs.versions > 0
+            with CaptureQueriesContext(connection) as queries:
+                assert (mine.domain.name, mine.pool.name) == (theirs.domain.name, pool.name)
+            assert len(queries) == 0, "the related objects came with the row"
+            assert not mine._state.adding and mine._state.db == "default"
+    got[0].state = HostState.MAINTENANCE
+    got[0].save(update_fields=["state"])  # an instance the ORM can save, like one it loaded
+    assert Host.objects.get(pk=got[0].pk).state == HostState.MAINTENANCE
+
+
+def test_prepared_models_refuse_values_and_are_not_read_as_rows() -> None:
+    values = PreparedModels(lambda *, pool_id: Host.objects.filter(pool_id=pool_id).values_list("id"), pool_id=int)
+    with pytest.raises(TypeError, match="build it without values"):
+        values.objects(pool_id=1)
+    models = PreparedModels(lambda *, pool_id: Host.objects.filter(pool_id=pool_id), pool_id=int)
+    with pytest.raises(TypeError, match="call objects"):
+        models.rows(pool_id=1)

@@ -14,7 +14,7 @@ from django.db.models import F, Func, IntegerField, Max, OuterRef, Q, QuerySet, 
 from fleet.models import ComponentVersion, MaintenanceDomain
 from opsplanner import clock
 from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask
-from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 from trains.models import (
     Cycle,
     Train,
@@ -113,6 +113,22 @@ _LAST_VISITS = PreparedQuery(  # per train and domain, when its last visit ended
     ),
     ids=IDS,
 )
+# The latest cycle of each train: the open one, or the number the next cycle follows.
+# (A subquery, not DISTINCT ON: the embedded default runs on SQLite.)
+_LATEST_CYCLES = PreparedModels(
+    lambda *, ids: Cycle.objects.filter(
+        train_id__any=ids,
+        number=Subquery(Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]),
+    ),
+    ids=IDS,
+)
+_CYCLES_VISITS = PreparedModels(lambda *, ids: Visit.objects.filter(cycle_id__any=ids).order_by(), ids=IDS)
+_STOPS = PreparedModels(
+    lambda *, ids: (
+        TrainStop.objects.filter(train_id__any=ids).select_related("domain").order_by("train_id", "position")
+    ),
+    ids=IDS,
+)
 
 
 def _visit_seconds(
@@ -158,20 +174,17 @@ def _read_trains(trains: list[Train], now: dt.datetime) -> tuple[dict[int, Train
     ids = [t.pk for t in trains]
     if not ids:
         return {}, {}
-    # The latest cycle of each train: the open one, or the number the next cycle follows.
-    # (A subquery, not DISTINCT ON: the embedded default runs on SQLite.)
-    newest = Cycle.objects.filter(train_id=OuterRef("train_id")).order_by("-number").values("number")[:1]
-    latest = {c.train_id: c for c in Cycle.objects.filter(train_id__in=ids, number=Subquery(newest))}
+    latest = {c.train_id: c for c in _LATEST_CYCLES.objects(ids=ids)}
     cycles = {train_id: c for train_id, c in latest.items() if c.ended_at is None}
     recent, corrections = _visit_seconds(trains, {train_id: c.number for train_id, c in latest.items()})
     last: dict[int, dict[int, dt.datetime]] = defaultdict(dict)
     for train_id, domain_id, at in _LAST_VISITS.rows(ids=ids):
         last[train_id][domain_id] = at
     visits: dict[int, dict[int, Visit]] = defaultdict(dict)
-    for visit in Visit.objects.filter(cycle_id__in=[c.pk for c in cycles.values()]).order_by():
+    for visit in _CYCLES_VISITS.objects(ids=[c.pk for c in cycles.values()]):
         visits[visit.train_id][visit.domain_id] = visit
     stops: dict[int, list[TrainStop]] = defaultdict(list)
-    for stop in TrainStop.objects.filter(train_id__in=ids).select_related("domain").order_by("train_id", "position"):
+    for stop in _STOPS.objects(ids=ids):
         stops[stop.train_id].append(stop)
     forecasts = {}
     for train in trains:

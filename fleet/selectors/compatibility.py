@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fleet.models import CompatibilityRule, ComponentLayer, ComponentVersion, InstalledVersion
-from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def hosts_incompatibilities(groups: Sequence[PlannedHosts]) -> list[dict[int, li
     pinned = {row.version_id for rows in job_facing.values() for row in rows.values()}
     pinned |= {row.version_id for rows in overrides for row in rows if row.layer == ComponentLayer.JOB_FACING}
     rules: _Rules = defaultdict(lambda: defaultdict(list))
-    for rule in CompatibilityRule.objects.filter(job_facing_version_id__in=pinned).select_related("lower_component"):
+    for rule in _RULES_PINNED_BY.objects(ids=pinned):
         rules[rule.job_facing_version_id][rule.lower_component_id].append(rule)
     if not rules:
         return [{} for _ in groups]
@@ -105,6 +105,10 @@ _INSTALLED_COLUMNS = (
     "version__sort_key",
 )  # fmt: skip
 # Asked by every admission and return gate: compiled once (opsplanner/prepared.py).
+_RULES_PINNED_BY = PreparedModels(
+    lambda *, ids: CompatibilityRule.objects.filter(job_facing_version_id__any=ids).select_related("lower_component"),
+    ids=IDS,
+)
 _JOB_FACING = PreparedQuery(
     lambda *, ids: (
         InstalledVersion.objects.filter(host_id__any=ids, component__layer=ComponentLayer.JOB_FACING)

@@ -8,6 +8,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from opsplanner.prepared import PreparedModels
+
 _RATE = [MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))]
 
 
@@ -73,5 +75,10 @@ class SimulatorProfile(models.Model):
 
     @classmethod
     def current(cls) -> SimulatorProfile:
+        for profile in _PROFILE.objects(pk=1):  # the simulator asks at every instant: compiled once
+            return profile
         profile, _ = cls.objects.get_or_create(pk=1)
         return profile
+
+
+_PROFILE = PreparedModels(lambda *, pk: SimulatorProfile.objects.filter(pk=pk), pk=int)

@@ -25,7 +25,7 @@ from fleet.models import Host
 from opsplanner import clock
 from opsplanner.events import EventRow, event_row, events_copy_rows
 from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
-from opsplanner.prepared import IDS, ParamKind, PreparedQuery, PreparedUpdate
+from opsplanner.prepared import IDS, ParamKind, PreparedModels, PreparedQuery, PreparedUpdate
 from opsplanner.services.ready_watch import ReadyFilter
 from opsplanner.services.ready_watch import watcher as ready_watcher
 
@@ -83,10 +83,7 @@ def work_items_claim(
         return []
     now = clock.now()
     _CLAIM.count(ids=ids, worker=worker[:150], now=now, expires=now + dt.timedelta(seconds=lease_seconds))
-    claimed = WorkItem.objects.filter(pk__any=ids).order_by("id")
-    if only is not None:
-        claimed = claimed.only("id", "kind", "attempts", "pool_id", "host_id", *only)
-    items = list(claimed)
+    items = _claimed(only).objects(ids=ids)
     actor = worker[:150]
     events_copy_rows(
         [
@@ -121,6 +118,17 @@ def _ready_ids(adapter: str, kinds: tuple[str, ...], by_pool: bool, by_host: boo
         return ready.order_by("id").select_for_update(skip_locked=True).values_list("id")[:limit]
 
     return PreparedQuery(build, **params)
+
+
+@functools.cache
+def _claimed(only: tuple[str, ...] | None) -> PreparedModels:
+    """The claimed items, whole or with just the fields `only` names: compiled once per shape."""
+
+    def build(*, ids: frozenset[int]) -> QuerySet[WorkItem]:
+        claimed = WorkItem.objects.filter(pk__any=ids).order_by("id")
+        return claimed if only is None else claimed.only("id", "kind", "attempts", "pool_id", "host_id", *only)
+
+    return PreparedModels(build, ids=IDS)
 
 
 _CLAIM = PreparedUpdate(

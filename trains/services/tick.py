@@ -19,14 +19,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 
 from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import PoolCapacity, pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
-from opsplanner.prepared import PreparedQuery
+from opsplanner.prepared import PreparedModels, PreparedQuery
 from opsplanner.services.approvals import approvals_expire
 from trains.models import (
     Cycle,
@@ -98,19 +98,14 @@ def trains_tick() -> list[TrainTickReport]:
 @transaction.atomic
 def train_tick(*, train_id: int) -> TrainTickReport:
     report = TrainTickReport(train_id=train_id)
-    train = (
-        Train.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("pool")
-        .filter(pk=train_id)
-        .first()
-    )
+    train = next(iter(_TRAIN_LOCKED.objects(train_id=train_id)), None)
     if train is None or train.state not in (TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED):
         report.skipped = True
         return report
     now = clock.now()
     active = _upgrades_policy_step(train, report)
     # The running visits, read once: the steps below only change their plans (in place) and end them.
-    running = list(Visit.objects.filter(train=train, state=VisitState.RUNNING).select_related("domain", "cycle"))
+    running = _RUNNING_VISITS.objects(train_id=train.pk)
     capacity = pool_capacity(train.pool)  # read once, as the tick began, for the catch-up and the autostop
     if train.state == TrainState.RUNNING and capacity.by_state.get(HostState.REPAIR):
         _catch_up_step(train, running, active, report)  # before the visits finish: a failed host may be their last
@@ -196,15 +191,45 @@ def _catch_up_step(train: Train, running: list[Visit], active: list[_Active], re
         report.events.append(f"host {host_id} catches up in visit {visit_id}")
 
 
+# The train's own row and its running visits, asked at every tick: compiled once.
+_TRAIN_LOCKED = PreparedModels(
+    lambda *, train_id: (
+        Train.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("pool")
+        .filter(pk=train_id)
+        .order_by("pk")[:1]
+    ),
+    train_id=int,
+)
+_RUNNING_VISITS = PreparedModels(
+    lambda *, train_id: Visit.objects.filter(train_id=train_id, state=VisitState.RUNNING).select_related(
+        "domain", "cycle"
+    ),
+    train_id=int,
+)
+
+
 # --- 1. upgrades ------------------------------------------------------------------------------------
 def _train_upgrades(train: Train) -> list[Upgrade]:
     if train.emergency:
         if train.upgrade_id is None:  # an emergency train runs one upgrade; none left, nothing to run
             return []
-        upgrades = Upgrade.objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE)
-    else:
-        upgrades = Upgrade.objects.filter(pool=train.pool, emergency=False, state=UpgradeState.ACTIVE)
-    return list(upgrades.select_related("component_version__component").order_by("created_at", "id"))
+        return _EMERGENCY_UPGRADE.objects(upgrade_id=train.upgrade_id)
+    return _POOL_UPGRADES.objects(pool_id=train.pool_id)
+
+
+def _active_upgrades_in_order(**where: object) -> QuerySet[Upgrade]:
+    return (
+        Upgrade.objects.filter(state=UpgradeState.ACTIVE, **where)
+        .select_related("component_version__component")
+        .order_by("created_at", "id")
+    )
+
+
+_EMERGENCY_UPGRADE = PreparedModels(lambda *, upgrade_id: _active_upgrades_in_order(pk=upgrade_id), upgrade_id=int)
+_POOL_UPGRADES = PreparedModels(
+    lambda *, pool_id: _active_upgrades_in_order(pool_id=pool_id, emergency=False), pool_id=int
+)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from opsplanner.models import (
     TaskState,
 )
 from opsplanner.models.operations import FailureCode
-from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
@@ -337,12 +337,15 @@ def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
     return upgrades_phase_failures([upgrade], {upgrade.pk: phase}).get(upgrade.pk, 0)
 
 
+_PHASES = PreparedModels(
+    lambda *, ids: UpgradePhase.objects.filter(upgrade_id__any=ids).order_by("upgrade_id", "position"), ids=IDS
+)
+
+
 def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
     """Each upgrade's phases in order (one query)."""
     phases: dict[int, list[UpgradePhase]] = defaultdict(list)
-    for phase in UpgradePhase.objects.filter(upgrade_id__in=[u.pk for u in upgrades]).order_by(
-        "upgrade_id", "position"
-    ):
+    for phase in _PHASES.objects(ids=[u.pk for u in upgrades]):
         phases[phase.upgrade_id].append(phase)
     return phases
 

@@ -226,6 +226,23 @@ def _executions_done(
     return [t for t in applied if t.drain_key is not None or _is_repair(t)]
 
 
+_VERSION_INSTALLED = PreparedUpdate(  # once per version an executor reports: compiled once
+    lambda *, hosts, component_id, version_id, now: InstalledVersion.objects.filter(
+        host_id__any=hosts, component_id=component_id
+    ).exclude(version_id=version_id),
+    # The old version is kept as the one a rollback restores.
+    lambda *, hosts, component_id, version_id, now: {
+        "previous_version_id": F("version_id"),
+        "version_id": version_id,
+        "installed_at": now,
+    },
+    hosts=IDS,
+    component_id=int,
+    version_id=int,
+    now=dt.datetime,
+)
+
+
 def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> set[tuple[str, str]]:
     """Set the installed versions reported by executors; return the (component, version) pairs unknown."""
     if not versions:
@@ -242,10 +259,7 @@ def _record_versions(ctx: TickContext, versions: list[tuple[int, str, str]]) -> 
         if (component, version) in catalogue:
             groups[catalogue[(component, version)]].append(host_id)
     for (component_id, version_id), host_ids in groups.items():
-        # The old version is kept as the one a rollback restores.
-        InstalledVersion.objects.filter(host_id__any=host_ids, component_id=component_id).exclude(
-            version_id=version_id
-        ).update(previous_version_id=F("version_id"), version_id=version_id, installed_at=ctx.now)
+        _VERSION_INSTALLED.count(hosts=host_ids, component_id=component_id, version_id=version_id, now=ctx.now)
         insert_missing(
             InstalledVersion,
             ["host_id", "component_id", "version_id", "installed_at"],

@@ -7,8 +7,13 @@ from collections.abc import Iterable
 
 from fleet.models import ComponentVersion
 from fleet.selectors.compatibility import PlannedHosts, hosts_incompatibilities
+from opsplanner.prepared import IDS, PreparedModels
 from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.tick.context import TaskRef
+
+_VERSIONS = PreparedModels(  # asked for every batch the admission considers: compiled once
+    lambda *, ids: ComponentVersion.objects.filter(pk__any=ids).select_related("component").order_by(), ids=IDS
+)
 
 
 def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
@@ -19,7 +24,7 @@ def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
         if task.target_version_id:
             by_target[task.target_version_id].append(task)
     reasons: dict[int, str] = {}
-    versions = ComponentVersion.objects.select_related("component").in_bulk(list(by_target))
+    versions = {version.pk: version for version in _VERSIONS.objects(ids=set(by_target))}
     checked: list[list[TaskRef]] = []
     groups: list[PlannedHosts] = []
     for version_id, group in by_target.items():

@@ -231,6 +231,10 @@ _HOST_MOVE = PreparedUpdate(
     now=dt.datetime,
 )
 _Shape = tuple[tuple[str, Any], ...]
+_EXECUTE_TARGETS = PreparedQuery(  # what an execute item says to install
+    lambda *, ids: ComponentVersion.objects.filter(pk__any=ids).values_list("id", "component__name", "version"),
+    ids=IDS,
+)
 
 
 def _kind(value: Any) -> Any:
@@ -509,9 +513,7 @@ class TickContext:
         wanted = {t.target_version_id for t in tasks if t.target_version_id}
         targets = {
             version_id: {"component": component, "version": version}
-            for version_id, component, version in ComponentVersion.objects.filter(pk__any=wanted).values_list(
-                "id", "component__name", "version"
-            )
+            for version_id, component, version in _EXECUTE_TARGETS.rows(ids=wanted)
         }
         restore = _rollbacks([t.host_id for t in tasks if t.kind == "repair"])
         for task in tasks:

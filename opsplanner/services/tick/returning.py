@@ -117,6 +117,12 @@ _INSTALLED = PreparedQuery(
 _VERSION_NAMES = PreparedQuery(
     lambda *, ids: ComponentVersion.objects.filter(pk__any=ids).values_list("id", "version"), ids=IDS
 )
+_RUNNING_WITHDRAWN = PreparedQuery(  # the withdrawn versions the hosts run
+    lambda *, ids: InstalledVersion.objects.filter(host_id__any=ids, version__withdrawn_at__isnull=False).values_list(
+        "host_id", "component__name", "version__version", "version__withdrawn_reason"
+    ),
+    ids=IDS,
+)
 
 
 def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
@@ -155,9 +161,7 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
             )
     incompatible = host_incompatibilities([t.host_id for t in tasks])
     withdrawn: dict[int, list[str]] = defaultdict(list)
-    for host_id, component, version, why in InstalledVersion.objects.filter(
-        host_id__any={t.host_id for t in tasks}, version__withdrawn_at__isnull=False
-    ).values_list("host_id", "component__name", "version__version", "version__withdrawn_reason"):
+    for host_id, component, version, why in _RUNNING_WITHDRAWN.rows(ids={t.host_id for t in tasks}):
         withdrawn[host_id].append(f"runs withdrawn {component} {version} ({why})")
     for task in tasks:
         problems[task.id].extend(incompatible.get(task.host_id, []))

@@ -17,6 +17,7 @@ from opsplanner import clock
 from opsplanner.events import event_row, events_copy_rows
 from opsplanner.live import LiveBatch, live_batched
 from opsplanner.models import OPEN_TASK_STATES, HostTask, WorkItem, WorkState
+from opsplanner.prepared import PreparedModels
 from opsplanner.services.tick.admission import admit
 from opsplanner.services.tick.advance import advance, expire, operations_close_finished
 from opsplanner.services.tick.context import (
@@ -33,6 +34,12 @@ ADVANCE_BUDGET = 20_000
 ADMIT_BUDGET = 5_000
 _ADAPTER = WORK_ITEM_COLUMNS.index("adapter")  # in the rows of new work items
 TICK_LANES = 2  # pools ticked at once by fleet_tick, each on its own database connection
+_POOL_LOCKED = PreparedModels(  # the tick's first statement, every few seconds for every pool: compiled once
+    lambda *, pool_id: (
+        Pool.objects.select_for_update(skip_locked=True, no_key=True).filter(pk=pool_id).order_by("pk")[:1]
+    ),
+    pool_id=int,
+)
 
 
 @dataclass
@@ -66,7 +73,7 @@ def pool_tick(
                 # One round trip for both.
                 with connection.cursor() as cursor:
                     cursor.execute("SET LOCAL synchronous_commit = off; SET CONSTRAINTS ALL IMMEDIATE")
-            pool = Pool.objects.select_for_update(skip_locked=True, no_key=True).filter(pk=pool_id).first()
+            pool = next(iter(_POOL_LOCKED.objects(pool_id=pool_id)), None)
             if pool is None:
                 report.skipped = True
                 return report
