@@ -126,7 +126,8 @@ def test_prepared_models_give_the_instances_the_orm_gives_with_their_related_obj
     for ids in [{h.pk for h in hosts}, {hosts[0].pk, hosts[3].pk}]:
         expected = list(_hosts_with_their_domain_and_pool(pool_id=pool.pk, ids=frozenset(ids)))
         got = query.objects(pool_id=pool.pk, ids=ids)
-        assert [h.pk for h in got] == [h.pk for h in expected] and len(got) == len(ids)
+        assert [h.pk for h in got] == [h.pk for h in expected]
+        assert len(got) == len(ids)
         for mine, theirs in zip(got, expected, strict=True):
             assert (mine.hostname, mine.state, mine.state_changed_at) == (
                 theirs.hostname,
@@ -137,7 +138,8 @@ def test_prepared_models_give_the_instances_the_orm_gives_with_their_related_obj
             with CaptureQueriesContext(connection) as queries:
                 assert (mine.domain.name, mine.pool.name) == (theirs.domain.name, pool.name)
             assert len(queries) == 0, "the related objects came with the row"
-            assert not mine._state.adding and mine._state.db == "default"
+            assert not mine._state.adding
+            assert mine._state.db == "default"
     got[0].state = HostState.MAINTENANCE
     got[0].save(update_fields=["state"])  # an instance the ORM can save, like one it loaded
     assert Host.objects.get(pk=got[0].pk).state == HostState.MAINTENANCE

@@ -120,7 +120,7 @@ def _ready_ids(adapter: str, kinds: tuple[str, ...], by_pool: bool, by_host: boo
     return PreparedQuery(build, **params)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)
 def _claimed(only: tuple[str, ...] | None) -> PreparedModels:
     """The claimed items, whole or with just the fields `only` names: compiled once per shape."""
 
