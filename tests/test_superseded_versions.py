@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from fleet.models import Component, ComponentVersion, Host, InstalledVersion, Pool
+from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
 from opsplanner.models import (
     Approval,
@@ -53,6 +53,15 @@ def bios_upgrade(hosts: list[Host], version: str, **fields: object) -> Operation
         kind="upgrade", scope="hosts: " + ", ".join(h.hostname for h in hosts), component="bios", version=version,
         reason=f"bios {version}", actor="op", **fields,
     )  # fmt: skip
+
+
+def running_upgrade(pool: Pool, hosts: list[Host], version: str) -> Operation:
+    """An upgrade submitted, admitted and drained for: its tasks run (the version not yet applied)."""
+    operation = bios_upgrade(hosts, version)
+    pool_tick(pool_id=pool.pk)  # admitted: draining
+    simulated_work_step()  # drained
+    pool_tick(pool_id=pool.pk)  # running
+    return operation
 
 
 def bios_on(host: Host) -> str:
@@ -116,10 +125,7 @@ def test_an_emergency_train_to_n_plus_one_supersedes_a_pending_ad_hoc_n() -> Non
 def test_n_plus_one_arriving_while_n_runs_in_the_drain_is_still_applied_after_it() -> None:
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
-    older = bios_upgrade(hosts, "2.16.0")
-    pool_tick(pool_id=pool.pk)  # admitted: draining
-    simulated_work_step()  # drained
-    pool_tick(pool_id=pool.pk)  # running 2.16.0
+    older = running_upgrade(pool, hosts, "2.16.0")
     assert older.tasks.get().state == TaskState.RUNNING
     newer = bios_upgrade(hosts, "2.18.0")
 
@@ -134,10 +140,7 @@ def test_n_plus_one_arriving_while_n_runs_in_the_drain_is_still_applied_after_it
 def test_n_pending_after_n_plus_one_went_into_the_drain_is_superseded_at_the_handover() -> None:
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
-    newer = bios_upgrade(hosts, "2.18.0")
-    pool_tick(pool_id=pool.pk)
-    simulated_work_step()
-    pool_tick(pool_id=pool.pk)  # running 2.18.0
+    newer = running_upgrade(pool, hosts, "2.18.0")
     older = bios_upgrade(hosts, "2.16.0", priority=500)
 
     drive(pool)
@@ -148,6 +151,32 @@ def test_n_pending_after_n_plus_one_went_into_the_drain_is_superseded_at_the_han
     assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
     assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
     assert newer.tasks.get().state == TaskState.DONE
+
+
+def test_n_pending_after_n_plus_one_and_a_reboot_in_the_drain_is_superseded_at_the_handover() -> None:
+    # The stress test found it: 2.18.0, then a reboot, then 2.16.0 went in one drain; the host then
+    # failed its pre-return gate (2.16.0 installed where the drain's target is 2.18.0), went to repair
+    # for nothing, and after three repairs was escalated to a human.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    newer = running_upgrade(pool, hosts, "2.18.0")
+    reboot = operation_submit(kind="reboot", scope=f"hosts: {hosts[0].hostname}", reason="reboot", actor="op")
+    simulated_work_step()  # 2.18.0 applied
+    pool_tick(pool_id=pool.pk)  # handed over to the reboot, which runs
+    assert reboot.tasks.get().state == TaskState.RUNNING
+    older = bios_upgrade(hosts, "2.16.0")  # not pending at the first handover: only the reboot knows it
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert reboot.tasks.get().state == TaskState.DONE
+    task = older.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+    assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
+    assert newer.tasks.get().state == TaskState.HANDED_OVER
+    assert (drains(pool), executions(hosts[0])) == (1, 2)
+    assert not Operation.objects.filter(kind="repair").exists()
+    assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
 
 
 def test_the_operation_of_n_closes_when_its_tasks_are_superseded_or_done() -> None:

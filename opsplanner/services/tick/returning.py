@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from fleet.models import ComponentVersion, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
-from opsplanner.models import HostTask, OperationState, TaskState
+from opsplanner.models import HostTask, OperationKind, OperationState, TaskState
 from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
@@ -29,21 +29,35 @@ _CANDIDATES = PreparedQuery(
     ),
     hosts=IDS,
 )
+_APPLIED_IN_DRAINS = PreparedQuery(  # the upgrades the drains applied before the tasks now finishing
+    lambda *, keys: task_rows(
+        HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER, operation__kind=OperationKind.UPGRADE)
+    ),
+    keys=IDS,
+)
+
+
+def _applied_in_drains(applied: dict[int, TaskRef]) -> list[TaskRef]:
+    """The tasks just applied and every upgrade their drains handed over before them."""
+    keys = {task.drain_key for task in applied.values() if task.drain_key is not None}
+    earlier = task_refs_from_rows(_APPLIED_IN_DRAINS.rows(keys=keys)) if keys else {}
+    return [*applied.values(), *earlier.values()]
 
 
 def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
     """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
     host only if admission would let it: not one whose target became incompatible (it keeps waiting,
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
-    end here instead: one older than a newer target of the component pending for the host or just
-    applied to it (superseded), one at or below what the host runs (nothing to do)."""
+    end here instead: one older than a newer target of the component pending for the host or applied
+    in its drain (superseded), one at or below what the host runs (nothing to do)."""
     candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
     newer = supersede.newer_pending(candidates.values(), may_replace=lambda _, new: new.id not in incompatible)
     left = [task for task in candidates.values() if task.id not in newer]
-    newer.update(supersede.older_than_applied(left, applied))
+    if any(task.target_version_id for task in left):  # only upgrades can be older than what was applied
+        newer.update(supersede.older_than_applied(left, _applied_in_drains(applied)))
     left = [task for task in left if task.id not in newer]
     runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
     supersede.finish_superseded(ctx, candidates, newer)

@@ -57,18 +57,20 @@ def newer_pending(tasks: Iterable[TaskRef], *, may_replace: Callable[[TaskRef, T
     return newer
 
 
-def older_than_applied(tasks: Iterable[TaskRef], applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
-    """{task id: the task just applied on its host} for pending upgrades older than what that task
-    put on the host in this drain: applying them would take the drained host back down."""
+def older_than_applied(tasks: Iterable[TaskRef], applied: Iterable[TaskRef]) -> dict[int, TaskRef]:
+    """{task id: the newest upgrade of its component applied on its host in this drain} for pending
+    upgrades older than it: applying them would take the drained host back down. `applied` is every
+    upgrade the drain applied, not only the one just finished: a reboot between the two changes nothing."""
+    newest: dict[tuple[int, int], TaskRef] = {}
+    for done in applied:
+        kept = newest.get(_slot(done))
+        if _is_upgrade(done) and (kept is None or (done.target_sort_key or "") > (kept.target_sort_key or "")):
+            newest[_slot(done)] = done
     newer: dict[int, TaskRef] = {}
     for task in tasks:
-        done = applied.get(task.host_id)
-        if done is None or not _is_upgrade(task) or not _is_upgrade(done):
-            continue
-        if done.target_component_id == task.target_component_id and (done.target_sort_key or "") > (
-            task.target_sort_key or ""
-        ):
-            newer[task.id] = done
+        latest = newest.get(_slot(task)) if _is_upgrade(task) else None
+        if latest is not None and (latest.target_sort_key or "") > (task.target_sort_key or ""):
+            newer[task.id] = latest
     return newer
 
 
