@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.processes import ROOT, _process_env, free_port, wait_for
+from tests.processes import ROOT, _process_env, free_port, test_database_url, wait_for
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,6 +38,7 @@ class LiveServer:
     url: str
     process: subprocess.Popen
     log: Path
+    application_name: str  # its database connections' name in pg_stat_activity
 
 
 def _answers(url: str) -> bool:
@@ -51,13 +53,15 @@ def _answers(url: str) -> bool:
 def live_server_process(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
     tmp_path = tmp_path_factory.mktemp("live-server")
     port = free_port()
+    application_name = f"opsplanner-test-web-{port}"
     with django_db_blocker.unblock():
-        env = _process_env(tmp_path, queue="unused-live-server", tag="web")
+        database_url = f"{test_database_url()}?application_name={application_name}"
+        env = _process_env(tmp_path, queue="unused-live-server", tag="web", extra={"DATABASE_URL": database_url})
     log = tmp_path / "daphne.log"
     with log.open("wb") as sink:
         command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    server = LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
+    server = LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log, application_name=application_name)
     try:
         wait_for(lambda: _answers(server.url) or process.poll() is not None, timeout=60, what="the web server")
         if process.poll() is not None:
@@ -70,6 +74,45 @@ def live_server_process(django_db_setup, django_db_blocker, tmp_path_factory) ->
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _server_queries(server: LiveServer) -> list[str]:
+    """What the server's database connections are doing that is not idle (a query, or a transaction
+    left open between two)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT state, query FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+            [server.application_name],
+        )
+        return [f"{state}: {query}" for state, query in cursor.fetchall()]
+
+
+def wait_until_server_idle(server: LiveServer, *, timeout: float = 20.0, settle: float = 0.5) -> None:
+    """Wait until the server's connections have been idle for `settle` seconds. A test's teardown
+    empties the tables with one TRUNCATE of them all, which locks them one by one; a page the server
+    was still rendering (a live update queued before the page closed) locks the same tables in another
+    order, and PostgreSQL breaks that deadlock by failing one of the two, sometimes the TRUNCATE."""
+    deadline = time.monotonic() + timeout
+    idle_since = time.monotonic()
+    while True:
+        busy = _server_queries(server)
+        now = time.monotonic()
+        if busy:
+            idle_since = now
+        elif now - idle_since >= settle:
+            return
+        if now > deadline:
+            raise AssertionError(f"the web server's database connections were still busy after {timeout:.0f}s: {busy}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def live_server_idle_before_flush(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For every test that uses the live server: its tables are emptied only once the server is idle."""
+    server = request.getfixturevalue("live_server_process") if "live_server_process" in request.fixturenames else None
+    yield
+    if server is not None:
+        wait_until_server_idle(server)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +135,7 @@ def chromium() -> Iterator[object]:
             browser.close()
 
 
-def committed_elsewhere(change: Callable[..., object], **kwargs: object) -> None:
+def committed_elsewhere(change: Callable[..., object], *, timeout: float = 120.0, **kwargs: object) -> None:
     """Run a service call in its own thread and connection (like a worker) and wait for its commit
     and its after-commit announcements."""
     errors: list[BaseException] = []
@@ -105,9 +148,12 @@ def committed_elsewhere(change: Callable[..., object], **kwargs: object) -> None
         finally:
             connection.close()
 
-    thread = threading.Thread(target=work)
+    thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    thread.join(30)
+    thread.join(timeout)
+    if thread.is_alive():
+        # Going on would leave it writing while the test ends and its tables are emptied.
+        raise AssertionError(f"{getattr(change, '__name__', change)} was still running after {timeout:.0f}s")
     if errors:
         raise errors[0]
 

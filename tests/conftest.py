@@ -37,4 +37,4 @@ def operator(django_user_model):
 # Fixtures registered for every test module: the advisor's runs recorded instead of sent to the broker,
 # and the browser tests' real web server and Chromium.
 from tests.advisor_helpers import enqueued  # noqa: E402, F401
-from tests.browser import chromium, live_server_process  # noqa: E402, F401
+from tests.browser import chromium, live_server_idle_before_flush, live_server_process  # noqa: E402, F401
