@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -251,15 +252,7 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
         return []
     phases = upgrades_phases(upgrades)
     failures = upgrades_phase_failures(upgrades, {u.pk: phases[u.pk][u.current_phase] for u in upgrades})
-    # Successes only matter for a phase to graduate to, or for a failure rate the failures so far
-    # could breach (the rate is highest with the fewest successes the policy counts from).
-    counted = upgrades_phase_successes(
-        [
-            phases[u.pk][u.current_phase]
-            for u in upgrades
-            if _rate_could_breach(u, failures.get(u.pk, 0)) or u.current_phase < len(phases[u.pk]) - 1
-        ]
-    )
+    counted = _successes_that_matter(upgrades, phases, failures)
     active = []
     for upgrade in upgrades:
         phase = phases[upgrade.pk][upgrade.current_phase]
@@ -272,6 +265,28 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
             continue
         active.append(_Active(upgrade=upgrade, phases=phases[upgrade.pk], successes=successes))
     return active
+
+
+def _successes_that_matter(
+    upgrades: list[Upgrade], phases: dict[int, list[UpgradePhase]], failures: dict[int, int]
+) -> dict[int, int]:
+    """{upgrade: successes} of the current phases whose successes decide something. All of them for a
+    phase to graduate (the graduation needs, and says, how many); for a failure rate the failures so
+    far could breach (the rate is highest with the fewest successes the policy counts from), only up
+    to the successes that keep the failures within the rate: past that the count decides nothing,
+    and an upgrade late in its rollout has a pool's worth to read at every tick."""
+    enough: dict[int, int | None] = {}
+    for upgrade in upgrades:
+        if upgrade.current_phase < len(phases[upgrade.pk]) - 1:
+            enough[upgrade.pk] = None
+        elif _rate_could_breach(upgrade, failures.get(upgrade.pk, 0)):
+            enough[upgrade.pk] = _successes_within_rate(upgrade, failures[upgrade.pk])
+    capped = {pk: up_to for pk, up_to in enough.items() if up_to is not None}
+    current = {u.pk: phases[u.pk][u.current_phase] for u in upgrades if u.pk in enough}
+    counted = upgrades_phase_successes([phase for pk, phase in current.items() if pk not in capped])
+    if capped:
+        counted |= upgrades_phase_successes([current[pk] for pk in capped], up_to=max(capped.values()))
+    return counted
 
 
 def _upgrades_progress_step(
@@ -324,21 +339,34 @@ def _upgrades_progress_step(
 def _rate_could_breach(upgrade: Upgrade, failed: int) -> bool:
     if upgrade.max_failure_rate is None or not failed:
         return False
-    return failed / max(upgrade.failure_rate_min_hosts, failed) > float(upgrade.max_failure_rate)
+    return _above_rate(upgrade, failed, max(upgrade.failure_rate_min_hosts, failed))
+
+
+def _above_rate(upgrade: Upgrade, failures: int, finished: int) -> bool:
+    return upgrade.max_failure_rate is not None and failures / finished > float(upgrade.max_failure_rate)
+
+
+def _successes_within_rate(upgrade: Upgrade, failures: int) -> int | None:
+    """The fewest successes with which `failures` (at least one) are within the failure rate; with
+    more, they stay within it, so a count need not go past this. None for a rate of 0, which no
+    count of successes meets (the count is then read whole, for the offboarding's reason)."""
+    rate = float(upgrade.max_failure_rate or 0)
+    if not rate:
+        return None
+    successes = max(0, math.floor(failures * (1 - rate) / rate) - 1)  # one below, for rounding
+    while _above_rate(upgrade, failures, failures + successes):
+        successes += 1
+    return successes
 
 
 def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, successes: int) -> str:
     if failures > upgrade.max_failures:
         return f"{failures} hosts failed in phase {phase.name}, more than the {upgrade.max_failures} its policy allows"
     finished = failures + successes
-    if (
-        upgrade.max_failure_rate is not None
-        and finished >= upgrade.failure_rate_min_hosts
-        and failures / finished > float(upgrade.max_failure_rate)
-    ):
+    if finished >= upgrade.failure_rate_min_hosts and finished and _above_rate(upgrade, failures, finished):
         return (
             f"{failures} of {finished} hosts failed in phase {phase.name} ({failures / finished:.0%}), above the "
-            f"{float(upgrade.max_failure_rate):.0%} its policy allows"
+            f"{float(upgrade.max_failure_rate or 0):.0%} its policy allows"
         )
     return ""
 

@@ -413,13 +413,10 @@ def upgrades_unfinished(upgrades: Iterable[Upgrade], host_ids: Iterable[int]) ->
     return set(Upgrade.objects.filter(pk__any=ids).filter(Exists(below)).values_list("id", flat=True))
 
 
-def phase_successes() -> Coalesce:
-    """The hosts that succeeded in a phase, as an expression on UpgradePhase rows (the one
-    definition: the train tick and the pages count with it). A host counts once if a task of the
-    phase's operations finished (done, or handed over with the work applied), the host is back in
-    service, and it runs the target or a newer version of the component (a newer release that
-    reached it supersedes the upgrade)."""
-    succeeded = HostTask.objects.filter(
+def _phase_succeeded_tasks() -> QuerySet[HostTask, Any]:
+    """The finished tasks of a phase's operations whose host succeeded (see phase_successes), for a
+    subquery on UpgradePhase rows."""
+    return HostTask.objects.filter(
         _at_or_beyond(
             "host__installed_versions__",
             component=OuterRef("upgrade__component_version__component_id"),
@@ -428,13 +425,41 @@ def phase_successes() -> Coalesce:
         operation_id__in=_phase_operations(),
         state__in=[TaskState.DONE, TaskState.HANDED_OVER],
         host__state=HostState.IN_SERVICE,
-    )
+    ).order_by()
+
+
+def phase_successes() -> Coalesce:
+    """The hosts that succeeded in a phase, as an expression on UpgradePhase rows (the one
+    definition: the train tick and the pages count with it). A host counts once if a task of the
+    phase's operations finished (done, or handed over with the work applied), the host is back in
+    service, and it runs the target or a newer version of the component (a newer release that
+    reached it supersedes the upgrade)."""
     count = (
-        succeeded.order_by()
+        _phase_succeeded_tasks()
         .annotate(n=Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)"))
         .values("n")
     )
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
+class _CountUpTo(Subquery):
+    """COUNT(*) of a subquery's rows, up to `cap`: the scan stops at the cap (LIMIT), where a full
+    count reads every row that matches."""
+
+    template = "(SELECT COUNT(*) FROM (%(subquery)s LIMIT %(cap)s) AS counted)"
+
+    def __init__(self, queryset: QuerySet[Any, Any], cap: int) -> None:
+        super().__init__(queryset, output_field=IntegerField())
+        self.cap = cap
+
+    def as_sql(self, compiler: Any, connection: Any, template: str | None = None, **extra: Any) -> tuple[str, Any]:
+        sql, params = super().as_sql(compiler, connection, template, cap="%s", **extra)
+        return sql, (*params, self.cap)
+
+
+def phase_successes_up_to(cap: int) -> _CountUpTo:
+    """phase_successes counted up to `cap`: exact below it, `cap` at or above it."""
+    return _CountUpTo(_phase_succeeded_tasks().values("host_id").distinct(), cap)
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
@@ -444,12 +469,17 @@ def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
     )
 
 
-def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:
+def upgrades_phase_successes(phases: list[UpgradePhase], *, up_to: int | None = None) -> dict[int, int]:
     """{upgrade: successes} of each of these phases (by phase_successes), in one query: the train
-    tick asks it of every upgrade whose failures could breach its policy or that has a phase to open."""
+    tick asks it of every upgrade whose failures could breach its policy or that has a phase to open.
+    With `up_to`, each is counted only up to that many (phase_successes_up_to): the tick's failure
+    rate needs no more, and an upgrade late in its rollout has a host's worth of successes to read."""
     if not phases:
         return {}
-    return dict(_PHASE_SUCCESSES.rows(ids=[phase.pk for phase in phases]))
+    ids = [phase.pk for phase in phases]
+    if up_to is None:
+        return dict(_PHASE_SUCCESSES.rows(ids=ids))
+    return dict(_PHASE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
 
 
 def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
@@ -465,6 +495,16 @@ def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
 
 _PHASE_FAILURES = _per_phase(phase_failures)
 _PHASE_SUCCESSES = _per_phase(phase_successes)
+_PHASE_SUCCESSES_UP_TO = PreparedQuery(
+    lambda *, ids, cap: (
+        UpgradePhase.objects.filter(pk__any=ids)
+        .order_by()
+        .annotate(n=phase_successes_up_to(cap))
+        .values_list("upgrade_id", "n")
+    ),
+    ids=IDS,
+    cap=int,
+)
 
 
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:

@@ -1,0 +1,132 @@
+"""The failure-rate policy: an upgrade is offboarded when more than its share of a phase's finished
+hosts failed, once enough hosts finished. The train tick counts a phase's successes only as far as
+the decision needs: past the successes that keep the failures within the rate, no count changes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from opsplanner.models import HostTask, TaskState
+from opsplanner.models.operations import FailureCode
+from tests.builders import make_fleet
+from tests.driving import drive, instant_simulator
+from tests.trains_builders import make_train
+from trains.models import Upgrade, UpgradePhase, UpgradeState
+from trains.services.tick import _successes_within_rate, train_tick
+from trains.services.upgrades import upgrade_create, upgrade_phase_successes, upgrades_phase_successes
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass
+class FinishedVisit:
+    train_id: int
+    upgrade: Upgrade
+    phase: UpgradePhase
+    tasks: list[HostTask]
+
+    def fail(self, count: int) -> None:
+        """The first `count` hosts' upgrades failed (as an executor that reported a failure would
+        leave them); the others succeeded."""
+        ids = [task.pk for task in self.tasks[:count]]
+        HostTask.objects.filter(pk__in=ids).update(
+            state=TaskState.FAILED, failure_code=FailureCode.EXECUTE_FAILED, failure_reason="the installer exited 1"
+        )
+
+    def train_decides(self) -> Upgrade:
+        train_tick(train_id=self.train_id)
+        self.upgrade.refresh_from_db()
+        return self.upgrade
+
+
+def first_visit_finished(*, max_failure_rate: float, failure_rate_min_hosts: int) -> FinishedVisit:
+    """A bios upgrade in one phase whose first visit (a domain of 6 hosts) finished well, before the
+    train looked at the outcome."""
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=6)
+    train = make_train(pool)
+    upgrade = upgrade_create(
+        pool=pool,
+        component="bios",
+        version="2.16.0",
+        reason="rollout",
+        max_failures=100,
+        max_failure_rate=max_failure_rate,
+        failure_rate_min_hosts=failure_rate_min_hosts,
+    )
+    train_tick(train_id=train.pk)
+    tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade).order_by("id")
+    assert tasks.count() == 6
+    drive(pool, until=lambda: not tasks.exclude(state__in=[TaskState.DONE, TaskState.HANDED_OVER]).exists())
+    return FinishedVisit(train.pk, upgrade, upgrade.phases.get(position=0), list(tasks))
+
+
+def test_it_offboards_with_the_whole_count_in_its_reason_when_the_failures_exceed_the_rate() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=4)
+    visit.fail(2)  # 2 of 6 is 33%
+
+    upgrade = visit.train_decides()
+
+    assert upgrade.state == UpgradeState.OFFBOARDED
+    assert upgrade.state_reason.startswith("2 of 6 hosts failed in phase all (33%), above the 25% its policy allows")
+
+
+def test_it_keeps_the_upgrade_when_the_successes_keep_the_failures_within_the_rate() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=4)
+    visit.fail(1)  # 1 of 6 is 17%
+
+    assert visit.train_decides().state == UpgradeState.ACTIVE
+
+
+def test_it_waits_for_the_minimum_of_finished_hosts_before_the_rate_counts() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=7)
+    visit.fail(3)  # half failed, but only 6 hosts finished
+
+    assert visit.train_decides().state == UpgradeState.ACTIVE
+
+
+def test_a_rate_that_counts_from_zero_hosts_does_not_stop_the_train_before_any_host_finished() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    upgrade = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="rollout", max_failure_rate=0.5, failure_rate_min_hosts=0
+    )
+
+    train_tick(train_id=train.pk)  # nothing finished: no rate to divide (it raised ZeroDivisionError)
+
+    upgrade.refresh_from_db()
+    assert upgrade.state == UpgradeState.ACTIVE
+    assert HostTask.objects.filter(operation__visit_link__upgrade=upgrade).count() == 2
+
+
+def test_a_count_up_to_a_cap_is_exact_below_it_and_the_cap_at_or_above_it() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=4)
+    visit.fail(2)
+    whole = upgrade_phase_successes(visit.upgrade, 0)
+    assert whole == 4
+
+    counted = {cap: upgrades_phase_successes([visit.phase], up_to=cap)[visit.upgrade.pk] for cap in range(7)}
+
+    assert counted == {cap: min(cap, whole) for cap in range(7)}
+
+
+@pytest.mark.parametrize("rate", ["0.0001", "0.05", "0.1", "0.25", "0.3333", "0.5", "0.9", "1"])
+@pytest.mark.parametrize("failures", [1, 2, 6, 7, 49, 50, 333])
+def test_the_successes_counted_for_the_rate_are_the_fewest_that_keep_the_failures_within_it(
+    rate: str, failures: int
+) -> None:
+    upgrade = Upgrade(max_failure_rate=rate, failure_rate_min_hosts=5)
+    share = float(rate)
+
+    enough = _successes_within_rate(upgrade, failures)
+
+    assert enough is not None
+    assert failures / (failures + enough) <= share
+    assert enough == 0 or failures / (failures + enough - 1) > share
+
+
+def test_a_rate_of_zero_has_no_count_of_successes_that_keeps_failures_within_it() -> None:
+    assert _successes_within_rate(Upgrade(max_failure_rate="0", failure_rate_min_hosts=5), 1) is None
