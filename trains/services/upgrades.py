@@ -473,7 +473,7 @@ def upgrades_phase_successes(phases: list[UpgradePhase], *, up_to: int | None = 
     """{upgrade: successes} of each of these phases (by phase_successes), in one query: the train
     tick asks it of every upgrade whose failures could breach its policy or that has a phase to open.
     With `up_to`, each is counted only up to that many (phase_successes_up_to): the tick's failure
-    rate needs no more, and an upgrade late in its rollout has a host's worth of successes to read."""
+    rate needs no more, and an upgrade late in its rollout has a pool's worth of successes to read."""
     if not phases:
         return {}
     ids = [phase.pk for phase in phases]
