@@ -2,9 +2,16 @@
 through fleet.services.audit (AuditedAdmin), so it leaves an event naming the changed fields. Host
 state is read-only here: state changes go through the services so they are guarded. Opt-out windows
 and reservations are read-only too: their owners' services hold their rules (not in the past, within
-the pool's size, only live windows change, cancelled with a reason); use the owner pages or the API."""
+the pool's size, only live windows change, cancelled with a reason); use the owner pages or the API.
+A host moved or a pool's buffers changed here meet the services' rules (under the same locks): no
+move of a host under live work, no buffer below what is out for it now."""
 
+import copy
+from typing import Any
+
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
 from fleet.models import (
     CapacityReservation,
@@ -19,11 +26,38 @@ from fleet.models import (
     Service,
     ServicePlacement,
 )
+from fleet.services.catalogue import pool_change_refusals
+from fleet.services.host_changes import host_move_refusals
 from opsplanner.admin import AuditedAdmin, ReadOnlyAdmin
+
+
+class PoolAdminForm(forms.ModelForm):
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is not None and not self.errors:
+            wanted = copy.copy(self.instance)  # the instance gets the form's values only after clean()
+            for name in self.changed_data:
+                setattr(wanted, name, cleaned.get(name))
+            # changeform_view is one transaction: the pool stays locked until the change is saved.
+            refusals = pool_change_refusals(pool=wanted, changed_fields=set(self.changed_data))
+            if refusals:
+                raise ValidationError(refusals)
+        return cleaned
+
+
+class HostAdminForm(forms.ModelForm):
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is not None and not self.errors and {"pool", "domain"} & set(self.changed_data):
+            refusals = host_move_refusals(host_id=self.instance.pk, pool=cleaned["pool"], domain=cleaned["domain"])
+            if refusals:
+                raise ValidationError(refusals)
+        return cleaned
 
 
 @admin.register(Pool)
 class PoolAdmin(AuditedAdmin):
+    form = PoolAdminForm
     list_display = [
         "name",
         "workload_class",
@@ -52,6 +86,7 @@ class InstalledVersionInline(admin.TabularInline):
 
 @admin.register(Host)
 class HostAdmin(AuditedAdmin):
+    form = HostAdminForm
     list_display = ["hostname", "pool", "domain", "state", "sku", "gpu_count", "state_changed_at"]
     list_filter = ["state", "pool", "sku"]
     search_fields = ["hostname", "domain__name"]

@@ -343,3 +343,49 @@ def test_rows_owned_by_services_cannot_be_added_in_the_admin(admin_client: Clien
 
     assert admin_client.get(f"/admin/{app}/{model_name}/add/").status_code == 403
     assert admin_client.get(f"/admin/{app}/{model_name}/").status_code == 200
+
+
+def test_the_admin_refuses_to_move_a_host_under_live_work_and_says_why(admin_client: Client) -> None:
+    host = make_host()
+    elsewhere = make_domain()
+    operation = operation_submit(kind="reboot", scope=f"hosts: {host.hostname}", reason="kernel patch")
+    data = {
+        "hostname": host.hostname, "pool": elsewhere.pool_id, "domain": elsewhere.pk, "sku": host.sku,
+        "gpu_count": host.gpu_count, **_no_inline("installed_versions"),
+    }  # fmt: skip
+
+    response = admin_client.post(_url(Host, f"{host.pk}/change/"), data)
+
+    assert response.status_code == 200  # the form again, with the refusal
+    assert f"it is named by open operation #{operation.pk}" in response.content.decode()
+    host.refresh_from_db()
+    assert (host.pool_id, host.domain_id) != (elsewhere.pool_id, elsewhere.pk)
+    assert not Event.objects.filter(kind="host.updated").exists()
+
+
+def test_the_admin_moves_a_host_with_no_live_work(admin_client: Client) -> None:
+    host = make_host()
+    elsewhere = make_domain()
+    data = {
+        "hostname": host.hostname, "pool": elsewhere.pool_id, "domain": elsewhere.pk, "sku": host.sku,
+        "gpu_count": host.gpu_count, **_no_inline("installed_versions"),
+    }  # fmt: skip
+
+    _post(admin_client, _url(Host, f"{host.pk}/change/"), data)
+
+    host.refresh_from_db()
+    assert (host.pool_id, host.domain_id) == (elsewhere.pool_id, elsewhere.pk)
+
+
+def test_the_admin_refuses_a_planned_buffer_below_the_hosts_out_for_planned_work(admin_client: Client) -> None:
+    data = {**_pool_form(), **_at("created_at")}
+    _post(admin_client, _url(Pool, "add/"), data)
+    pool = Pool.objects.get()
+    host = make_host(domain=make_domain(pool))
+    assert host_transition(host_id=host.pk, expected="in_service", new="draining", reason="planned work")
+
+    response = admin_client.post(_url(Pool, f"{pool.pk}/change/"), {**data, "planned_buffer_hosts": 0})
+
+    assert response.status_code == 200
+    assert "below the 1 hosts out for planned work now" in response.content.decode()
+    assert Pool.objects.get().planned_buffer_hosts == 2

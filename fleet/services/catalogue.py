@@ -68,15 +68,24 @@ def pool_update(*, pool_id: int, changes: Mapping[str, Any], actor: Actor = None
         if fraction in changes and hosts not in changes and changes[fraction] is not None:
             setattr(pool, hosts, None)
     pool.full_clean()
-    counts = dict(
-        Host.objects.filter(pool_id=pool_id).values("state").annotate(n=Count("id")).values_list("state", "n")
-    )
-    changed = {rule for rule, fields in BUFFER_RULES.items() if set(fields) & set(changes)}
-    refusals = buffer_refusals(pool, counts, sum(counts.values()), changed)
+    refusals = pool_change_refusals(pool=pool, changed_fields=set(changes))
     if refusals:
         raise ValidationError([ValidationError(refusal, code="conflict") for refusal in refusals])
     inventory_record_save(obj=pool, actor=actor, fields=POOL_FIELDS, reason=reason or "pool changed")
     return pool
+
+
+def pool_change_refusals(*, pool: Pool, changed_fields: set[str]) -> list[str]:
+    """Why the pool's new buffers or hard floor (in `changed_fields`) may not be saved now, against
+    its hosts by state; [] when they may. Locks the pool row (as its tick does) until the caller's
+    transaction ends, so no admission slips in between the check and the write: for the API and the
+    admin."""
+    Pool.objects.select_for_update(no_key=True).filter(pk=pool.pk).values_list("pk").first()
+    counts = dict(
+        Host.objects.filter(pool_id=pool.pk).values("state").annotate(n=Count("id")).values_list("state", "n")
+    )
+    changed = {rule for rule, fields in BUFFER_RULES.items() if set(fields) & changed_fields}
+    return buffer_refusals(pool, counts, sum(counts.values()), changed)
 
 
 @transaction.atomic

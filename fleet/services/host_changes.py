@@ -38,6 +38,20 @@ def _refuse_if_busy(host: Host, verb: str) -> None:
         raise ValidationError([ValidationError(refusal, code="conflict") for refusal in refusals])
 
 
+def host_move_refusals(*, host_id: int, pool: Pool, domain: MaintenanceDomain) -> list[str]:
+    """Why the host may not move to that pool and domain now (it is under live work); [] when it may,
+    or when it stays where it is. Locks both pools (the tick skips a locked pool) and the host until
+    the caller's transaction ends, so no lease is granted between the check and the write: for the
+    API and the admin."""
+    current = Host.objects.values_list("pool_id", flat=True).get(pk=host_id)
+    _lock_pools(current, pool.pk)
+    host = Host.objects.select_for_update(no_key=True).get(pk=host_id)
+    if (pool.pk, domain.pk) == (host.pool_id, host.domain_id):
+        return []
+    where = f"pool {pool.name}" if pool.pk != host.pool_id else f"domain {domain.name}"
+    return busy_host_refusals([(host.pk, host.hostname, host.state, f"not moved to {where}")])
+
+
 def _labels(labels: Any) -> dict[str, Any]:
     reader = Reader()
     checked = reader.labels(labels, "labels")
@@ -71,11 +85,10 @@ def host_update(
     target_domain = MaintenanceDomain.objects.filter(pool=target_pool, name=domain_name).first()
     if target_domain is None:
         raise ValidationError({"domain": f"There is no domain {domain_name} in pool {target_pool.name}."})
-    _lock_pools(host.pool_id, target_pool.pk)
-    host = Host.objects.select_for_update(no_key=True).get(pk=host_id)
-    if (target_pool.pk, target_domain.pk) != (host.pool_id, host.domain_id):
-        where = f"pool {target_pool.name}" if target_pool.pk != host.pool_id else f"domain {target_domain.name}"
-        _refuse_if_busy(host, f"not moved to {where}")
+    refusals = host_move_refusals(host_id=host_id, pool=target_pool, domain=target_domain)
+    if refusals:
+        raise ValidationError([ValidationError(refusal, code="conflict") for refusal in refusals])
+    host = Host.objects.select_related("pool", "domain").get(pk=host_id)
     host.pool, host.domain = target_pool, target_domain
     if sku is not None:
         host.sku = sku

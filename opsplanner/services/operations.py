@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Required, TypedDict, Unpack
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from fleet.models import ComponentVersion, Host, Pool
+from fleet.models import ComponentVersion, Host, HostState, Pool
 from fleet.selectors.compatibility import PlannedHosts
+from fleet.services.hosts import host_transition
 from opsplanner import clock
 from opsplanner.adapters import DRAINERS, EXECUTORS, POOLS_ADAPTER, adapter_refusal
 from opsplanner.events import Actor, actor_fields, actor_user, event_record, event_row, events_copy_rows
@@ -372,6 +373,8 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
             for task_id, host_id, pool_id in pending
         ]
     )
+    if operation.source == OperationSource.REPAIR:
+        _escalate_unrepaired({host_id for _, host_id, _ in pending}, reason=reason, actor=actor)
     closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
     if closed:
         Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
@@ -386,3 +389,23 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
         data={"tasks": cancelled},
     )
     return cancelled
+
+
+def _escalate_unrepaired(host_ids: set[int], *, reason: str, actor: Actor) -> None:
+    """A broken host whose repair was cancelled goes to a human (failed → escalated: retry or release
+    it, opsplanner.services.escalations) instead of staying failed with nothing left to repair it."""
+    repaired = HostTask.objects.filter(
+        host_id__any=host_ids, state__in=OPEN_TASK_STATES, operation__source=OperationSource.REPAIR
+    ).values_list("host_id", flat=True)
+    for host_id in (
+        Host.objects.filter(pk__any=host_ids, state=HostState.FAILED)
+        .exclude(pk__in=repaired)
+        .values_list("id", flat=True)
+    ):
+        host_transition(
+            host_id=host_id,
+            expected=HostState.FAILED,
+            new=HostState.ESCALATED,
+            reason=f"its repair was cancelled ({reason}); retry or release it",
+            actor=actor,
+        )

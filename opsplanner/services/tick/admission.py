@@ -2,9 +2,10 @@
 
 headroom = min(planned buffer - planned out, in service - floor, in service - active reservation).
 Hosts held by a lease, not in service, under an opt-out window or already claimed by an earlier
-task in the order are skipped; gang operations are admitted whole or not at all. Every task left
-pending records why, and the reason only changes (is written) when it changes. Only the head of
-the queue is examined task by task; the tasks behind it say that they wait their turn (or that
+task in the order are skipped (a broken host's repair claims its host first and waits for no
+window); gang operations are admitted whole or not at all. Every task left pending records why,
+and the reason only changes (is written) when it changes. Only the head of the queue is examined
+task by task; the tasks behind it say that they wait their turn (or that
 their operation is held), set-based, in words that do not change as the queue moves.
 An upgrade with a newer target of its component pending for the same host ends superseded, and an
 admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py).
@@ -263,7 +264,12 @@ class _Obstacles:
         state = self.host_states.get(task.host_id)
         if state != HostState.IN_SERVICE and task.id not in self.repairs_broken:
             return WaitingCode.HOST_STATE, f"host is {state}"
-        if task.host_id in self.optouts and task.source != OperationSource.EMERGENCY:
+        # A broken host serves nothing the window protects: its repair does not wait for the window.
+        if (
+            task.host_id in self.optouts
+            and task.source != OperationSource.EMERGENCY
+            and task.id not in self.repairs_broken
+        ):
             return WaitingCode.OPTOUT, self.optouts[task.host_id]
         if task.id in self.incompatible:
             return WaitingCode.INCOMPATIBLE, self.incompatible[task.id]
@@ -339,12 +345,18 @@ def _read_obstacles(ctx: TickContext, candidates: dict[int, TaskRef]) -> _Obstac
         for t in candidates.values()
         if t.source == OperationSource.REPAIR and host_states.get(t.host_id) == HostState.FAILED
     }
+    # Its repair is first in line for the host, whatever else waits for it at the same priority:
+    # nothing else can take a failed host, so anything first in line would wait for the repair forever.
+    claimed: dict[int, TaskRef] = {}
+    for task in sorted((candidates[i] for i in repairs_broken), key=lambda t: (t.queued_at, t.id)):
+        claimed.setdefault(task.host_id, task)
     return _Obstacles(
         host_states=host_states,
         holders=holders,
         optouts=optouts_by_host(now=ctx.now, host_ids=host_ids),
         incompatible=incompatible_targets(candidates.values()),
         repairs_broken=repairs_broken,
+        claimed=claimed,
     )
 
 
