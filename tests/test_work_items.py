@@ -141,6 +141,33 @@ def test_an_item_whose_executor_stops_heartbeating_is_taken_back_then_failed_by_
     assert item.outcome_reason == "gone-too stopped heartbeating on the last attempt (2)"
 
 
+def test_a_heartbeat_that_lands_after_the_tick_read_the_lapsed_lease_keeps_the_last_attempt(monkeypatch) -> None:
+    from opsplanner.services.tick import advance
+
+    pool, _ = external_drains(1)
+    item = WorkItem.objects.get()
+    WorkItem.objects.filter(pk=item.pk).update(max_attempts=1)
+    start = clock.now()
+    later = [start]
+    read = advance._OVERDUE_ITEMS
+
+    class HeartbeatAfterTheRead:
+        def rows(self, **params: object) -> list[tuple]:
+            rows = read.rows(**params)
+            work_item_heartbeat(item_id=item.pk, worker="slow", lease_seconds=30)
+            return rows
+
+    with clock.use_clock(lambda: later[0]):
+        work_items_claim(worker="slow", limit=1, lease_seconds=30)
+        later[0] = start + dt.timedelta(seconds=31)
+        monkeypatch.setattr(advance, "_OVERDUE_ITEMS", HeartbeatAfterTheRead())
+        pool_tick(pool_id=pool.pk)
+
+    item.refresh_from_db()
+    assert (item.state, item.claimed_by) == (WorkState.RUNNING, "slow")
+    assert not Event.objects.filter(kind="work_item.failed", subject_id=item.pk).exists()
+
+
 def test_a_drain_that_never_finishes_escalates_after_its_timeout() -> None:
     pool, _hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
     operation = operation_submit(

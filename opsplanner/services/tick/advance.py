@@ -116,6 +116,7 @@ def expire(ctx: TickContext) -> None:
             host_id,
             f"{worker} stopped heartbeating on the last attempt ({attempts})",
             expected=WorkState.RUNNING,
+            stale_at=ctx.now,
         )
 
     now_ready = {row[0] for row in retaken}
@@ -129,10 +130,13 @@ def expire(ctx: TickContext) -> None:
     ctx.counts.work_items_expired += len(give_up) + len(late)
 
 
-def _fail_item(ctx: TickContext, item_id: int, host_id: int, reason: str, *, expected: str) -> None:
-    changed = WorkItem.objects.filter(pk=item_id, state=expected).update(
-        state=WorkState.FAILED, finished_at=ctx.now, outcome_reason=reason[:500]
-    )
+def _fail_item(
+    ctx: TickContext, item_id: int, host_id: int, reason: str, *, expected: str, stale_at: dt.datetime | None = None
+) -> None:
+    items = WorkItem.objects.filter(pk=item_id, state=expected)
+    if stale_at is not None:  # failed for a lapsed lease: a heartbeat committed since the read keeps it
+        items = items.filter(lease_expires_at__lt=stale_at)
+    changed = items.update(state=WorkState.FAILED, finished_at=ctx.now, outcome_reason=reason[:500])
     if changed:
         ctx.event(
             kind="work_item.failed",
