@@ -26,15 +26,14 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Count, Q
 
 from fleet.models import Host, InstalledVersion
+from fleet.models.hosts import RETIRED
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.scopes import parse_scope, resolve_scope
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import TrainForecast
 from trains.services.budget import (
@@ -44,6 +43,7 @@ from trains.services.budget import (
     sizing_within_cycle,
     upgrade_order_key,
 )
+from trains.services.upgrade_scopes import scope_host_ids
 from trains.services.upgrades import hosts_below_target
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
@@ -219,8 +219,8 @@ def _pending_by_domain(
         sizes[domain_id] = n
         totals[pool_id] += n
         domains_of[pool_id].append(domain_id)
-    scoped, unresolved = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
-    whole_pool = [u for u in ours if _scope_is_pool(u)] + unresolved
+    scoped = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
+    whole_pool = [u for u in ours if _scope_is_pool(u)]
     pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
     reached = _hosts_by_version(whole_pool, pool_ids)
     for upgrade in whole_pool:
@@ -231,7 +231,8 @@ def _pending_by_domain(
             if sort_key >= target.sort_key:
                 at_or_beyond[domain_id] += n
         for domain_id in domains_of[upgrade.pool_id]:
-            below = sizes[domain_id] - at_or_beyond[domain_id]
+            # Both counts are of live hosts; never below zero, which would cancel another domain's.
+            below = max(0, sizes[domain_id] - at_or_beyond[domain_id])
             if below:
                 pending[upgrade.pk][domain_id] = below
     return pending, sizes, totals
@@ -241,12 +242,14 @@ def _hosts_by_version(
     upgrades: list[Upgrade], pool_ids: list[int]
 ) -> dict[tuple[int, int], list[tuple[int, str, int]]]:
     """{(pool, component): [(domain, sort key of the installed version, hosts)]} for the components
-    of these upgrades (one query; none without upgrades)."""
+    of these upgrades, on live hosts only, as the domains' sizes count them (one query; none
+    without upgrades)."""
     components = sorted({u.component_version.component_id for u in upgrades})
     if not components:
         return {}
     rows = (
         InstalledVersion.objects.filter(host__pool_id__in=pool_ids, component_id__in=components)
+        .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
         .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
         .annotate(n=Count("id"))
         .order_by()
@@ -257,18 +260,13 @@ def _hosts_by_version(
     return histogram
 
 
-def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]], list[Upgrade]]:
+def _scoped_pending(upgrades: list[Upgrade]) -> dict[int, dict[int, int]]:
     """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
-    queries each: such scopes are few), by hosts_below_target; and the upgrades whose scope no
-    longer resolves, which the forecast takes as their whole pool."""
+    queries each: such scopes are few), by hosts_below_target, over the hosts their scope names now
+    as the train tick reads it (scope_host_ids: none left, nothing pending)."""
     pending: dict[int, dict[int, int]] = {}
-    unresolved = []
     for upgrade in upgrades:
-        try:
-            scope = resolve_scope(parse_scope(upgrade.scope))
-        except ValidationError:
-            unresolved.append(upgrade)
-            continue
+        scope = scope_host_ids(upgrade)
         rows = (
             hosts_below_target(upgrade, scope)
             .filter(pool_id=upgrade.pool_id)
@@ -277,7 +275,7 @@ def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]],
             .order_by()
         )
         pending[upgrade.pk] = dict(rows)
-    return pending, unresolved
+    return pending
 
 
 def _scope_is_pool(upgrade: Upgrade) -> bool:

@@ -13,9 +13,11 @@ from opsplanner import clock
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import ApprovalKind, ApprovalState
 from opsplanner.services.approvals import approval_request, user_is_operator
-from trains.models import Train, TrainState, TrainStop, Upgrade, UpgradeState
+from trains.models import LIVE_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Upgrade, UpgradeState
+from trains.services.actor import ACTOR
 from trains.services.trains import _domains_in_order, train_set_state
-from trains.services.upgrades import upgrade_create, upgrade_scope_hosts
+from trains.services.upgrade_scopes import upgrade_scope_hosts
+from trains.services.upgrades import upgrade_create
 
 SUBJECT = "trains.train"
 
@@ -121,3 +123,20 @@ def on_emergency_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
         )
     if outcome not in (ApprovalState.REJECTED, ApprovalState.EXPIRED):
         raise ValidationError(f"Unexpected outcome {outcome}.")
+
+
+def emergency_train_finish_if_done(*, train: Train) -> bool:
+    """Finish an emergency train with nothing left to do; whether it finished. It finishes when its
+    cycle ends (trains/services/cycles.py), but one whose upgrade completed, was offboarded or
+    cancelled while no cycle was open (every host ran the target by the approval) never opens one.
+    Runs in the train tick's transaction, under the train's row lock."""
+    if train.state not in LIVE_TRAIN_STATES or Cycle.objects.filter(train=train, ended_at__isnull=True).exists():
+        return False
+    upgrade = Upgrade.objects.filter(pk=train.upgrade_id).first() if train.upgrade_id else None
+    if upgrade is not None and upgrade.state == UpgradeState.ACTIVE:
+        return False
+    outcome = f"upgrade #{upgrade.pk} is {upgrade.state}" if upgrade else "it has no upgrade"
+    return train_set_state(
+        train=train, expected=set(LIVE_TRAIN_STATES), new=TrainState.FINISHED,
+        reason=f"nothing left to do: {outcome}", actor=ACTOR, kind="train.finished",
+    )  # fmt: skip

@@ -27,7 +27,14 @@ from opsplanner.models import OPEN_TASK_STATES, HostTask
 from opsplanner.prepared import PreparedQuery
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
 from trains.services.actor import ACTOR
-from trains.services.visits import Step, UpgradePlan, split_release, unreleased_hosts, visit_steps_submit
+from trains.services.visits import (
+    Step,
+    UpgradePlan,
+    split_release,
+    unreleased_hosts,
+    visit_plan_record_refused,
+    visit_steps_submit_compatible,
+)
 
 
 def train_slides(train: Train) -> bool:
@@ -101,8 +108,8 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
         return 0
     visit.plan = plan_record
-    if steps:
-        visit_steps_submit(train, visit, steps, joined=False)
+    if steps:  # a target now incompatible is left out, and its hosts still to come no longer wait for it
+        visit_plan_record_refused(visit, visit_steps_submit_compatible(train, visit, steps, joined=False))
     if now:
         event_record(
             kind="train.visit_released",

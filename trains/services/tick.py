@@ -19,17 +19,19 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import PoolCapacity, pool_capacity
 from opsplanner import clock
-from opsplanner.events import event_record
+from opsplanner.events import event_record, event_row, events_copy_rows
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
 from opsplanner.prepared import PreparedModels, PreparedQuery
 from opsplanner.services.approvals import approvals_expire
 from trains.models import (
+    LIVE_TRAIN_STATES,
     Cycle,
     Train,
     TrainState,
@@ -50,6 +52,7 @@ from trains.services.budget import (
 )
 from trains.services.catch_up import visits_catch_up
 from trains.services.cycles import cycle_visits_start, visit_end
+from trains.services.emergency import emergency_train_finish_if_done
 from trains.services.pace import (
     ActiveUpgrade,
     sliding_allowance,
@@ -59,11 +62,11 @@ from trains.services.pace import (
     visit_release,
 )
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
-from trains.services.trains import train_set_state
+from trains.services.trains import SUBJECT, train_set_state
+from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import (
     phase_host_sets,
     upgrade_offboard,
-    upgrade_scope_hosts,
     upgrades_phase_failures,
     upgrades_phase_successes,
     upgrades_phases,
@@ -83,17 +86,42 @@ log = logging.getLogger(__name__)
 class TrainTickReport:
     train_id: int
     skipped: bool = False
+    rolled_back: bool = False  # the tick failed: nothing it did was kept (a `train.tick_rolled_back` event says why)
     events: list[str] = field(default_factory=list)
 
 
 def trains_tick() -> list[TrainTickReport]:
+    """Tick every live train, each in its own transaction: one whose tick fails is rolled back,
+    logged and recorded, and the others still tick."""
     approvals_expire()
-    return [
-        train_tick(train_id=train_id)
-        for train_id in Train.objects.filter(
-            state__in=[TrainState.RUNNING, TrainState.PAUSED, TrainState.AUTOSTOPPED]
-        ).values_list("id", flat=True)
-    ]
+    trains = Train.objects.filter(state__in=sorted(LIVE_TRAIN_STATES)).values_list("id", "pool_id")  # by name
+    return [_train_tick_isolated(train_id, pool_id) for train_id, pool_id in trains]
+
+
+def _train_tick_isolated(train_id: int, pool_id: int) -> TrainTickReport:
+    try:
+        return train_tick(train_id=train_id)
+    except Exception as failure:  # whatever it was, the other trains must still tick
+        log.exception("tick of train %s rolled back", train_id, extra={"pool_id": pool_id, "train_id": train_id})
+        # Nothing silent: an event, written after (outside) the rolled-back transaction, as the
+        # pool tick records its own (opsplanner/services/tick/run.py).
+        events_copy_rows(
+            [
+                event_row(
+                    kind="train.tick_rolled_back",
+                    subject_type=SUBJECT,
+                    subject_id=train_id,
+                    now=clock.now(),
+                    reason=f"{type(failure).__name__}: {_said(failure)}"[:500],
+                    pool_id=pool_id,
+                )
+            ]
+        )
+        return TrainTickReport(train_id=train_id, rolled_back=True)
+
+
+def _said(failure: Exception) -> str:
+    return "; ".join(failure.messages) if isinstance(failure, ValidationError) else str(failure)
 
 
 @transaction.atomic
@@ -125,6 +153,8 @@ def train_tick(*, train_id: int) -> TrainTickReport:
             plans = _upgrades_progress_step(train, active, now, report)
             if train.state == TrainState.RUNNING:
                 cycle_visits_start(train=train, plans=plans, now=now, events=report.events)
+    if train.emergency and emergency_train_finish_if_done(train=train):
+        report.events.append("finished")
     _forecast_step(train, now, report)
     return report
 
@@ -307,7 +337,7 @@ def _upgrades_progress_step(
         # Done when every host runs the target or newer: a newer release of the component that
         # reached a host first supersedes this upgrade there (the train never takes a host back down).
         if upgrade.pk not in unfinished:
-            _complete(upgrade, now, f"all {len(scope)} hosts run {upgrade.component_version} or newer")
+            _complete(upgrade, now, _done_reason(upgrade, scope))
             report.events.append(f"completed upgrade {upgrade.pk}")
             continue
         sets = phase_host_sets(phases, scope)
@@ -334,6 +364,12 @@ def _upgrades_progress_step(
                 )
         plans.append(plan)
     return plans
+
+
+def _done_reason(upgrade: Upgrade, scope: list[int]) -> str:
+    if not scope:  # its selector matches nothing any more (trains/services/upgrade_scopes.py)
+        return f"its scope {upgrade.scope!r} matches no live host any more: nothing left to do"
+    return f"all {len(scope)} hosts run {upgrade.component_version} or newer"
 
 
 def _rate_could_breach(upgrade: Upgrade, failed: int) -> bool:

@@ -119,12 +119,6 @@ def _check_phase_order(specs: list[PhaseSpec]) -> None:
         raise ValidationError({"phases": "The last phase must cover the whole scope (100%)."})
 
 
-def upgrade_scope_hosts(upgrade: Upgrade) -> list[int]:
-    """The upgrade's hosts, by id (the order percentage phases take them in)."""
-    ids = set(resolve_scope(parse_scope(upgrade.scope)))
-    return sorted(Host.objects.filter(pk__any=list(ids), pool_id=upgrade.pool_id).values_list("id", flat=True))
-
-
 def phase_host_sets(phases: list[UpgradePhase], scope_ids: list[int]) -> list[set[int]]:
     """The hosts each phase allows (each includes the earlier phases' hosts)."""
     domains = [p.domain_id for p in phases if p.domain_id]

@@ -13,9 +13,15 @@ import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
 from fleet.models import Host, HostState, Pool
+from fleet.selectors.compatibility import PlannedHosts
 from opsplanner.events import event_record
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
+from opsplanner.models.operations import WaitingCode
+from opsplanner.services.compatibility import Refusal, targets_refusals
 from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
@@ -136,8 +142,8 @@ def visit_start(
     ):
         return None
     visit.state, visit.started_at, visit.train, visit.plan = VisitState.RUNNING, now, train, plan_record
-    if submit:
-        visit_steps_submit(train, visit, submit, joined=False)
+    if submit:  # a target now incompatible is left out (with an event); the visit goes on with the rest
+        visit_plan_record_refused(visit, visit_steps_submit_compatible(train, visit, submit, joined=False))
     event_record(
         kind="train.visit_started",
         subject=visit,
@@ -257,6 +263,75 @@ def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined:
     )
 
 
+REFUSED_KEY = "refused"  # a visit's plan: the upgrades left out of it, incompatible with its hosts
+
+
+def visit_steps_submit_compatible(train: Train, visit: Visit, steps: list[Step], *, joined: bool) -> set[int]:
+    """visit_steps_submit, leaving out the steps the core refuses as incompatible with their hosts
+    (a compatibility rule made after the upgrade was): each gets an event saying why, and the visit
+    goes on with the others. The ids of the upgrades left out. Submitted in a savepoint, as the
+    catch-up does (trains/services/catch_up.py), so a refusal writes nothing; the refused steps are
+    found only then (one compatibility pass), so the usual visit pays nothing more."""
+    if not steps:
+        return set()
+    try:
+        with transaction.atomic():
+            visit_steps_submit(train, visit, steps, joined=joined)
+        return set()
+    except ValidationError as refusal:
+        if WaitingCode.INCOMPATIBLE not in _codes(refusal):
+            raise
+        found = targets_refusals([PlannedHosts(sorted(s.hosts), [s.plan.upgrade.component_version]) for s in steps])
+        refused = [(step, why) for step, why in zip(steps, found, strict=True) if why is not None]
+        if not refused:
+            raise
+    for step, why in refused:
+        _step_refused(train, visit, step, why)
+    left_out = {step.plan.upgrade.pk for step, _ in refused}
+    rest = [step for step in steps if step.plan.upgrade.pk not in left_out]
+    if rest:
+        visit_steps_submit(train, visit, rest, joined=joined)
+    return left_out
+
+
+def _codes(error: ValidationError) -> set[str]:
+    errors = [e for es in error.error_dict.values() for e in es] if hasattr(error, "error_dict") else error.error_list
+    return {e.code for e in errors if e.code}
+
+
+def _step_refused(train: Train, visit: Visit, step: Step, why: Refusal) -> None:
+    upgrade = step.plan.upgrade
+    event_record(
+        kind="train.visit_upgrade_refused",
+        subject=visit,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=f"upgrade #{upgrade.pk} ({upgrade.component_version}) is left out of the visit to domain "
+        f"{visit.domain.name} ({len(step.hosts)} hosts): {why.message}"[:500],
+        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "upgrade": upgrade.pk,
+              "hosts": len(step.hosts), "code": why.code},
+    )  # fmt: skip
+
+
+def plan_without_refused(plan: dict, refused: set[int]) -> dict:
+    """A visit's plan once `refused` upgrades were left out: its hosts not released yet no longer
+    wait for them (released, they would only be refused again), and it says which were left out."""
+    unreleased = [entry for entry in plan.get("unreleased", []) if entry["upgrade"] not in refused]
+    record = {**plan, REFUSED_KEY: sorted({*plan.get(REFUSED_KEY, []), *refused})}
+    if "unreleased" in plan:
+        record["unreleased"] = unreleased
+    return record
+
+
+def visit_plan_record_refused(visit: Visit, refused: set[int]) -> None:
+    """Record on the running visit's plan the upgrades left out of it (see plan_without_refused)."""
+    if not refused:
+        return
+    plan = plan_without_refused(visit.plan, refused)
+    Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan)
+    visit.plan = plan
+
+
 # --- late joiners -----------------------------------------------------------------------------------
 def late_joiner_candidates(running: list[Visit], upgrades: list[Upgrade]) -> dict[int, list[Upgrade]]:
     """Per running visit, the upgrades created after it started that it has not considered yet
@@ -317,7 +392,12 @@ def _join_visit(
         if cost > budget:
             continue  # it waits for the next cycle, like any work that does not fit
         if step.hosts - waiting:
-            visit_steps_submit(train, visit, [replace(step, hosts=step.hosts - waiting)], joined=True)
+            refused = visit_steps_submit_compatible(
+                train, visit, [replace(step, hosts=step.hosts - waiting)], joined=True
+            )
+            if refused:  # left out, with an event saying why; the visit has seen it (late_seen)
+                plan_record = plan_without_refused(plan_record, refused)
+                continue
         if step.hosts & waiting:
             _, later = split_release([replace(step, hosts=step.hosts & waiting)], 0)
             plan_record["unreleased"] = [*plan_record.get("unreleased", []), *later]
