@@ -290,6 +290,11 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["console.api.throttling.TokenRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"token": env_str("API_THROTTLE_RATE", "6000/min")},
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "console.api.parsers.JSONParser",  # DRF's, refusing a too deeply nested body as a 400
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

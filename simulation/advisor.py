@@ -14,6 +14,7 @@ Sizes whose cycle missed the SLO are not recommended.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,10 @@ class AdvisorRequest:
     capacity_hour_cost: float
 
     def errors(self) -> dict[str, str]:
-        problems: dict[str, str] = {}
+        # The values no size sets, on their own first: a NaN SLO would otherwise read as each size's days.
+        problems = {k: v for k, v in self.config.value_errors().items() if k not in self._size_values(1)}
+        if problems:
+            return problems
         if not self.sizes:
             problems["sizes"] = "Give at least one domain size."
         elif len(self.sizes) > 12:
@@ -43,21 +47,24 @@ class AdvisorRequest:
             problems.update({f"size {size}": message for message in size_problems.values()})
         for name in ("interruption_cost", "capacity_hour_cost"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
                 problems[name] = f"The {name.replace('_', ' ')} must be a number, 0 or more."
         return problems
 
     def size_config(self, size: int) -> SimulationConfig:
-        return self.config.replace(
-            pools=1,
-            hosts_per_domain=size,
-            planned_buffer_domains=1,
-            policies=("trains",),
-            rolling_concurrency=None,
-            upgrades_per_week=0.0,
-            upgrades_at_start=1,
-            days=round(self.config.cycle_slo_hours * 1.25 / 24, 3),  # room to see a cycle miss its SLO
-        )
+        return self.config.replace(**self._size_values(size))
+
+    def _size_values(self, size: int) -> dict[str, Any]:
+        return {
+            "pools": 1,
+            "hosts_per_domain": size,
+            "planned_buffer_domains": 1,
+            "policies": ("trains",),
+            "rolling_concurrency": None,
+            "upgrades_per_week": 0.0,
+            "upgrades_at_start": 1,
+            "days": round(self.config.cycle_slo_hours * 1.25 / 24, 3),  # room to see a cycle miss its SLO
+        }
 
     def feasible_sizes(self) -> list[int]:
         return [s for s in self.sizes if "cycle_slo_hours" not in self.size_config(s).errors()]

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 POLICIES = ("trains", "trains-sliding", "rolling", "lockstep")
 MAX_COMPONENTS = 200
+MAX_HOSTS = 200_000  # also the largest job: jobs span hosts of one pool
+MAX_DAYS = 366
+MAX_SEED = 2_147_483_647  # the simulator profile keeps the seed in a PositiveIntegerField
+WEEK_MINUTES = 7 * 24 * 60  # the longest a drain, an upgrade, a check or an undrain of one host may take
 # Virtual time starts on a fixed Monday so the same seed gives the same report, byte for byte.
 EPOCH = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)
 
@@ -94,30 +99,45 @@ class SimulationConfig:
         return visits * max(1, round(self.visit_minutes * 60)) / 3600
 
     def errors(self) -> dict[str, str]:
-        """{field: what is wrong}; empty when the configuration can run."""
+        """{field: what is wrong}; empty when the configuration can run. Never raises: the values are
+        checked (finite, in range) before any arithmetic on them."""
+        problems = self.value_errors()
+        if problems:
+            return problems
+        return self._shape_errors()
+
+    def value_errors(self) -> dict[str, str]:
+        """What is wrong with each value on its own: a number, finite, in its range."""
         problems: dict[str, str] = {}
 
-        def at_least(name: str, minimum: float, unit: str = "") -> None:
+        def finite(value: Any) -> bool:  # NaN and ±inf pass every comparison below, or break the arithmetic
+            return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+        def at_least(name: str, minimum: float, unit: str = "", at_most: float | None = None) -> None:
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+            if at_most is not None and not (finite(value) and minimum <= value <= at_most):
+                upper = f"{at_most:,}" if isinstance(at_most, int) else f"{at_most:g}"
+                problems[name] = f"{name.replace('_', ' ')} must be a number from {minimum:g} to {upper}{unit}."
+            elif not finite(value) or value < minimum:
                 problems[name] = f"{name.replace('_', ' ')} must be a number of at least {minimum:g}{unit}."
 
         def fraction(name: str, upper: float = 1.0) -> None:
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < upper:
+            if not finite(value) or not 0 <= value < upper:
                 problems[name] = f"{name.replace('_', ' ')} must be at least 0 and below {upper:g}."
 
-        for name in ("hosts", "pools", "hosts_per_domain", "planned_buffer_domains", "components", "seed"):
-            at_least(name, 0 if name == "seed" else 1)
+        for name in ("hosts", "pools", "hosts_per_domain", "planned_buffer_domains", "components"):
+            at_least(name, 1)
+        at_least("seed", 0, at_most=MAX_SEED)
         for name in ("job_hosts_min", "job_hosts_max"):
-            at_least(name, 1, " host")
+            at_least(name, 1, " hosts", at_most=MAX_HOSTS)
         at_least("days", 0.01, " day")
-        at_least("tick_minutes", 0.1, " minute")
-        at_least("cycle_slo_hours", 0.1, " hour")
+        at_least("tick_minutes", 0.1, " minutes", at_most=24 * 60)
+        at_least("cycle_slo_hours", 0.1, " hours", at_most=MAX_DAYS * 24)
         for name in ("upgrades_per_week", "optout_windows_per_week", "host_failures_per_day", "upgrades_at_start"):
             at_least(name, 0)
         for name in ("drain_minutes", "execute_minutes", "verify_minutes", "undrain_minutes"):
-            at_least(name, 0, " minutes")
+            at_least(name, 0, " minutes", at_most=WEEK_MINUTES)
         for name in ("upgrade_failure_rate", "verify_failure_rate", "failure_buffer_fraction"):
             fraction(name, 0.5)
         fraction("slow_host_fraction")
@@ -127,12 +147,15 @@ class SimulationConfig:
             if name not in problems and getattr(self, name) > 3:
                 problems[name] = f"{name.replace('_', ' ')} must be at most 3 (a factor of e³ either way)."
         problems.update(_scenario_and_start_errors(self))
-        if problems:
-            return problems
-        if self.hosts > 200_000:
-            problems["hosts"] = "Simulate at most 200,000 hosts."
-        if self.days > 366:
-            problems["days"] = "Simulate at most 366 days."
+        return problems
+
+    def _shape_errors(self) -> dict[str, str]:
+        """What is wrong with the values together (the fleet's shape, the SLO against the buffers)."""
+        problems: dict[str, str] = {}
+        if self.hosts > MAX_HOSTS:
+            problems["hosts"] = f"Simulate at most {MAX_HOSTS:,} hosts."
+        if self.days > MAX_DAYS:
+            problems["days"] = f"Simulate at most {MAX_DAYS} days."
         if self.pools > self.hosts:
             problems["pools"] = f"{self.pools} pools need at least {self.pools} hosts."
         elif self.hosts_per_domain > self.hosts_per_pool:
@@ -182,7 +205,7 @@ def _scenario_and_start_errors(config: SimulationConfig) -> dict[str, str]:
     if config.start_at:
         try:
             start = dt.datetime.fromisoformat(config.start_at)
-        except ValueError:
+        except (TypeError, ValueError):
             start = None
         if start is None or start.tzinfo is None:
             problems["start_at"] = f"start at must be an ISO 8601 time with its zone; got {config.start_at!r}."

@@ -42,6 +42,17 @@ class Job:
     key: str  # names the result (a policy, or a domain size for the advisor)
 
 
+class ShardFailed(RuntimeError):
+    """A shard's process ended with an error; it wrote its own message on the standard error it shares."""
+
+    def __init__(self, job: Job, returncode: int) -> None:
+        self.job, self.returncode = job, returncode
+        super().__init__(
+            f"the {job.key} shard ({job.policy}, pools {_pools_text(job)}) failed with exit {returncode}; "
+            "its own error is above, on the standard error"
+        )
+
+
 def default_lanes() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
@@ -342,7 +353,7 @@ def jobs_run(
                     continue
                 del running[lane]
                 if process.returncode != 0:
-                    raise RuntimeError(f"the {job.key} shard (pools {job.pools}) failed with exit {process.returncode}")
+                    raise ShardFailed(job, process.returncode)
                 done[number] = json.loads(result_path.read_text())
                 say(f"simulate: lane {lane}: {job.key} done in {time.monotonic() - started:.0f} s")
     finally:

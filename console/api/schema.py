@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.authentication import BasicScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 
@@ -24,3 +25,10 @@ class TokenAuthScheme(OpenApiAuthenticationExtension):
             **build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token"),
             "description": "An integration token from POST /api/auth/login/, sent as `Authorization: Token <key>`.",
         }
+
+
+class BasicAuthScheme(BasicScheme):
+    """HTTP Basic for the login, through our subclass (which refuses a NUL): spectacular's own
+    extension matches DRF's class only."""
+
+    target_class = "console.api.authentication.BasicAuthentication"

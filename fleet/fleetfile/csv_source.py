@@ -21,6 +21,8 @@ REQUIRED = ("hostname", "domain", "sku")
 ROW_PLACE = re.compile(r"^hosts\[(\d+)\]\.?")
 LINE = re.compile(r"^line (\d+)")
 FIELD_COLUMN = {"gpu_count": "gpus"}
+# ASCII digits only ("²".isdigit() is true too), few enough for int() and the fleet file's range check.
+GPUS = re.compile(r"[0-9]{1,10}")
 
 
 def _labels(text: str, line: int, problems: list[Problem]) -> dict[str, Any]:
@@ -34,11 +36,25 @@ def _labels(text: str, line: int, problems: list[Problem]) -> dict[str, Any]:
     return labels
 
 
+def _gpus(text: str, line: int, problems: list[Problem]) -> dict[str, Any]:
+    """The row's gpu_count: a number for the fleet file's range check, else the text (which it refuses
+    as not a whole number); too many digits for any count is a problem here."""
+    if GPUS.fullmatch(text):
+        return {"gpu_count": int(text)}
+    if text.isascii() and text.isdigit():
+        problems.append(Problem(f"line {line}: gpus", f"not a GPU count ({len(text)} digits)"))
+        return {}
+    return {"gpu_count": text}
+
+
 def csv_host_rows(text: str, *, pool: str) -> tuple[list[dict[str, Any]], list[int], list[Problem]]:
     """The rows (the fleet file's host fields), the CSV line of each, and the problems of the values
     the fleet file does not see (labels, extra values) by line; FleetFileInvalid for a wrong header."""
     reader = csv.DictReader(io.StringIO(text))
-    header = [name.strip() for name in reader.fieldnames or []]
+    try:
+        header = [name.strip() for name in reader.fieldnames or []]
+    except csv.Error as error:  # a field over the csv module's limit (131,072 characters)
+        raise FleetFileInvalid([Problem("line 1", str(error))]) from None
     missing = [name for name in REQUIRED if name not in header]
     unknown = [name for name in header if name not in COLUMNS]
     problems = [Problem("line 1", f"missing column {name}") for name in missing]
@@ -47,16 +63,22 @@ def csv_host_rows(text: str, *, pool: str) -> tuple[list[dict[str, Any]], list[i
         raise FleetFileInvalid(problems)
     reader.fieldnames = header
     rows, lines = [], []
-    for record in reader:
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as error:  # this line only: the reader goes on with the next one
+            problems.append(Problem(f"line {reader.reader.line_num}", str(error)))
+            continue
         line = reader.line_num
         if None in record:
             problems.append(Problem(f"line {line}", "more values than columns"))
             continue
         values = {key: (value or "").strip() for key, value in record.items()}
-        gpus = values.get("gpus") or "0"
         row: dict[str, Any] = {"hostname": values["hostname"], "pool": pool, "domain": values["domain"]}
         row["sku"] = values["sku"]
-        row["gpu_count"] = int(gpus) if gpus.isdigit() else gpus
+        row.update(_gpus(values.get("gpus") or "0", line, problems))
         row["labels"] = _labels(values.get("labels", ""), line, problems)
         rows.append(row)
         lines.append(line)

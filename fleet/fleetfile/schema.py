@@ -138,15 +138,24 @@ def load_document(text: str | bytes) -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
             raise FleetFileInvalid([Problem("document", f"not UTF-8 text: {error}")]) from None
+    try:
+        return _json_or_yaml(text)
+    except yaml.YAMLError as error:
+        raise FleetFileInvalid([Problem("document", f"not valid YAML: {error}".replace("\n", " "))]) from None
+    except RecursionError:
+        raise FleetFileInvalid([Problem("document", "nested too deeply to read")]) from None
+    except ValueError as error:  # an impossible date (2024-02-30), an integer of over 4300 digits
+        message = str(error).split(";")[0]  # without Python's advice to raise its digit limit
+        raise FleetFileInvalid([Problem("document", f"a value cannot be read: {message}")]) from None
+
+
+def _json_or_yaml(text: str) -> Any:
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             pass  # YAML's flow style starts with { too
-    try:
-        return yaml_load(text)
-    except yaml.YAMLError as error:
-        raise FleetFileInvalid([Problem("document", f"not valid YAML: {error}".replace("\n", " "))]) from None
+    return yaml_load(text)
 
 
 def parse_fleet_file(text: str | bytes) -> FleetSpec:

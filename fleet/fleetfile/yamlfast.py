@@ -21,8 +21,31 @@ from yaml.events import (
 )
 from yaml.nodes import ScalarNode
 
-LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 STR_TAG = "tag:yaml.org,2002:str"
+INT_TAG = "tag:yaml.org,2002:int"
+# Python refuses to read a decimal integer of over 4300 digits, but not a hex, octal or binary one,
+# which then cannot be printed (a ValueError wherever a message shows it): refused as a decimal one is.
+MAX_INT_BITS = 14_000  # about 4200 decimal digits
+
+
+def _int(constructor: Any, node: ScalarNode) -> int:  # a SafeConstructor, or a loader that is one
+    value: int = yaml.constructor.SafeConstructor.construct_yaml_int(constructor, node)
+    if value.bit_length() > MAX_INT_BITS:
+        raise ValueError(f"an integer of over {MAX_INT_BITS * 3 // 10:,} digits")
+    return value
+
+
+class _Constructor(yaml.constructor.SafeConstructor):
+    pass
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # C or Python, as installed
+    pass
+
+
+for _class in (_Constructor, _Loader):
+    _class.add_constructor(INT_TAG, _int)  # on the subclass only: yaml's own loaders are left as they are
+LOADER = _Loader
 
 
 class _Unusual(Exception):
@@ -35,7 +58,7 @@ class _Scalars:
 
     def __init__(self) -> None:
         self.resolver = yaml.resolver.Resolver()
-        self.constructor = yaml.constructor.SafeConstructor()
+        self.constructor = _Constructor()
         self.first_chars = self.resolver.yaml_implicit_resolvers
         self.cache: dict[str, Any] = {}
 

@@ -251,16 +251,35 @@ def _not_running_message(
     return f"Work item #{item_id} is {state}, not running for {worker} (its lease may have expired)."
 
 
-def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any]) -> None:
+def _has_nul(value: Any) -> bool:
+    """Whether a NUL is in any string of a report: PostgreSQL's text and jsonb refuse it (a 500)."""
+    stack = [value]
+    while stack:  # a loop, not recursion: a deeply nested result must not end in a RecursionError
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            stack += item
+        elif isinstance(item, str) and "\x00" in item:
+            return True
+    return False
+
+
+def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any], reason: str = "") -> None:
     if outcome not in (WorkState.DONE, WorkState.FAILED):
         raise ValidationError({"outcome": "The outcome is 'done' or 'failed'."})
     if not isinstance(result, dict):
         raise ValidationError({"result": "The result is an object."})
+    if not isinstance(reason, str) or "\x00" in reason:
+        raise ValidationError({"reason": "The reason is text without NUL characters."})
     versions = result.get("versions", {})
     if not isinstance(versions, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in versions.items()
     ):
         raise ValidationError({"result": "result.versions maps component names to version strings."})
+    # A name the catalogue does not know is reported as unknown by the tick; a NUL cannot be stored.
+    if _has_nul(result):
+        raise ValidationError({"result": "The result has a NUL character in a text."})
     if item.kind == WorkKind.VERIFY and outcome == WorkState.DONE and not isinstance(result.get("passed"), bool):
         raise ValidationError({"result": "A verification report says result.passed: true or false."})
     if item.kind == WorkKind.EXECUTE and outcome == WorkState.DONE and item.params.get("component"):
@@ -272,11 +291,13 @@ def _validate_result(item: WorkItem, outcome: str, result: dict[str, Any]) -> No
 
 
 def _validate_key(key: str) -> None:
-    if not key or len(key) > 128:
-        raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters."})
+    if not key or len(key) > 128 or "\x00" in key:
+        raise ValidationError({"key": "Give an idempotency key of 1 to 128 characters (no NUL)."})
 
 
-def _check_report(item: WorkItem, *, worker: str, outcome: str, result: dict[str, Any], attempt: int | None) -> None:
+def _check_report(
+    item: WorkItem, *, worker: str, outcome: str, result: dict[str, Any], attempt: int | None, reason: str = ""
+) -> None:
     """Refuse a report (not a retry) of a locked item as a conflict or an invalid result."""
     item_id = item.pk
     if item.state in (WorkState.DONE, WorkState.FAILED):
@@ -292,7 +313,7 @@ def _check_report(item: WorkItem, *, worker: str, outcome: str, result: dict[str
             f"Work item #{item_id} is on attempt {item.attempts}; the claim of attempt {attempt} expired.",
             code="conflict",
         )
-    _validate_result(item, outcome, result)
+    _validate_result(item, outcome, result, reason)
 
 
 @transaction.atomic
@@ -315,7 +336,7 @@ def work_item_report(
         raise WorkItemConflict(f"There is no work item #{item_id}.", code="not_found")
     if item.report_key == key:
         return item  # a retried report: same answer, no change
-    _check_report(item, worker=worker, outcome=outcome, result=result, attempt=attempt)
+    _check_report(item, worker=worker, outcome=outcome, result=result, attempt=attempt, reason=reason)
     now = clock.now()
     changed = WorkItem.objects.filter(pk=item_id, state=WorkState.RUNNING, claimed_by=worker).update(
         state=outcome, result=result, report_key=key, outcome_reason=reason[:500], finished_at=now
@@ -436,7 +457,14 @@ def _batch_answer(
         return ItemAnswer(report.item_id, DUPLICATE)
     try:
         _validate_key(report.key)
-        _check_report(item, worker=worker, outcome=report.outcome, result=report.result, attempt=report.attempt)
+        _check_report(
+            item,
+            worker=worker,
+            outcome=report.outcome,
+            result=report.result,
+            attempt=report.attempt,
+            reason=report.reason,
+        )
     except ValidationError as error:
         return ItemAnswer(report.item_id, REFUSED, *_refusal(error))
     item.state, item.result, item.report_key = report.outcome, report.result, report.key

@@ -7,12 +7,12 @@ from typing import Any
 from drf_spectacular.utils import extend_schema, inline_serializer
 from knox import views as knox_views
 from rest_framework import serializers
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console.api.authentication import TokenAuthentication
+from console.api.authentication import BasicAuthentication, TokenAuthentication
 from opsplanner.permissions import user_actions, user_roles
 
 TOKEN_ANSWER = inline_serializer(

@@ -10,10 +10,11 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.parsers import JSONParser
 from console.filters import TRUE_WORDS
 from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, fleet_apply, plan_json
 from fleet.fleetfile.schema import fleet_spec_from_document, parse_fleet_file

@@ -27,7 +27,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, file: str, dry_run: bool, prune: bool, reason: str, **options: object) -> None:
         try:
-            text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+            # Bytes: the fleet file's reader says in one line when they are not UTF-8 text.
+            text = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
         except OSError as error:
             raise CommandError(f"cannot read {file}: {error.strerror}") from None
         try:

@@ -27,5 +27,8 @@ class Command(BaseCommand):
         if output is None:
             self.stdout.write(text, ending="")
         else:
-            Path(output).write_text(text, encoding="utf-8")
+            try:
+                Path(output).write_text(text, encoding="utf-8")
+            except OSError as error:  # no such directory, a directory, no permission, ...
+                raise CommandError(f"--output: cannot write {output}: {error.strerror}") from None
             self.stderr.write(f"fleet_export: wrote {output}")

@@ -28,6 +28,7 @@ from simulation.advisor import AdvisorRequest, advice, advice_svg
 from simulation.config import POLICIES, SimulationConfig, config_fields
 from simulation.runner import (
     Job,
+    ShardFailed,
     default_lanes,
     jobs_run,
     scratch_databases,
@@ -100,11 +101,10 @@ class Command(BaseCommand):
         if not 1 <= lanes <= 16:
             raise CommandError("--lanes must be from 1 to 16")
         out = options["out"] or Path(settings.VAR_DIR) / "simulations" / time.strftime("%Y%m%d-%H%M%S")
-        if options["work_dir"] is not None:
-            try:
-                options["work_dir"].mkdir(parents=True, exist_ok=True)
-            except OSError as error:  # a file of that name, no permission, ...
-                raise CommandError(f"--work-dir: cannot use {options['work_dir']}: {error.strerror}") from None
+        # Usable before any shard starts, not found wrong after the whole run.
+        for option in ("work_dir", "out"):
+            if options[option] is not None:
+                _directory_made(f"--{option.replace('_', '-')}", options[option])
         if options["advise"]:
             return self._advise(config, options, lanes, out)
         if options.get("from_live"):
@@ -170,6 +170,8 @@ class Command(BaseCommand):
         try:
             with _work_directory(work_dir) as work:
                 return jobs_run(jobs, urls, work, reuse=work_dir is not None, say=self._say)
+        except ShardFailed as error:
+            raise CommandError(f"simulate: {error}") from None
         finally:
             if not options["keep_databases"]:
                 scratch_databases_drop(urls)
@@ -241,6 +243,13 @@ class Command(BaseCommand):
     def _say(self, message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+
+
+def _directory_made(option: str, path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, no permission, ...
+        raise CommandError(f"{option}: cannot use {path}: {error.strerror}") from None
 
 
 @contextmanager
