@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import Pool
+from opsplanner import clock
 from tests.driving import drive_trains
 from tests.test_train_budget import SLO_S, TARGETS, WORK_S, create_upgrades, drains_per_host, four_components_fleet
 from tests.test_train_late_joiners import a_visit_draining
@@ -30,6 +31,7 @@ from trains.services.budget import (
     sizing_within_cycle,
     sliding_in_flight_s,
 )
+from trains.services.cycles import IDLE_AFTER_EMPTY_CYCLE
 from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create
 
@@ -170,9 +172,14 @@ def test_a_train_that_sized_itself_to_a_standstill_falls_back_to_its_estimates_a
     assert empty.ended_at is not None
     assert [v.outcome for v in empty.visits.all()] == ["nothing fits the time left in the cycle: 1 upgrades wait"] * 2
     assert not VisitOperation.objects.filter(upgrade=upgrade).exists()
+    # After a cycle that took nothing the train idles a while rather than open one at every tick.
+    train_tick(train_id=train.pk)
+    assert not Cycle.objects.filter(train=train, number=4).exists()
     # Its next cycle no longer counts the visits of cycle 1 (MEASURED_CYCLES): too few measured, the
     # estimates stand, and the upgrade is taken.
-    train_tick(train_id=train.pk)
+    later = empty.ended_at + IDLE_AFTER_EMPTY_CYCLE
+    with clock.use_clock(lambda: later):
+        train_tick(train_id=train.pk)
 
     visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
     assert (visit.cycle.number, visit.plan["factor"]) == (4, 1.0)

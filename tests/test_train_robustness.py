@@ -4,10 +4,13 @@ train whose tick fails while the others go on."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from fleet.models import Component, ComponentVersion, Host, InstalledVersion, Pool
 from fleet.services.host_changes import host_retire
+from fleet.services.hosts import host_transition
 from fleet.services.inventory import compatibility_rule_create, installed_version_set
 from opsplanner import clock
 from opsplanner.models import Approval, Event, HostTask
@@ -19,6 +22,7 @@ from tests.driving import instant_simulator
 from tests.trains_builders import cycle_ended, make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit
 from trains.selectors_forecast import pool_backlogs, upgrades_forecasts
+from trains.services.cycles import IDLE_AFTER_EMPTY_CYCLE
 from trains.services.emergency import emergency_train_request
 from trains.services.tick import trains_tick
 from trains.services.upgrades import upgrade_create
@@ -273,3 +277,31 @@ def test_an_emergency_train_whose_upgrade_has_nothing_left_to_do_finishes() -> N
 
 def train_approval(train: Train) -> Approval:
     return Approval.objects.get(subject_type="trains.train", subject_id=train.pk)
+
+
+# --- 5. pending work no visit can take ---------------------------------------------------------------
+def test_a_train_whose_only_pending_host_is_escalated_idles_instead_of_opening_a_cycle_at_every_tick() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    escalated = hosts[0]
+    host_transition(host_id=escalated.pk, expected="in_service", new="failed", reason="PSU")
+    host_transition(host_id=escalated.pk, expected="failed", new="escalated", reason="needs a human")
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+    start = clock.now()
+    now = [start]
+
+    with clock.use_clock(lambda: now[0]):
+        for _ in range(60):
+            rounds(pool, 1)
+            now[0] += dt.timedelta(seconds=2)  # the beat's cadence
+            if cycle_ended(train, 2):
+                break
+        assert set(installed(pool, "bios")) == {"2.14.0", "2.16.0"}  # every other host got it
+        cycles = Cycle.objects.filter(train=train).count()
+        rounds(pool, 20)  # the next 40 s of ticks: the escalated host is still the only pending one
+        assert Cycle.objects.filter(train=train).count() == cycles
+        now[0] += IDLE_AFTER_EMPTY_CYCLE
+        rounds(pool, 1)  # the train looks again, in case a host came back
+        assert Cycle.objects.filter(train=train).count() == cycles + 1
+    assert cycles <= 3  # cycle 1 took the work; at most one empty cycle after it before the train idled

@@ -9,7 +9,7 @@ import datetime as dt
 
 from opsplanner.events import event_record
 from opsplanner.services.optouts import optouts_by_domain
-from trains.models import Cycle, Train, TrainState, Visit, VisitState
+from trains.models import Cycle, Train, TrainState, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     VisitSizing,
@@ -23,13 +23,29 @@ from trains.services.trains import train_set_state
 from trains.services.upgrade_forecast import upgrades_forecast_check
 from trains.services.visits import UpgradePlan, visit_start
 
+# After a cycle whose visits took nothing (its pending work could not be taken: the hosts escalated
+# or in repair, a target refused as incompatible, a domain not among the train's stops, work longer
+# than any visit may run), the next opens no sooner than this: the train ticks every few seconds and
+# would otherwise open and end an empty cycle, with its events, at every tick.
+IDLE_AFTER_EMPTY_CYCLE = dt.timedelta(minutes=15)
+
+
+def _idle_after_empty_cycle(train: Train, now: dt.datetime) -> bool:
+    last = (
+        Cycle.objects.filter(train=train, ended_at__gt=now - IDLE_AFTER_EMPTY_CYCLE)
+        .order_by("-number")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return last is not None and not VisitOperation.objects.filter(visit__cycle_id=last).exists()
+
 
 def _cycle_open(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cycle | None:
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is not None:
         return cycle
-    if not any(plan.has_pending() for plan in plans):
-        return None  # nothing to do: the train idles rather than spinning empty cycles
+    if not any(plan.has_pending() for plan in plans) or _idle_after_empty_cycle(train, now):
+        return None  # nothing to do (or nothing it could take): the train idles rather than spin cycles
     number = newest_cycle_number(train) + 1
     cycle = Cycle.objects.create(
         train=train, number=number, started_at=now, deadline_at=now + dt.timedelta(seconds=train.cycle_slo_s)
