@@ -17,7 +17,7 @@ from opsplanner.models import Approval, Event, HostTask
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
-from tests.builders import make_fleet
+from tests.builders import make_domain, make_fleet, make_host
 from tests.driving import instant_simulator
 from tests.trains_builders import cycle_ended, make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit
@@ -305,3 +305,22 @@ def test_a_train_whose_only_pending_host_is_escalated_idles_instead_of_opening_a
         rounds(pool, 1)  # the train looks again, in case a host came back
         assert Cycle.objects.filter(train=train).count() == cycles + 1
     assert cycles <= 3  # cycle 1 took the work; at most one empty cycle after it before the train idled
+
+
+def test_a_domain_given_hosts_after_the_train_was_created_becomes_a_stop_and_is_visited() -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    rack = make_domain(pool, name="rack-new")
+    newcomer = make_host(rack)
+    installed_version_set(host=newcomer, version=ComponentVersion.objects.get(component__name="bios", version="2.14.0"))
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+
+    rounds(pool, 60)
+
+    assert state_of(upgrade) == UpgradeState.COMPLETED
+    assert installed_on(newcomer) == "2.16.0"
+    assert list(train.stops.order_by("position").values_list("domain__name", flat=True))[-1] == "rack-new"
+    added = Event.objects.get(kind="train.stops_added")
+    assert added.data == {"domains": ["rack-new"]}
+    assert Visit.objects.filter(train=train, domain=rack).count() == 1

@@ -26,6 +26,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Count, Q
 
@@ -219,8 +220,8 @@ def _pending_by_domain(
         sizes[domain_id] = n
         totals[pool_id] += n
         domains_of[pool_id].append(domain_id)
-    scoped = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
-    whole_pool = [u for u in ours if _scope_is_pool(u)]
+    scoped, unreadable = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
+    whole_pool = [u for u in ours if _scope_is_pool(u)] + unreadable
     pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
     reached = _hosts_by_version(whole_pool, pool_ids)
     for upgrade in whole_pool:
@@ -260,13 +261,20 @@ def _hosts_by_version(
     return histogram
 
 
-def _scoped_pending(upgrades: list[Upgrade]) -> dict[int, dict[int, int]]:
+def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]], list[Upgrade]]:
     """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
     queries each: such scopes are few), by hosts_below_target, over the hosts their scope names now
-    as the train tick reads it (scope_host_ids: none left, nothing pending)."""
+    as the train tick reads it (scope_host_ids: none left, nothing pending); and the upgrades whose
+    stored scope does not even parse (a row older than the scope rules), which a read shows as
+    their whole pool rather than fail (the tick refuses them, and says so)."""
     pending: dict[int, dict[int, int]] = {}
+    unreadable = []
     for upgrade in upgrades:
-        scope = scope_host_ids(upgrade)
+        try:
+            scope = scope_host_ids(upgrade)
+        except ValidationError:
+            unreadable.append(upgrade)
+            continue
         rows = (
             hosts_below_target(upgrade, scope)
             .filter(pool_id=upgrade.pool_id)
@@ -275,7 +283,7 @@ def _scoped_pending(upgrades: list[Upgrade]) -> dict[int, dict[int, int]]:
             .order_by()
         )
         pending[upgrade.pk] = dict(rows)
-    return pending
+    return pending, unreadable
 
 
 def _scope_is_pool(upgrade: Upgrade) -> bool:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.db.models import Max
+
+from fleet.models import Host, MaintenanceDomain
 from opsplanner.events import event_record
 from opsplanner.services.optouts import optouts_by_domain
-from trains.models import Cycle, Train, TrainState, Visit, VisitOperation, VisitState
+from trains.models import Cycle, Train, TrainState, TrainStop, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     VisitSizing,
@@ -40,12 +43,45 @@ def _idle_after_empty_cycle(train: Train, now: dt.datetime) -> bool:
     return last is not None and not VisitOperation.objects.filter(visit__cycle_id=last).exists()
 
 
+def _stops_complete(train: Train) -> list[str]:
+    """Invariant 6, every domain of the pool visited: a domain that got hosts after the train was
+    created (a rack onboarded, or one empty then) becomes one of its last stops as the next cycle
+    opens, with an event; the names added. An emergency train keeps the domains it was approved for."""
+    if train.emergency:
+        return []
+    missing = list(
+        MaintenanceDomain.objects.filter(pk__in=Host.objects.filter(pool_id=train.pool_id).values("domain_id"))
+        .exclude(pk__in=TrainStop.objects.filter(train=train).values("domain_id"))
+        .order_by("position", "name")
+    )
+    if not missing:
+        return []
+    last = TrainStop.objects.filter(train=train).aggregate(last=Max("position"))["last"]
+    first = 0 if last is None else last + 1
+    TrainStop.objects.bulk_create(
+        [TrainStop(train=train, domain=domain, position=first + i) for i, domain in enumerate(missing)]
+    )
+    names = [domain.name for domain in missing]
+    event_record(
+        kind="train.stops_added",
+        subject=train,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=f"domains {', '.join(names)} of pool {train.pool.name} have hosts and were not among the train's "
+        "stops: visited from its next cycle on",
+        data={"domains": names},
+    )
+    return names
+
+
 def _cycle_open(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cycle | None:
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is not None:
         return cycle
-    if not any(plan.has_pending() for plan in plans) or _idle_after_empty_cycle(train, now):
-        return None  # nothing to do (or nothing it could take): the train idles rather than spin cycles
+    if not any(plan.has_pending() for plan in plans):
+        return None  # nothing to do: the train idles rather than spinning empty cycles
+    if not _stops_complete(train) and _idle_after_empty_cycle(train, now):
+        return None  # nothing it could take last time: it idles a while rather than spin cycles
     number = newest_cycle_number(train) + 1
     cycle = Cycle.objects.create(
         train=train, number=number, started_at=now, deadline_at=now + dt.timedelta(seconds=train.cycle_slo_s)

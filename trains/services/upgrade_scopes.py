@@ -24,7 +24,8 @@ _SCOPE_FIELD = "scope"
 
 def scope_host_ids(upgrade: Upgrade) -> list[int]:
     """The live hosts the upgrade's scope names now, in no particular order (one or two queries);
-    empty when it names none (see the module's docstring)."""
+    empty when it names none (see the module's docstring). A stored scope that does not parse at all
+    (a row written before the scope rules) is refused as parse_scope refuses it."""
     scope = parse_scope(upgrade.scope)
     if scope.kind == "hosts":  # Host.objects leaves out the retired ones: those that still resolve
         return list(Host.objects.filter(hostname__in=scope.hostnames).values_list("id", flat=True))
