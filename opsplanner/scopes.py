@@ -53,6 +53,11 @@ class Scope:
     version: str = ""
 
 
+# The code of the one refusal a scope stored with its upgrade may meet as the fleet moves on without
+# anything being wrong: it names no host any more (trains/services/upgrade_scopes.py).
+MATCHES_NO_HOST = "matches_no_host"
+
+
 def _error(message: str) -> ValidationError:
     return ValidationError({"scope": message}, code="scope")
 
@@ -143,7 +148,7 @@ def resolve_scope(scope: Scope) -> list[int]:
     else:  # pragma: no cover - parse_scope makes only the kinds above
         raise _error(f"Unknown scope kind {scope.kind!r}.")
     if not ids:
-        raise _error("The scope matches no host.")
+        raise ValidationError({"scope": ValidationError("The scope matches no host.", code=MATCHES_NO_HOST)})
     return ids
 
 

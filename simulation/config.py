@@ -111,7 +111,9 @@ class SimulationConfig:
         problems: dict[str, str] = {}
 
         def finite(value: Any) -> bool:  # NaN and ±inf pass every comparison below, or break the arithmetic
-            return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return False
+            return isinstance(value, int) or math.isfinite(value)  # isfinite overflows on an int past a float
 
         def at_least(name: str, minimum: float, unit: str = "", at_most: float | None = None) -> None:
             value = getattr(self, name)
@@ -156,6 +158,8 @@ class SimulationConfig:
             problems["hosts"] = f"Simulate at most {MAX_HOSTS:,} hosts."
         if self.days > MAX_DAYS:
             problems["days"] = f"Simulate at most {MAX_DAYS} days."
+        if problems:  # the arithmetic below would overflow on a count past any float
+            return problems
         if self.pools > self.hosts:
             problems["pools"] = f"{self.pools} pools need at least {self.pools} hosts."
         elif self.hosts_per_domain > self.hosts_per_pool:

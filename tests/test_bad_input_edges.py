@@ -198,6 +198,8 @@ def test_a_basic_login_with_a_nul_in_the_username_or_password_is_a_401_not_a_500
         ("host_spread", math.nan),
         ("seed", 2**31),
         ("job_hosts_max", 10**30),
+        ("hosts", 10**400),  # an int past any float: math.isfinite would overflow on it
+        ("job_hosts_max", 10**400),
     ],
 )
 def test_a_simulation_knob_that_is_not_finite_or_past_its_bound_is_named_and_errors_never_raises(field, value) -> None:

@@ -11,7 +11,7 @@ import pytest
 from fleet.models import Host, HostState
 from fleet.services import optout_window_create, service_place
 from opsplanner import clock
-from opsplanner.models import MAX_PRIORITY, REPAIR_PRIORITY, HostTask, TaskState, WaitingCode
+from opsplanner.models import MAX_PRIORITY, REPAIR_PRIORITY, Event, HostTask, TaskState, WaitingCode
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.escalations import host_escalation_release
 from opsplanner.services.failures import host_failure_report
@@ -97,6 +97,7 @@ def test_cancelling_a_broken_hosts_repair_hands_the_host_to_a_human_who_can_rele
     operation_cancel(operation_id=repair.pk, reason="reported by mistake", actor="operator")
 
     assert state_of(hosts[0]) == HostState.ESCALATED
+    assert Event.objects.get(kind="host.escalated", subject_id=hosts[0].pk).reason == "reported by mistake"
     assert HostTask.objects.get(operation=repair).state == TaskState.CANCELLED
     assert check_invariants() == []
     host_escalation_release(host_id=hosts[0].pk, reason="nothing was wrong with it", actor="operator")

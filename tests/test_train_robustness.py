@@ -109,6 +109,28 @@ def test_a_retired_host_named_by_a_scope_is_dropped_and_the_others_complete() ->
     assert rolled_back_ticks() == []
 
 
+@pytest.mark.parametrize("renamed", ["pool", "host"])
+def test_an_upgrade_whose_scope_names_something_renamed_since_is_not_completed_and_the_tick_says_why(
+    renamed: str,
+) -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
+    make_train(pool)
+    scope = f"pool {pool.name}" if renamed == "pool" else f"hosts: {hosts[0].hostname}, {hosts[1].hostname}"
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", scope=scope)
+    # A rename the admin allows: the stored scope names something no longer there.
+    if renamed == "pool":
+        Pool.objects.filter(pk=pool.pk).update(name=f"{pool.name}-renamed")
+    else:
+        Host.objects.filter(pk=hosts[1].pk).update(hostname=f"{hosts[1].hostname}-renamed")
+
+    rounds(pool, 5)
+
+    assert state_of(upgrade) == UpgradeState.ACTIVE  # not completed: nobody did its work
+    assert rolled_back_ticks()
+    assert ("no pool named" if renamed == "pool" else "Unknown hosts") in rolled_back_ticks()[-1]
+
+
 def test_the_forecast_reads_a_scope_as_the_tick_does() -> None:
     """A retired host named by the scope is dropped, the others still count (the whole pool was
     taken instead, as soon as one name no longer resolved)."""

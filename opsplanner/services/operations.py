@@ -402,10 +402,14 @@ def _escalate_unrepaired(host_ids: set[int], *, reason: str, actor: Actor) -> No
         .exclude(pk__in=repaired)
         .values_list("id", flat=True)
     ):
-        host_transition(
+        if host_transition(
             host_id=host_id,
             expected=HostState.FAILED,
             new=HostState.ESCALATED,
             reason=f"its repair was cancelled ({reason}); retry or release it",
             actor=actor,
-        )
+        ):
+            host = Host.objects.only("id", "pool_id").get(pk=host_id)
+            event_record(  # as the tick's escalation writes it (opsplanner/services/tick/repair.py)
+                kind="host.escalated", subject=host, actor=actor, reason=reason, pool_id=host.pool_id, host_id=host_id
+            )

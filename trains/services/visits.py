@@ -21,6 +21,7 @@ from fleet.selectors.compatibility import PlannedHosts
 from opsplanner.events import event_record
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import WaitingCode
+from opsplanner.refusals import refusal_codes
 from opsplanner.services.compatibility import Refusal, targets_refusals
 from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
@@ -279,7 +280,7 @@ def visit_steps_submit_compatible(train: Train, visit: Visit, steps: list[Step],
             visit_steps_submit(train, visit, steps, joined=joined)
         return set()
     except ValidationError as refusal:
-        if WaitingCode.INCOMPATIBLE not in _codes(refusal):
+        if WaitingCode.INCOMPATIBLE not in refusal_codes(refusal):
             raise
         found = targets_refusals([PlannedHosts(sorted(s.hosts), [s.plan.upgrade.component_version]) for s in steps])
         refused = [(step, why) for step, why in zip(steps, found, strict=True) if why is not None]
@@ -292,11 +293,6 @@ def visit_steps_submit_compatible(train: Train, visit: Visit, steps: list[Step],
     if rest:
         visit_steps_submit(train, visit, rest, joined=joined)
     return left_out
-
-
-def _codes(error: ValidationError) -> set[str]:
-    errors = [e for es in error.error_dict.values() for e in es] if hasattr(error, "error_dict") else error.error_list
-    return {e.code for e in errors if e.code}
 
 
 def _step_refused(train: Train, visit: Visit, step: Step, why: Refusal) -> None:
