@@ -18,7 +18,8 @@ from opsplanner.models import AdvisorRun, Event, WorkItem, WorkState
 from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
-from opsplanner.services.work_items import ItemReport, work_item_report, work_items_report_batch
+from opsplanner.services.work_item_batches import ItemReport, work_items_report_batch
+from opsplanner.services.work_items import work_item_report
 from simulation.advisor import AdvisorRequest
 from simulation.config import SimulationConfig
 from tests.api_helpers import role_client, token_client

@@ -37,18 +37,20 @@ from opsplanner.adapters import API_ADAPTERS
 from opsplanner.models import WorkItem
 from opsplanner.permissions import Action, user_roles
 from opsplanner.roles import Role
-from opsplanner.services.work_items import (
-    ACCEPTED,
+from opsplanner.services.work_item_batches import (
     ItemAnswer,
     ItemReport,
+    work_items_heartbeat_batch,
+    work_items_report_batch,
+)
+from opsplanner.services.work_items import (
+    ACCEPTED,
     claim_host_id,
     work_item_claim_next,
     work_item_heartbeat,
     work_item_report,
     work_item_report_claim_next,
     work_items_claim_waiting,
-    work_items_heartbeat_batch,
-    work_items_report_batch,
 )
 
 IDEMPOTENCY_KEY = OpenApiParameter(
