@@ -3,6 +3,7 @@ rolls back with the change it describes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -120,3 +121,31 @@ def events_copy_rows(rows: Sequence[EventRow]) -> None:
     instance per event, and the live pages told after commit."""
     copy_rows(Event, EVENT_COLUMNS, rows)
     announce_after_commit(groups_for({row.pool_id for row in rows}, {row.subject_type for row in rows}))
+
+
+# A tick that fails for good (a stored scope naming a pool renamed since) fails again at every beat,
+# every 2 s: one event per reason and subject is enough until this much time has passed.
+ROLLED_BACK_REPEAT_AFTER = dt.timedelta(minutes=10)
+
+
+def rolled_back_tick_record(*, kind: str, subject_type: str, subject_id: int, pool_id: int, reason: str) -> bool:
+    """Nothing silent: a tick that was rolled back leaves an event saying why, written after (outside)
+    the rolled-back transaction. The same reason for the same subject again within
+    ROLLED_BACK_REPEAT_AFTER is not written twice. True when the event was written."""
+    now = clock.now()
+    last = (
+        Event.objects.filter(subject_type=subject_type, subject_id=subject_id, kind=kind)
+        .order_by("-id")
+        .values_list("reason", "created_at")
+        .first()
+    )
+    if last is not None and last[0] == reason and now - last[1] < ROLLED_BACK_REPEAT_AFTER:
+        return False
+    events_copy_rows(
+        [
+            event_row(
+                kind=kind, subject_type=subject_type, subject_id=subject_id, now=now, reason=reason, pool_id=pool_id
+            )
+        ]
+    )
+    return True

@@ -51,6 +51,29 @@ def test_a_pool_tick_that_tries_an_illegal_move_rolls_back_with_an_event(monkeyp
     assert rolled_back.reason == "a host cannot go from in_service to maintenance"
 
 
+def test_a_pool_tick_rolled_back_for_the_same_reason_again_leaves_one_event_and_a_new_reason_its_own(
+    monkeypatch,
+) -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    target = [HostState.MAINTENANCE]
+
+    def admit_straight_into(ctx: TickContext, *, budget: int) -> None:
+        ctx.move_hosts([hosts[0].pk], expected=HostState.IN_SERVICE, new=target[0], reason="no drain")
+
+    monkeypatch.setattr(tick_run, "admit", admit_straight_into)
+
+    reports = [pool_tick(pool_id=pool.pk, kick=False) for _ in range(3)]
+    target[0] = HostState.RETURNING
+    reports.append(pool_tick(pool_id=pool.pk, kick=False))
+
+    assert all(report.retried for report in reports)
+    assert list(
+        Event.objects.filter(kind="tick.rolled_back", subject_id=pool.pk)
+        .order_by("id")
+        .values_list("reason", flat=True)
+    ) == ["a host cannot go from in_service to maintenance", "a host cannot go from in_service to returning"]
+
+
 def test_every_host_move_of_a_flow_with_failures_repairs_and_an_escalation_is_in_the_table() -> None:
     pool, hosts = make_fleet(domains=1, hosts_per_domain=4, planned_buffer_hosts=2)
     broken, refused, unverified, upgraded = hosts

@@ -227,3 +227,44 @@ def test_a_train_tick_while_its_visit_runs_reads_the_visits_once_and_nothing_for
     visit_reads = [q["sql"] for q in captured.captured_queries if q["sql"].startswith('SELECT "trains_visit"."id"')]
     assert len(visit_reads) == 2, "the running visits, and the open cycle's for the forecast"
     assert not [q for q in captured.captured_queries if '"operation"."kind" = ' in q["sql"] and "repair" in q["sql"]]
+
+
+def test_a_catch_up_held_by_a_pause_is_left_to_the_next_cycle_when_its_host_returns() -> None:
+    from opsplanner.services.simulator import simulated_work_step
+    from opsplanner.services.tick import pool_tick
+    from trains.services.tick import trains_tick
+    from trains.services.trains import train_pause, train_resume
+
+    instant_simulator(execute_by_kind=FAILING_DRIVER)
+    pool, _hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2, failure_buffer_hosts=2)
+    train = make_train(pool)
+    rollouts(pool)
+
+    def catching_up_in_repair() -> HostTask | None:
+        return HostTask.objects.filter(
+            operation__visit_link__catch_up=True, state=TaskState.PENDING, host__state=HostState.REPAIR
+        ).first()
+
+    for _ in range(100):  # the rounds of drive_trains, paused as soon as the train offers a catch-up
+        trains_tick()
+        if (catching := catching_up_in_repair()) is not None:
+            break
+        pool_tick(pool_id=pool.pk)
+        simulated_work_step()
+    assert catching is not None
+    host = catching.host
+    train_pause(train_id=train.pk, reason="a suspicious rollout", actor=None)
+    instant_simulator()  # the fault is mended: the repair succeeds
+    for _ in range(10):  # the paused train is not ticked: only the core and the hardware move
+        pool_tick(pool_id=pool.pk)
+        simulated_work_step()
+
+    assert Host.objects.get(pk=host.pk).state == HostState.IN_SERVICE
+    caught = catch_up_tasks(host)
+    assert caught
+    for task in caught:
+        assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.DEFERRED)
+        assert "held or refused" in task.failure_reason
+    train_resume(train_id=train.pk, reason="looked fine", actor=None)
+    drive_trains(pool, until=lambda: cycle_ended(train, 1))
+    assert drains_per_host(pool)[host.pk] == 1  # not drained again in the cycle it was paused in

@@ -22,6 +22,7 @@ from tests.driving import instant_simulator
 from tests.trains_builders import cycle_ended, make_train, make_user
 from trains.models import Cycle, Pace, Train, TrainState, Upgrade, UpgradeState, Visit
 from trains.selectors_forecast import pool_backlogs, upgrades_forecasts
+from trains.services.budget import train_sizing
 from trains.services.cycles import IDLE_AFTER_EMPTY_CYCLE
 from trains.services.emergency import emergency_train_request
 from trains.services.tick import trains_tick
@@ -131,6 +132,27 @@ def test_an_upgrade_whose_scope_names_something_renamed_since_is_not_completed_a
     assert ("no pool named" if renamed == "pool" else "Unknown hosts") in rolled_back_ticks()[-1]
 
 
+def test_a_train_tick_failing_for_the_same_reason_says_so_once_per_ten_minutes_not_at_every_beat() -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=2)
+    make_train(pool)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", scope=f"pool {pool.name}")
+    Pool.objects.filter(pk=pool.pk).update(name=f"{pool.name}-renamed")
+    instant = [clock.now()]
+
+    with clock.use_clock(lambda: instant[0]):
+        for _ in range(5):  # five beats, 2 s apart
+            trains_tick()
+            instant[0] += dt.timedelta(seconds=2)
+        said_once = rolled_back_ticks()
+        instant[0] += dt.timedelta(minutes=10)
+        trains_tick()
+
+    assert len(said_once) == 1
+    assert "no pool named" in said_once[0]
+    assert rolled_back_ticks() == said_once * 2  # and again once the ten minutes have passed
+
+
 def test_the_forecast_reads_a_scope_as_the_tick_does() -> None:
     """A retired host named by the scope is dropped, the others still count (the whole pool was
     taken instead, as soon as one name no longer resolved)."""
@@ -201,6 +223,25 @@ def test_an_upgrade_that_became_incompatible_is_left_out_of_the_visit_with_its_r
     assert "would break a compatibility rule" in refused[0].reason
     assert not HostTask.objects.filter(operation__component_version=bios.component_version).exists()
     assert rolled_back_ticks() == []
+
+
+def test_a_visit_is_measured_against_the_work_it_does_not_the_upgrade_left_out_as_incompatible() -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=3600)
+    driver = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", duration_s=60)
+    forbid_bios_above("2.15.0")
+    sizing = train_sizing(train)
+
+    trains_tick()
+
+    visit = Visit.objects.get(train=train, state="running")
+    started = Event.objects.get(kind="train.visit_started", subject_id=visit.pk)
+    assert started.data["cost_s"] == round(sizing.cost_s(2, [3600, 60]))  # planned with both
+    # Measured from here on against the driver alone, over the hosts it drains.
+    assert visit.plan["cost_s"] == round(sizing.cost_s(2, [sizing.work_s(driver)]))
+    assert visit.plan["hosts"] == sorted(HostTask.objects.filter(pool_id=pool.pk).values_list("host_id", flat=True))
 
 
 def test_a_sliding_visit_leaves_out_an_upgrade_that_became_incompatible_as_it_releases_hosts() -> None:
@@ -346,3 +387,36 @@ def test_a_domain_given_hosts_after_the_train_was_created_becomes_a_stop_and_is_
     added = Event.objects.get(kind="train.stops_added")
     assert added.data == {"domains": ["rack-new"]}
     assert Visit.objects.filter(train=train, domain=rack).count() == 1
+
+
+def test_a_stop_added_by_the_fleet_that_makes_the_slo_unkeepable_raises_an_alert_with_the_numbers() -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=2)
+    # Two visits of an hour fit a 2-h SLO; the third domain's does not.
+    train = make_train(pool, cycle_slo_s=7200, visit_estimate_s=3600)
+    rack = make_domain(pool, name="rack-new")
+    newcomer = make_host(rack)
+    installed_version_set(host=newcomer, version=ComponentVersion.objects.get(component__name="bios", version="2.14.0"))
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+
+    trains_tick()
+
+    alert = Event.objects.get(kind="alert.cycle_slo_unkeepable", subject_id=train.pk)
+    assert alert.reason == (
+        f"train {train.name} now has 1 more stops. A cycle of 3 visits of 3600 s, 1 at a time, takes at least "
+        "10800 s; the SLO of 7200 s cannot be met. Raise the SLO or visit more domains at once."
+    )
+    assert Event.objects.get(kind="train.stops_added").data == {"domains": ["rack-new"]}
+
+
+def test_a_stop_added_within_the_slo_raises_no_alert() -> None:
+    instant_simulator()
+    pool, _hosts = make_fleet(domains=2, hosts_per_domain=2)
+    make_train(pool, cycle_slo_s=3 * 3600, visit_estimate_s=3600)
+    make_host(make_domain(pool, name="rack-new"))
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+
+    trains_tick()
+
+    assert Event.objects.filter(kind="train.stops_added").exists()
+    assert not Event.objects.filter(kind="alert.cycle_slo_unkeepable").exists()

@@ -440,6 +440,16 @@ def select_within_budget(
     return selection
 
 
+def steps_cost_s(
+    sizing: VisitSizing, candidates: Iterable[T], *, hosts_of: Callable[[T], set[int]], work_of: Callable[[T], float]
+) -> float:
+    """What select_within_budget says `candidates`, all taken, cost: their busiest host's chain."""
+    chains: dict[int, float] = {}
+    for candidate in candidates:
+        _add_work(chains, hosts_of(candidate), work_of(candidate))
+    return _chain_cost(sizing, chains, set(), 0.0, chains.keys())
+
+
 def _chain_cost(sizing: VisitSizing, chains: dict[int, float], more: set[int], work: float, hosts: Iterable) -> float:
     """The visit's cost over `hosts` with `work` added on the hosts in `more`: its busiest host's."""
     busiest = max((chains.get(h, 0.0) + work for h in more), default=0.0)

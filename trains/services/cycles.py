@@ -22,7 +22,7 @@ from trains.services.budget import (
     train_budget_check,
     train_sizing,
 )
-from trains.services.trains import train_set_state
+from trains.services.trains import slo_shortfall, train_set_state
 from trains.services.upgrade_forecast import upgrades_forecast_check
 from trains.services.visits import UpgradePlan, visit_start
 
@@ -66,6 +66,13 @@ def _stops_complete(train: Train) -> list[str]:
         [TrainStop(train=train, domain=domain, position=first + i) for i, domain in enumerate(missing)]
     )
     names = [domain.name for domain in missing]
+    # What train_create and train_update refuse, said here: the operator added no stop, the fleet did.
+    shortfall = slo_shortfall(
+        stops=TrainStop.objects.filter(train=train).count(),
+        concurrency=train.visit_concurrency,
+        visit_estimate_s=train.visit_estimate_s,
+        cycle_slo_s=train.cycle_slo_s,
+    )
     event_record(
         kind="train.stops_added",
         subject=train,
@@ -75,6 +82,16 @@ def _stops_complete(train: Train) -> list[str]:
         "stops: visited from its next cycle on",
         data={"domains": names},
     )
+    if shortfall:
+        event_record(
+            kind="alert.cycle_slo_unkeepable",
+            subject=train,
+            actor=ACTOR,
+            pool_id=train.pool_id,
+            reason=f"train {train.name} now has {len(names)} more stops. {shortfall} "
+            "Raise the SLO or visit more domains at once.",
+            data={"domains": names},
+        )
     return names
 
 

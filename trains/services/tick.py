@@ -26,7 +26,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import PoolCapacity, pool_capacity
 from opsplanner import clock
-from opsplanner.events import event_record, event_row, events_copy_rows
+from opsplanner.events import event_record, rolled_back_tick_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
 from opsplanner.prepared import PreparedModels, PreparedQuery
 from opsplanner.services.approvals import approvals_expire
@@ -103,19 +103,12 @@ def _train_tick_isolated(train_id: int, pool_id: int) -> TrainTickReport:
         return train_tick(train_id=train_id)
     except Exception as failure:  # whatever it was, the other trains must still tick
         log.exception("tick of train %s rolled back", train_id, extra={"pool_id": pool_id, "train_id": train_id})
-        # Nothing silent: an event, written after (outside) the rolled-back transaction, as the
-        # pool tick records its own (opsplanner/services/tick/run.py).
-        events_copy_rows(
-            [
-                event_row(
-                    kind="train.tick_rolled_back",
-                    subject_type=SUBJECT,
-                    subject_id=train_id,
-                    now=clock.now(),
-                    reason=f"{type(failure).__name__}: {_said(failure)}"[:500],
-                    pool_id=pool_id,
-                )
-            ]
+        rolled_back_tick_record(
+            kind="train.tick_rolled_back",
+            subject_type=SUBJECT,
+            subject_id=train_id,
+            pool_id=pool_id,
+            reason=f"{type(failure).__name__}: {_said(failure)}"[:500],
         )
         return TrainTickReport(train_id=train_id, rolled_back=True)
 

@@ -43,15 +43,24 @@ def _check_pace(pace: str | None) -> None:
         raise ValidationError({"pace": f"A train's pace is {' or '.join(Pace.values)}, not {pace!r}."})
 
 
-def _check_slo(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> None:
+def slo_shortfall(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> str:
+    """Why a cycle of `stops` visits cannot meet the SLO even at the train's visit estimate; empty
+    when it can."""
     needed = math.ceil(stops / concurrency) * visit_estimate_s
-    if cycle_slo_s < needed:
-        raise ValidationError(
-            {
-                "cycle_slo_s": f"A cycle of {stops} visits of {visit_estimate_s} s, {concurrency} at a time, takes at "
-                f"least {needed} s; the SLO of {cycle_slo_s} s cannot be met."
-            }
-        )
+    if cycle_slo_s >= needed:
+        return ""
+    return (
+        f"A cycle of {stops} visits of {visit_estimate_s} s, {concurrency} at a time, takes at least {needed} s; "
+        f"the SLO of {cycle_slo_s} s cannot be met."
+    )
+
+
+def _check_slo(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> None:
+    shortfall = slo_shortfall(
+        stops=stops, concurrency=concurrency, visit_estimate_s=visit_estimate_s, cycle_slo_s=cycle_slo_s
+    )
+    if shortfall:
+        raise ValidationError({"cycle_slo_s": shortfall})
 
 
 @transaction.atomic
@@ -217,11 +226,16 @@ def train_set_state(*, train: Train, expected: set[str], new: str, reason: str, 
 
 
 def _set_holds(train: Train, *, hold: str) -> None:
-    """A stopped train's visits admit no more hosts (hosts already out finish and return)."""
-    operation_ids = VisitOperation.objects.filter(
-        visit__train=train, visit__state=VisitState.RUNNING, operation__state=OperationState.OPEN
-    ).values_list("operation_id", flat=True)
-    Operation.objects.filter(pk__in=list(operation_ids)).update(hold_reason=hold)
+    """A stopped train's visits admit no more hosts (hosts already out finish and return); resumed,
+    they do again. A paused train holds its catch-ups too (trains/services/catch_up.py), those of
+    visits already ended included: an operator stopped its upgrades from spreading, and the host
+    in repair returns without them (opsplanner/services/tick/repair.py). An autostopped one lets
+    them be: a catch-up takes no host out, and the core hands it the repaired host only with room
+    in the planned buffer."""
+    links = VisitOperation.objects.filter(visit__train=train, operation__state=OperationState.OPEN)
+    if hold and train.state != TrainState.PAUSED:
+        links = links.filter(visit__state=VisitState.RUNNING, catch_up=False)
+    Operation.objects.filter(pk__in=list(links.values_list("operation_id", flat=True))).update(hold_reason=hold)
 
 
 @transaction.atomic

@@ -26,7 +26,7 @@ from opsplanner.services.compatibility import Refusal, targets_refusals
 from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
-from trains.services.budget import Selection, VisitSizing, select_within_budget, upgrade_order_key
+from trains.services.budget import Selection, VisitSizing, select_within_budget, steps_cost_s, upgrade_order_key
 from trains.services.upgrades import hosts_below_target, upgrades_hosts_below
 
 # A host whose visit task is in one of these is still drained for the visit (or not yet started):
@@ -144,7 +144,8 @@ def visit_start(
         return None
     visit.state, visit.started_at, visit.train, visit.plan = VisitState.RUNNING, now, train, plan_record
     if submit:  # a target now incompatible is left out (with an event); the visit goes on with the rest
-        visit_plan_record_refused(visit, visit_steps_submit_compatible(train, visit, submit, joined=False))
+        refused = visit_steps_submit_compatible(train, visit, submit, joined=False)
+        visit_plan_record_refused(visit, refused, cost=_cost_without(taken, refused, sizing))
     event_record(
         kind="train.visit_started",
         subject=visit,
@@ -211,6 +212,16 @@ def _plan_record(selection: Selection, sizing: VisitSizing) -> dict:
         "budget_s": round(sizing.budget_s),
         **_cost_record(selection.cost_s, sizing, hosts=len({h for step in taken for h in step.hosts})),
     }
+
+
+def _cost_without(taken: list[Step], refused: set[int], sizing: VisitSizing) -> dict:
+    """The hosts and cost records of a visit that took `taken` once the `refused` upgrades were left
+    out: the visit is measured against the work it does (counted with the refused work, a visit
+    looked quicker than planned and the correction shrank the next visits' estimates)."""
+    kept = [step for step in taken if step.plan.upgrade.pk not in refused]
+    hosts = sorted({h for step in kept for h in step.hosts})
+    cost = steps_cost_s(sizing, kept, hosts_of=lambda s: s.hosts, work_of=lambda s: s.work_s)
+    return {"hosts": hosts, **_cost_record(cost, sizing, hosts=len(hosts))}
 
 
 def _cost_record(estimate_s: float, sizing: VisitSizing, *, hosts: int) -> dict:
@@ -319,11 +330,12 @@ def plan_without_refused(plan: dict, refused: set[int]) -> dict:
     return record
 
 
-def visit_plan_record_refused(visit: Visit, refused: set[int]) -> None:
-    """Record on the running visit's plan the upgrades left out of it (see plan_without_refused)."""
+def visit_plan_record_refused(visit: Visit, refused: set[int], *, cost: dict | None = None) -> None:
+    """Record on the running visit's plan the upgrades left out of it (see plan_without_refused), and
+    its `cost` record without them when the caller could price it (_cost_without)."""
     if not refused:
         return
-    plan = plan_without_refused(visit.plan, refused)
+    plan = {**plan_without_refused(visit.plan, refused), **(cost or {})}
     Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan)
     visit.plan = plan
 

@@ -73,6 +73,10 @@ def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
     takers = {
         host_id: task for host_id, task in successors(ctx, by_host).items() if task.source == OperationSource.TRAIN
     }
+    # A host with train work it may not take now (held while its train is paused or autostopped,
+    # or refused) returns without it, and that work is left to the next cycle as well: admitted
+    # later, it would drain the host a second time in the cycle.
+    defer_train_work(ctx, set(by_host) - set(takers), why="its repaired host returns without it, held or refused")
     if not takers:
         return set()
     again = {key for (key,) in _CAUGHT_UP_DRAINS.rows(keys={by_host[h].drain_key for h in takers})}

@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 
 from fleet.models import Pool
 from opsplanner import clock
-from opsplanner.events import event_row, events_copy_rows
+from opsplanner.events import rolled_back_tick_record
 from opsplanner.live import LiveBatch, live_batched
 from opsplanner.models import OPEN_TASK_STATES, HostTask, WorkItem, WorkState
 from opsplanner.prepared import PreparedModels
@@ -104,18 +104,8 @@ def pool_tick(
 
 
 def _record_conflict(pool_id: int, message: str) -> None:
-    """Nothing silent: a rolled-back tick leaves an event (outside the rolled-back transaction)."""
-    events_copy_rows(
-        [
-            event_row(
-                kind="tick.rolled_back",
-                subject_type="fleet.pool",
-                subject_id=pool_id,
-                now=clock.now(),
-                reason=message,
-                pool_id=pool_id,
-            )
-        ]
+    rolled_back_tick_record(
+        kind="tick.rolled_back", subject_type="fleet.pool", subject_id=pool_id, pool_id=pool_id, reason=message
     )
 
 
