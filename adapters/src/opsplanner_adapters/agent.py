@@ -117,7 +117,10 @@ class Agent:
         self.client = client or ApiClient(config.url, config.token, config.worker, config.timeout_s)
         self.store = StateStore(config.state_dir)
         self.transport = LocalTransport(
-            log_dir=config.log_dir, boot_id_file=config.boot_id_file, keep_logs=config.keep_logs
+            log_dir=config.log_dir,
+            boot_id_file=config.boot_id_file,
+            keep_logs=config.keep_logs,
+            running_file=config.state_dir / "running.json",
         )
         self.runner = StepRunner(self.transport, self.store, config.steps, on_step=self._logged)
         self.backoff = Backoff(base_s=1.0, cap_s=60.0)

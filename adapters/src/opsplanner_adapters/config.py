@@ -8,6 +8,7 @@ tables say "api.url ...", `setting()` (the SSH executor's and the agent's own ta
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,10 +42,15 @@ def table(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
+def finite(value: object) -> bool:
+    """A real number: not a boolean, and not the `inf` or `nan` that TOML can write."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def number(table: Mapping[str, Any], key: str, default: float, *, section: str, minimum: float = 0.1) -> float:
-    """A number of at least `minimum` (booleans are not numbers)."""
+    """A finite number of at least `minimum` (booleans are not numbers)."""
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+    if not finite(value) or value < minimum:
         raise ConfigError(f"{section}.{key} must be a number of at least {minimum}, not {value!r}")
     return float(value)
 
@@ -64,6 +70,14 @@ def setting(
         names = " or ".join(k.__name__ for k in kinds)
         raise ConfigError(f"{where}: `{key}` must be {names}, not {value!r}")
     return value
+
+
+def positive(table: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    """`table[key]`, a finite number above 0 (a timeout, a pause), or `default`."""
+    value = table.get(key, default)
+    if not finite(value) or value <= 0:
+        raise ConfigError(f"{where}: `{key}` must be a positive number, not {value!r}")
+    return float(value)
 
 
 def path_setting(table: Mapping[str, Any], key: str, where: str, base: Path) -> Path:

@@ -137,10 +137,12 @@ class KubeDrainer:
     def _cordon_once(self, node_name: str, *, owner: str) -> bool:
         node = self.client.get(Node, node_name)
         annotations = _meta(node).annotations or {}
-        if CORDONED_BY in annotations:
+        cordoned = bool(node.spec is not None and node.spec.unschedulable)
+        if CORDONED_BY in annotations and cordoned:
             return True
-        if node.spec is not None and node.spec.unschedulable:
+        if cordoned:
             return False
+        # Not cordoned (our annotation, if any, outlived a `kubectl uncordon`): cordon it now.
         # resourceVersion makes the patch conditional: a cordon by someone else in between wins (409).
         patch = {
             "metadata": {"annotations": {CORDONED_BY: owner}, "resourceVersion": _meta(node).resourceVersion},

@@ -17,8 +17,13 @@ from dataclasses import dataclass
 # power down, % powering down, $ maintenance, @ pending reboot, ^ rebooting, - planned.
 STATE_FLAGS = "*~#!%$@^-"
 DRAIN_STATES = frozenset({"draining", "drained"})
-# A resumed node that is responding and schedulable: idle, or already running a new job.
-SCHEDULABLE_STATES = frozenset({"idle", "allocated", "mixed", "completing"})
+# A resumed node that is responding and schedulable: idle, already running a new job ("allocated+":
+# while another completes), planned for one by the backfill scheduler, or idle in an advanced
+# reservation. A maintenance reservation ("maint", "$") or a reboot ("@", "^") is not in service.
+SCHEDULABLE_STATES = frozenset({"idle", "allocated", "allocated+", "mixed", "completing", "planned", "reserved"})
+# Flags that leave a node taking jobs: power saving (Slurm powers it up for the next job; ~ # ! %)
+# and planned (-).
+SCHEDULABLE_FLAGS = frozenset("~#!%-")
 
 
 class SlurmError(Exception):
@@ -61,7 +66,8 @@ class NodeState:
     @property
     def schedulable(self) -> bool:
         """Back in service: responding, no drain, no pending reboot, in a state that takes jobs."""
-        return self.state in SCHEDULABLE_STATES
+        flags = self.state[len(self.base) :]
+        return self.base in SCHEDULABLE_STATES and set(flags) <= SCHEDULABLE_FLAGS
 
 
 class Slurm:

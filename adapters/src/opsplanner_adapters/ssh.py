@@ -5,28 +5,23 @@ known_hosts file: an unknown or changed key is refused (`HostKeyRejected`), neve
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shlex
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 
-from opsplanner_adapters.steps import TAIL_BYTES, CommandResult
+from opsplanner_adapters.steps import TAG_VARIABLE, TAIL_BYTES, CommandResult, RunningRecord
 
 BOOT_ID_ARGV = ("cat", "/proc/sys/kernel/random/boot_id")
-# Every command runs with a tag of its own in its environment, which its children inherit: the
-# processes of a command are found on the host by it (a timeout kills them all, even those that
-# left the process group), and a restarted executor finds a command its death left running.
-TAG_VARIABLE = "OPSPLANNER_STEP"
+# Every command runs with a tag of its own in its environment (TAG_VARIABLE), which its children
+# inherit: the processes of a command are found on the host by it (a timeout kills them all, even
+# those that left the process group), and a restarted executor finds a command its death left running.
 _TAGGED = "grep -lzx {variable}={tag} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3"
 _KILL_TAGGED = _TAGGED + " | xargs -r kill -KILL 2>/dev/null; true"
-_LEFTOVER_POLL_S = 1.0
 _READ_SLICE_S = 0.2
 _OUTPUT_GRACE_S = 2.0
 log = logging.getLogger("opsplanner.ssh")
@@ -98,7 +93,7 @@ class SshTransport:
         after a crash of this process, the next command waits for that one to end first."""
         self.host = host
         self.options = options
-        self.running_file = running_file
+        self.running = RunningRecord(running_file)
         self._clock = clock
         self._client: paramiko.SSHClient | None = None
 
@@ -166,10 +161,15 @@ class SshTransport:
             raise ValueError("an empty command")
         self.connect()
         assert self._client is not None
-        self._wait_for_leftover()
-        tag = uuid.uuid4().hex
+        self.running.wait_for_leftover(
+            running=lambda tag: bool(self._exec_quiet(_TAGGED.format(variable=TAG_VARIABLE, tag=tag)).strip()),
+            kill=lambda tag: self._exec_quiet(_KILL_TAGGED.format(variable=TAG_VARIABLE, tag=tag)),
+            waiting=lambda argv: log.warning(
+                "%s still runs %s from before a restart; waiting for it", self.host.name, argv
+            ),
+        )
         started = self._clock()
-        self._remember_running(tag, argv, ends_by=time.time() + timeout_s)  # before it starts: no gap
+        tag = self.running.remember(argv, timeout_s=timeout_s)
         try:
             channel = self._client.get_transport().open_session(timeout=self.options.connect_timeout_s)  # type: ignore[union-attr]
             channel.set_combine_stderr(True)
@@ -182,7 +182,7 @@ class SshTransport:
         except (paramiko.SSHException, OSError, EOFError) as error:
             self.close()  # the command may still run on the host: its record stays
             raise SshError(f"lost the connection to {self.host.where()} while running {argv[0]}: {error}") from None
-        self._forget_running()
+        self.running.forget()
         tail = output.decode("utf-8", errors="replace")
         return CommandResult(
             exit_code=exit_code, output_tail=tail, duration_s=self._clock() - started, timed_out=timed_out
@@ -222,43 +222,6 @@ class SshTransport:
             raise EOFError("the connection closed before the command's exit status")
         return status, output, False
 
-    # -- a command left running by a crash -----------------------------------------------------------
-    def _remember_running(self, tag: str, argv: list[str], *, ends_by: float) -> None:
-        if self.running_file is None:
-            return
-        tmp = self.running_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"tag": tag, "argv": argv, "ends_by": ends_by}))
-        os.replace(tmp, self.running_file)
-
-    def _forget_running(self) -> None:
-        if self.running_file is not None:
-            self.running_file.unlink(missing_ok=True)
-
-    def _wait_for_leftover(self) -> None:
-        """If a crash left a command of ours running on the host, wait for it to end (killing it
-        once its own timeout has passed), so that no step ever runs beside an older one."""
-        if self.running_file is None or not self.running_file.exists():
-            return
-        try:
-            record = json.loads(self.running_file.read_text())
-            tag, ends_by = str(record["tag"]), float(record["ends_by"])
-        except (OSError, ValueError, KeyError, TypeError):
-            self._forget_running()  # unreadable: written by hand
-            return
-        if not tag.isalnum():
-            self._forget_running()
-            return
-        logged = False
-        while self._exec_quiet(_TAGGED.format(variable=TAG_VARIABLE, tag=tag)).strip():
-            if time.time() >= ends_by:
-                self._exec_quiet(_KILL_TAGGED.format(variable=TAG_VARIABLE, tag=tag))
-                break
-            if not logged:
-                log.warning("%s still runs %s from before a restart; waiting for it", self.host.name, record["argv"])
-                logged = True
-            time.sleep(_LEFTOVER_POLL_S)
-        self._forget_running()
-
     def _exec_quiet(self, command: str) -> str:
         """A short helper command's output, run without a tag or a record."""
         assert self._client is not None
@@ -292,7 +255,7 @@ class SshTransport:
         except SshError:
             result = None  # the host went down under us: what a reboot does
         finally:
-            self._forget_running()  # the reboot ends every process; none is left to wait for
+            self.running.forget()  # the reboot ends every process; none is left to wait for
             self.close()
         if result is not None and result.exit_code != 0 and not result.timed_out:
             raise SshError(

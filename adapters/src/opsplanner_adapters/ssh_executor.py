@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opsplanner_adapters.client import ApiClient, ApiError, ApiUnreachable, Backoff, Heartbeat
-from opsplanner_adapters.config import ConfigError, api_settings, path_setting, read_toml, setting
+from opsplanner_adapters.config import ConfigError, api_settings, path_setting, positive, read_toml, setting
 from opsplanner_adapters.ssh import BOOT_ID_ARGV, SshError, SshHost, SshOptions, SshTransport
 from opsplanner_adapters.steps import (
     TAIL_BYTES,
@@ -100,10 +100,10 @@ def _ssh_options(doc: Mapping[str, Any], base: Path) -> SshOptions:
     return SshOptions(
         known_hosts=known_hosts,
         boot_id_argv=tuple(boot_id),
-        connect_timeout_s=float(setting(table, "connect_timeout_s", (int, float), where, 10)),
+        connect_timeout_s=positive(table, "connect_timeout_s", where, 10),
         output_tail_bytes=_tail_bytes(setting(table, "output_tail_bytes", int, where, TAIL_BYTES)),
-        reboot_timeout_s=float(setting(table, "reboot_timeout_s", (int, float), where, 900)),
-        reboot_poll_s=float(setting(table, "reboot_poll_s", (int, float), where, 3)),
+        reboot_timeout_s=positive(table, "reboot_timeout_s", where, 900),
+        reboot_poll_s=positive(table, "reboot_poll_s", where, 3),
     )
 
 

@@ -33,18 +33,28 @@ import os
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from opsplanner_adapters.config import ConfigError as ConfigError  # re-exported: the step tables' errors
+from opsplanner_adapters.config import finite
 
 REBOOT_NEEDED = 194
 TAIL_BYTES = 4096
 DEFAULT_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 VERIFY_CLASSES = ("health", "burn_in", "collective")
+# Every command runs with a tag of its own in its environment, which its children inherit: the
+# processes of a command that outlived a crash of the adapter are found by it (see `LocalTransport`
+# and the SSH transport).
+TAG_VARIABLE = "OPSPLANNER_STEP"
+_LEFTOVER_POLL_S = 1.0
 MAX_REBOOT_REQUESTS = 2
+# The API keeps a measured version up to 64 characters and refuses a report with a NUL anywhere:
+# a report it refuses is lost (never accepted, the item only comes back through its lease).
+MAX_VERSION = 64
 
 
 class CommandResult(NamedTuple):
@@ -106,7 +116,7 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
 def _seconds(value: Any, where: str, default: float) -> float:
     if value is None:
         return default
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+    if not finite(value) or value <= 0:
         raise ConfigError(f"{where} must be a positive number of seconds")
     return float(value)
 
@@ -385,7 +395,8 @@ class StepRunner:
         if result.exit_code != 0 or result.timed_out:
             return None
         measured = result.output_tail.strip()
-        self._state["versions"][component] = measured
+        if len(measured) <= MAX_VERSION:  # longer is no version (an error message): the failure says it
+            self._state["versions"][component] = measured
         return measured
 
     def _expect(self, component: str, steps: ComponentSteps, version: str, when: str) -> None:
@@ -405,6 +416,8 @@ class StepRunner:
         return result
 
     def _record(self, name: str, result: CommandResult) -> CommandResult:
+        if "\x00" in result.output_tail:  # the one way a NUL (binary output) gets into a report
+            result = result._replace(output_tail=result.output_tail.replace("\x00", "\ufffd"))
         step = _step(name, result, self._state["attempt"])
         self._state["steps"].append(step)
         self._save()
@@ -430,13 +443,71 @@ def _summary(result: CommandResult) -> str:
     return f"{head}; output: {tail}" if tail else head
 
 
+# -- a command that outlives a crash of this process ---------------------------------------------------
+class RunningRecord:
+    """The command a transport runs, recorded in `path` (on this machine) from before it starts until
+    it ends. Commands run in sessions of their own (the agent's) or on another host (SSH), so they
+    outlive a crash of this process; after a restart the next command first waits for such a
+    leftover to end, and kills it once its own timeout has passed: a step never runs beside an older
+    one. Each command carries its tag in its environment (TAG_VARIABLE), which its children inherit:
+    the transport finds the leftover's processes by it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def remember(self, argv: list[str], *, timeout_s: float) -> str:
+        """A new tag for the command about to start, recorded before it starts: no gap."""
+        tag = uuid.uuid4().hex
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"tag": tag, "argv": argv, "ends_by": time.time() + timeout_s}))
+            os.replace(tmp, self.path)
+        return tag
+
+    def forget(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+    def wait_for_leftover(
+        self,
+        *,
+        running: Callable[[str], bool],
+        kill: Callable[[str], object],
+        waiting: Callable[[list[str]], None] = lambda argv: None,
+    ) -> None:
+        """Wait while `running(tag)` says the recorded command still runs (`waiting` is told once),
+        `kill(tag)` once its timeout has passed; then forget it."""
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            record = json.loads(self.path.read_text())
+            tag, ends_by, argv = str(record["tag"]), float(record["ends_by"]), list(record["argv"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.forget()  # unreadable: written by hand
+            return
+        told = False
+        while tag.isalnum() and running(tag):  # a tag not ours (not alnum) names nothing to wait for
+            if time.time() >= ends_by:
+                kill(tag)
+                break
+            if not told:
+                waiting(argv)
+                told = True
+            time.sleep(_LEFTOVER_POLL_S)
+        self.forget()
+
+
 # -- a transport for the host we run on ---------------------------------------------------------------
 
 
 class LocalTransport:
     """Runs commands on this host (the agent): output to a log file per command under `log_dir`
     (the newest `keep_logs` kept), the tail read back from it; the process group is killed at the
-    timeout. The boot id comes from `boot_id_file` (the kernel's by default)."""
+    timeout. The boot id comes from `boot_id_file` (the kernel's by default).
+
+    A command runs in a session of its own, so it outlives a crash of the agent: `running_file`
+    records it (RunningRecord), and after a restart the next command waits for it: an install never
+    runs beside an older one."""
 
     def __init__(
         self,
@@ -445,13 +516,23 @@ class LocalTransport:
         boot_id_file: str = DEFAULT_BOOT_ID_FILE,
         keep_logs: int = 200,
         tail_bytes: int = TAIL_BYTES,
+        running_file: Path | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.boot_id_file, self.keep_logs, self.tail_bytes = boot_id_file, keep_logs, tail_bytes
+        self.running = RunningRecord(running_file)
         self._seq = 0
 
     def run(self, argv: list[str], *, timeout_s: float) -> CommandResult:
+        self.running.wait_for_leftover(running=lambda tag: bool(_tagged_processes(tag)), kill=_kill_tagged)
+        tag = self.running.remember(argv, timeout_s=timeout_s)
+        try:
+            return self._run(argv, timeout_s=timeout_s, env={**os.environ, TAG_VARIABLE: tag})
+        finally:
+            self.running.forget()  # it ended (or never started); a crash leaves the record
+
+    def _run(self, argv: list[str], *, timeout_s: float, env: Mapping[str, str]) -> CommandResult:
         self._seq += 1
         log = (
             self.log_dir
@@ -464,7 +545,12 @@ class LocalTransport:
             header = sink.tell()
             try:
                 process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=env,
                 )
             except OSError as error:
                 sink.write(f"cannot start: {error}\n".encode())
@@ -477,8 +563,9 @@ class LocalTransport:
                 _kill_group(process)
                 code = None
         duration = time.monotonic() - started
-        self._prune()
-        return CommandResult(code, _tail(log, header, self.tail_bytes), duration, timed_out)
+        tail = _tail(log, header, self.tail_bytes)
+        self._prune()  # after reading the tail: with keep_logs = 0 this log goes too
+        return CommandResult(code, tail, duration, timed_out)
 
     def boot_id(self) -> str:
         return Path(self.boot_id_file).read_text().strip()
@@ -493,6 +580,25 @@ class LocalTransport:
         logs = sorted(self.log_dir.glob("*.log"))
         for old in logs[: max(0, len(logs) - self.keep_logs)]:
             old.unlink(missing_ok=True)
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """The processes on this host whose environment carries the command's tag."""
+    marker = f"{TAG_VARIABLE}={tag}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
+
+def _kill_tagged(tag: str) -> None:
+    for pid in _tagged_processes(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, 9)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
