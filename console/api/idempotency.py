@@ -1,8 +1,9 @@
 """`Idempotency-Key` on POSTs that create or change something: a retry returns the first answer.
 
 The record is written in the same transaction as the work, so a crash leaves either both or
-neither. Two requests racing with one key: the second blocks on the unique index until the first
-commits, then rolls its own work back and answers with the first one's response.
+neither. Two requests racing with one key: the second blocks on the unique index (or on the rows
+the first one locked) until the first commits, then rolls its own work back and answers with the
+first one's response, whatever its own work made of the first one's (a conflict, a refusal).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from rest_framework import serializers, status
+from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -30,8 +33,9 @@ def check_key(key: str) -> None:
 
 
 def _request_hash(request: Any) -> str:
+    # The query is part of the request: `?dry_run=true` and the real create are two requests.
     body = json.dumps(request.data, sort_keys=True, default=str) if request.data else ""
-    return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
+    return hashlib.sha256(f"{request.method} {request.get_full_path()}\n{body}".encode()).hexdigest()
 
 
 def _replay(record: IdempotencyRecord, request_hash: str) -> Response:
@@ -80,15 +84,18 @@ def idempotent(view_method: Callable[..., Response]) -> Callable[..., Response]:
                     user=request.user,
                     key=key,
                     method=request.method,
-                    path=request.path[:300],
+                    path=request.get_full_path()[:300],
                     request_hash=request_hash,
                     status_code=response.status_code,
                     response=body,
                 )
                 return response
         except _Abort as abort:
-            return abort.response
-        except IntegrityError:
+            winner = IdempotencyRecord.objects.filter(user=request.user, key=key).first()
+            return abort.response if winner is None else _replay(winner, request_hash)
+        except (IntegrityError, ValidationError, APIException):
+            # A request with this key committed while this one ran (a retry of a slow first attempt):
+            # this one's conflict or refusal comes from the first one's work; answer as the first did.
             winner = IdempotencyRecord.objects.filter(user=request.user, key=key).first()
             if winner is None:
                 raise

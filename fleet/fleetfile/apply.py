@@ -31,6 +31,14 @@ class FleetApplyRefused(ValidationError):
         super().__init__(plan.refusals, code="conflict")
 
 
+def pools_lock() -> None:
+    """Lock every pool row (FOR NO KEY UPDATE, in id order, so two appliers never deadlock) until the
+    caller's transaction ends: the tick skips a locked pool and a pool change waits. A hosts-only
+    source takes it before it reads the pools it declares as they are live, or a pool changed between
+    that read and the apply would be written back to what it was."""
+    list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+
+
 @transaction.atomic
 def fleet_apply(
     *,
@@ -47,7 +55,7 @@ def fleet_apply(
     so no lease is granted between the checks and the writes. Raises FleetFileInvalid (owners that
     are not users; with new_hosts_only, hosts that exist already, retired ones too) or
     FleetApplyRefused; either way nothing is written."""
-    list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
+    pools_lock()
     live = live_inventory_read(
         usernames={owner for service in spec.services for owner in service.owners},
         service_names={service.name for service in spec.services},

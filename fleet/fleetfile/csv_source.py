@@ -9,7 +9,9 @@ import io
 import re
 from typing import Any
 
-from fleet.fleetfile.apply import fleet_apply
+from django.db import transaction
+
+from fleet.fleetfile.apply import fleet_apply, pools_lock
 from fleet.fleetfile.plan import FleetPlan
 from fleet.fleetfile.schema import FleetFileInvalid, Problem
 from fleet.fleetfile.sources import hosts_spec
@@ -100,8 +102,10 @@ def _by_line(invalid: FleetFileInvalid, lines: list[int]) -> FleetFileInvalid:
     return FleetFileInvalid(problems)
 
 
+@transaction.atomic
 def csv_import(*, text: str, pool: str, dry_run: bool = False, actor: Actor = None, reason: str = "") -> FleetPlan:
     """Plan and apply the CSV's hosts in pool (one transaction); FleetFileInvalid names each line."""
+    pools_lock()  # before hosts_spec reads the pool it declares as it is live
     if not Pool.objects.filter(name=pool).exists():
         raise FleetFileInvalid([Problem("--pool", f"no pool {pool!r}")])
     rows, lines, problems = csv_host_rows(text, pool=pool)

@@ -3,7 +3,8 @@
 - A host holding an active lease, out of service, or named by an open operation is never retired
   or moved to another pool or domain (the operation is named).
 - A buffer is not lowered below what is out for it now, nor a hard floor raised above what is in
-  service now.
+  service now; that holds too for a buffer given as a fraction that shrinks because the pool loses
+  hosts (retired or moved out).
 - A withdrawn version is not released again by a file (re-onboarding its upgrade takes an approval).
 - A component's layer does not change while compatibility rules name it.
 One refusal refuses the whole apply: nothing is written.
@@ -12,10 +13,13 @@ One refusal refuses the whole apply: nothing is written.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
+
+from django.db.models import Count
 
 from fleet.fleetfile.live import LiveInventory
 from fleet.fleetfile.plan import Change, FleetPlan
-from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, HostState, Pool
+from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, Pool
 from fleet.models.hosts import RETIRED
 from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease, Operation
 
@@ -101,23 +105,63 @@ def busy_host_refusals(moves: list[tuple[int, str, str, str]]) -> list[str]:
     return refusals
 
 
+def _buffer_pool(pool: Any) -> Pool:
+    """An unsaved Pool with the buffer fields of a PoolSpec or a LivePool (for `buffers_for`)."""
+    return Pool(
+        name=pool.name,
+        planned_buffer_hosts=pool.planned_buffer_hosts,
+        planned_buffer_fraction=pool.planned_buffer_fraction,
+        failure_buffer_hosts=pool.failure_buffer_hosts,
+        failure_buffer_fraction=pool.failure_buffer_fraction,
+        hard_floor_hosts=pool.hard_floor_hosts,
+    )
+
+
 def _buffers(plan: FleetPlan, live: LiveInventory) -> list[str]:
-    """Pools whose buffers or hard floor change: the new sizes against what is out now."""
+    """Pools whose buffers or hard floor change, or that lose hosts: the new sizes against what is out now."""
     refusals = []
     totals = _new_totals(plan, live)
-    for change in plan.of("pool", "update"):
-        pool, current = change.spec, change.live
-        wanted = Pool(
-            name=pool.name,
-            planned_buffer_hosts=pool.planned_buffer_hosts,
-            planned_buffer_fraction=pool.planned_buffer_fraction,
-            failure_buffer_hosts=pool.failure_buffer_hosts,
-            failure_buffer_fraction=pool.failure_buffer_fraction,
-            hard_floor_hosts=pool.hard_floor_hosts,
-        )
+    updated = {change.live.id: change for change in plan.of("pool", "update")}
+    for change in updated.values():
+        current = change.live
         counts = live.counts.get(current.id, {})
-        refusals += buffer_refusals(wanted, counts, totals.get(current.id, 0), set(change.fields))
+        wanted, total = _buffer_pool(change.spec), totals.get(current.id, 0)
+        changed = set(change.fields) | shrunk_buffers(_buffer_pool(current), wanted, sum(counts.values()), total)
+        refusals += buffer_refusals(wanted, counts, total, changed)
+    for current in sorted(live.pools.values(), key=lambda p: p.name):
+        counts = live.counts.get(current.id, {})
+        before, after = sum(counts.values()), totals.get(current.id, 0)
+        if current.id in updated or after >= before:
+            continue
+        pool = _buffer_pool(current)
+        refusals += [
+            f"{refusal} (with {before - after} of its hosts retired or moved out)"
+            for refusal in buffer_refusals(pool, counts, after, shrunk_buffers(pool, pool, before, after))
+        ]
     return refusals
+
+
+def shrunk_buffers(before: Pool, after: Pool, total_before: int, total_after: int) -> set[str]:
+    """The buffer rules (`planned_buffer`, `failure_buffer`) whose size in hosts goes down, the pool's
+    total changing with them: a fraction of fewer hosts is fewer hosts."""
+    old, new = before.buffers_for(total_before), after.buffers_for(total_after)
+    sizes = {"planned_buffer": (old.planned, new.planned), "failure_buffer": (old.failure, new.failure)}
+    return {rule for rule, (was, will) in sizes.items() if will < was}
+
+
+def pool_host_counts(pool_id: int) -> dict[str, int]:
+    """The pool's hosts by state (retired ones count nowhere)."""
+    return dict(Host.objects.filter(pool_id=pool_id).values("state").annotate(n=Count("id")).values_list("state", "n"))
+
+
+def host_leaving_refusals(*, pool: Pool, hostname: str, verb: str) -> list[str]:
+    """Why one host may not leave its pool (retired or moved out), the pool's total shrinking a
+    buffer given as a fraction below what is out for it now; [] when it may. The caller holds the
+    pool's row lock, so the counts stay true until it commits."""
+    counts = pool_host_counts(pool.pk)
+    total = sum(counts.values())
+    shrunk = shrunk_buffers(pool, pool, total, total - 1)
+    return [f"host {hostname}: {verb}: {refusal}" for refusal in buffer_refusals(pool, counts, total - 1, shrunk)]
 
 
 def buffer_refusals(wanted: Pool, counts: dict[str, int], total: int, changed: set[str]) -> list[str]:

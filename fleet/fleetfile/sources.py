@@ -9,7 +9,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from fleet.fleetfile.apply import existing_host_problem, fleet_apply
+from django.db import transaction
+
+from fleet.fleetfile.apply import existing_host_problem, fleet_apply, pools_lock
 from fleet.fleetfile.export import pools_section
 from fleet.fleetfile.plan import FleetPlan
 from fleet.fleetfile.schema import HOSTNAME_RE, NAME_RE, FleetFileInvalid, FleetSpec, Problem, fleet_spec_from_document
@@ -23,7 +25,8 @@ ROW = re.compile(r"^hosts\[(\d+)\]")
 
 def hosts_spec(rows: Sequence[Any]) -> FleetSpec:
     """A fleet spec of these host rows (the fleet file's `hosts[]` fields) and the live pools they
-    name. Raises FleetFileInvalid with every problem at its row (`hosts[i].field`)."""
+    name (read them under `pools_lock`, in the transaction that applies the spec). Raises
+    FleetFileInvalid with every problem at its row (`hosts[i].field`)."""
     names = {row["pool"] for row in rows if isinstance(row, dict) and NAME_RE.match(str(row.get("pool")))}
     document = {"pools": pools_section(names), "hosts": list(rows)}
     try:
@@ -35,6 +38,7 @@ def hosts_spec(rows: Sequence[Any]) -> FleetSpec:
         ) from None
 
 
+@transaction.atomic
 def hosts_create(*, rows: Sequence[Any], dry_run: bool = False, actor: Actor = None, reason: str = "") -> FleetPlan:
     """Create every host of rows in one transaction, or none: a row with a problem, or naming a host
     that exists (retired ones too), raises FleetFileInvalid naming each by its index."""
@@ -42,6 +46,7 @@ def hosts_create(*, rows: Sequence[Any], dry_run: bool = False, actor: Actor = N
         raise FleetFileInvalid([Problem("hosts", f"at most {MAX_HOSTS_PER_REQUEST} hosts at once, not {len(rows)}")])
     if not rows:
         raise FleetFileInvalid([Problem("hosts", "name at least one host")])
+    pools_lock()  # before hosts_spec reads the pools it declares as they are live
     existing = _existing(rows)
     try:
         spec = hosts_spec(rows)

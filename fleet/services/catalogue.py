@@ -12,9 +12,8 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count
 
-from fleet.fleetfile.safety import buffer_refusals
+from fleet.fleetfile.safety import buffer_refusals, pool_host_counts
 from fleet.models import (
     CompatibilityRule,
     Component,
@@ -81,9 +80,7 @@ def pool_change_refusals(*, pool: Pool, changed_fields: set[str]) -> list[str]:
     transaction ends, so no admission slips in between the check and the write: for the API and the
     admin."""
     Pool.objects.select_for_update(no_key=True).filter(pk=pool.pk).values_list("pk").first()
-    counts = dict(
-        Host.objects.filter(pool_id=pool.pk).values("state").annotate(n=Count("id")).values_list("state", "n")
-    )
+    counts = pool_host_counts(pool.pk)
     changed = {rule for rule, fields in BUFFER_RULES.items() if set(fields) & changed_fields}
     return buffer_refusals(pool, counts, sum(counts.values()), changed)
 

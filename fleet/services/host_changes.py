@@ -1,7 +1,8 @@
 """Single changes to a host: move it to another pool or domain, relabel it, change its SKU or GPU
 count, retire it and restore it. Each in one transaction with the host's pools locked (the tick
 skips a locked pool, so no lease is granted between the check and the write), refused under live
-work by the fleet file's own rule (`fleet.fleetfile.safety.busy_host_refusals`), with an event."""
+work by the fleet file's own rule (`fleet.fleetfile.safety.busy_host_refusals`), or when leaving the pool
+would shrink a buffer below what is out for it (`host_leaving_refusals`), with an event."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from fleet.fleetfile.reader import Reader
-from fleet.fleetfile.safety import busy_host_refusals
+from fleet.fleetfile.safety import busy_host_refusals, host_leaving_refusals
 from fleet.models import Host, HostState, MaintenanceDomain, Pool
 from fleet.models.hosts import RETIRED
 from fleet.services.audit import inventory_record_save
@@ -49,7 +50,10 @@ def host_move_refusals(*, host_id: int, pool: Pool, domain: MaintenanceDomain) -
     if (pool.pk, domain.pk) == (host.pool_id, host.domain_id):
         return []
     where = f"pool {pool.name}" if pool.pk != host.pool_id else f"domain {domain.name}"
-    return busy_host_refusals([(host.pk, host.hostname, host.state, f"not moved to {where}")])
+    refusals = busy_host_refusals([(host.pk, host.hostname, host.state, f"not moved to {where}")])
+    if pool.pk != host.pool_id and not refusals:
+        refusals = host_leaving_refusals(pool=host.pool, hostname=host.hostname, verb=f"not moved to {where}")
+    return refusals
 
 
 def _labels(labels: Any) -> dict[str, Any]:
@@ -128,6 +132,10 @@ def host_retire(*, hostname: str, reason: str, actor: Actor = None) -> Host:
         raise ValidationError(f"Host {hostname} is retired already.", code="conflict")
     _lock_pools(host.pool_id)
     _refuse_if_busy(host, "not retired")
+    pool = Pool.objects.get(pk=host.pool_id)  # its buffers as they are under the lock
+    refusals = host_leaving_refusals(pool=pool, hostname=hostname, verb="not retired")
+    if refusals:
+        raise ValidationError([ValidationError(refusal, code="conflict") for refusal in refusals])
     return _turn(host, RETIRED, actor, reason)
 
 

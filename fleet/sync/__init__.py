@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fleet.fleetfile.apply import fleet_apply
+from django.db import transaction
+
+from fleet.fleetfile.apply import fleet_apply, pools_lock
 from fleet.fleetfile.export import pools_section
 from fleet.fleetfile.plan import FleetPlan
 from fleet.fleetfile.schema import FleetFileInvalid, Problem, fleet_spec_from_document
@@ -48,6 +50,7 @@ def sync_document(rows: Sequence[dict[str, Any]], *, domain_kind: str = DomainKi
     return {"pools": pools, "hosts": list(rows)}
 
 
+@transaction.atomic
 def sync_hosts(
     *, rows: Sequence[dict[str, Any]], dry_run: bool = False, actor: Actor = None, reason: str = ""
 ) -> FleetPlan:
@@ -55,5 +58,6 @@ def sync_hosts(
     Raises FleetFileInvalid (every problem with its row) or FleetApplyRefused (live work in the way)."""
     if not rows:
         raise FleetFileInvalid([Problem("hosts", "the source lists no hosts")])
+    pools_lock()  # before sync_document reads the pools it declares as they are live
     spec = fleet_spec_from_document(sync_document(rows))
     return fleet_apply(spec=spec, dry_run=dry_run, actor=actor, reason=reason)
