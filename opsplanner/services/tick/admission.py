@@ -3,9 +3,10 @@
 headroom = min(planned buffer - planned out, in service - floor, in service - active reservation).
 Hosts held by a lease, not in service, under an opt-out window or already claimed by an earlier
 task in the order are skipped (a broken host's repair claims its host first and waits for no
-window); gang operations are admitted whole or not at all. Every task left pending records why,
+window); gang operations are admitted whole or not at all, and one that lacks only room keeps the
+room left from the work behind it (it would starve otherwise). Every task left pending records why,
 and the reason only changes (is written) when it changes. Only the head of the queue is examined
-task by task; the tasks behind it say that they wait their turn (or that
+task by task (a held operation's tasks take no place in it); the tasks behind it say that they wait their turn (or that
 their operation is held), set-based, in words that do not change as the queue moves.
 An upgrade with a newer target of its component pending for the same host ends superseded, and an
 admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py).
@@ -54,6 +55,8 @@ class Headroom:
     planned_reason: str
     floor_reason: str
     hard_floor_reason: str
+    out: int = 0  # hosts out for planned work, this tick's included: the room grows by as many as return
+    kept_reason: str = ""  # why the room left is kept for a gang ahead in the queue (keep_for_gang)
 
     def remaining(self, *, emergency: bool = False) -> int:
         """An approved emergency may use everything down to the hard floor; other work stays inside
@@ -67,6 +70,18 @@ class Headroom:
         self.floor -= 1
         self.reservation -= 1
         self.hard_floor -= 1
+        self.out += 1
+
+    def keep_for_gang(self, reason: str, *, emergency: bool) -> None:
+        """A gang first in line that only lacks room keeps the room left: the work behind it may not
+        take it, or with work always arriving the room would never grow to the gang's size."""
+        room = max(self.remaining(emergency=emergency), 0)
+        self.planned -= room
+        self.floor -= room
+        self.reservation -= room
+        self.hard_floor -= room
+        if room:
+            self.kept_reason = reason
 
     def keep_out_refusal(self) -> str | None:
         """Why a host already out of service (a repaired one) may not stay out for planned work, or
@@ -88,7 +103,11 @@ class Headroom:
         self.planned -= 1
 
     def refusal(self, *, emergency: bool = False) -> tuple[str, str]:
-        if emergency or self.hard_floor <= 0:
+        if emergency:
+            return WaitingCode.FLOOR, self.hard_floor_reason
+        if self.kept_reason:  # set only when the gang kept some room: what binds now is the keeping
+            return WaitingCode.QUEUED, self.kept_reason
+        if self.hard_floor <= 0:
             return WaitingCode.FLOOR, self.hard_floor_reason
         if self.planned <= 0:
             return WaitingCode.PLANNED_BUFFER, self.planned_reason
@@ -205,6 +224,16 @@ def _queue_head(limit: int) -> PreparedQuery:
     return PreparedQuery(lambda *, pool_id: task_rows(_pending(pool_id))[:limit], pool_id=int)
 
 
+@functools.lru_cache(maxsize=64)
+def _queue_head_unheld(limit: int) -> PreparedQuery:
+    """The head of the queue without the tasks of the `held` operations."""
+    return PreparedQuery(
+        lambda *, pool_id, held: task_rows(_pending(pool_id).exclude(operation_id__any=held))[:limit],
+        pool_id=int,
+        held=IDS,
+    )
+
+
 def pool_headroom(ctx: TickContext) -> Headroom:
     capacity = pool_capacity(ctx.pool)
     buffers = capacity.buffers
@@ -226,6 +255,7 @@ def pool_headroom(ctx: TickContext) -> Headroom:
         planned_reason=f"planned buffer of pool {name} is full ({buffers.planned} hosts)",
         floor_reason=f"pool {name} is at its floor of {buffers.floor} hosts in service",
         hard_floor_reason=f"pool {name} is at its hard floor of {hard_floor} hosts in service",
+        out=capacity.planned_out,
     )
 
 
@@ -316,8 +346,14 @@ def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
     full = len(candidates) == horizon
     if full:
         special = _IN_PLACE_OR_HELD_OPERATIONS.rows()
-        in_place = [operation_id for operation_id, needs_drain, _ in special if not needs_drain]
+        in_place = [operation_id for operation_id, needs_drain, hold in special if not needs_drain and not hold]
         held = {operation_id for operation_id, _, hold in special if hold}
+        if held and any(task.operation_id in held for task in candidates.values()):
+            # A held operation claims no host, nor a place at the head: however many tasks it holds,
+            # the work behind them is examined (they say they are held with the tasks beyond the head).
+            unheld = _queue_head_unheld(horizon).rows(pool_id=ctx.pool.pk, held=frozenset(held))
+            if unheld:
+                candidates = task_refs_from_rows(unheld)
         if in_place:
             for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
                 candidates.setdefault(task.id, task)
@@ -430,6 +466,12 @@ def _judge_gang(
     elif need > headroom.remaining(emergency=emergency):
         room = max(headroom.remaining(emergency=emergency), 0)
         reason = f"gang needs {need} hosts at once; {room} may go out now"
+        if need <= room + headroom.out:  # it fits once the hosts out for planned work are back
+            operation_id = members[0].operation_id
+            headroom.keep_for_gang(
+                f"the room left is kept for gang operation #{operation_id}, ahead in the queue ({need} hosts at once)",
+                emergency=emergency,
+            )
     else:
         for member in members:
             if member.needs_drain:
