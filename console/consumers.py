@@ -11,17 +11,25 @@ change) and the user lose rights while it stays open. So before anything is sent
 the consumer reads its session and user again (at most once every REVALIDATE_SECONDS) and closes
 the socket when they changed: for good (REFUSED) when the user may no longer read, with "service
 restart" (1012, which the page's websocket extension answers by reconnecting) when the rights
-changed otherwise, so the new handshake joins the groups the new rights allow."""
+changed otherwise, so the new handshake joins the groups the new rights allow.
+
+Announcements are coalesced: the channel layer keeps at most `capacity` messages per channel and
+drops the rest, so a socket that rendered one fragment per message fell behind in a burst (many
+executors reporting on one pool), its channel filled, and another group's announcement was lost.
+Each announcement only notes its group; one push at a time renders every group noted since."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.generic.websocket import WebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
@@ -31,16 +39,54 @@ from django.utils.module_loading import import_string
 
 from console.live_pages import live_renderer
 from fleet.models import Pool
-from opsplanner.live import APPROVALS_GROUP, pool_group
+from opsplanner.live import APPROVALS_GROUP, MESSAGE_TYPE, pool_group
 from opsplanner.models import Approval, ApprovalState
 from opsplanner.permissions import Action, user_actions, user_can
 
 REFUSED = 4403  # a websocket close code in the application range: not allowed
 RECONNECT = 1012  # "service restart": the page reconnects, and the new handshake sees the new rights
 REVALIDATE_SECONDS = 1.0  # pushes this soon after the last check go out without checking again
+log = logging.getLogger(__name__)
 
 
 class LiveConsumer(WebsocketConsumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.changed: set[str] = set()  # groups announced and not pushed yet
+        self.pushing: asyncio.Future[None] | None = None
+        self.gone = False
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """On the event loop: an announcement is noted and the loop goes back to the channel at once
+        (so the channel never fills); everything else is handled in order, as by SyncConsumer."""
+        if message.get("type") == MESSAGE_TYPE:
+            self.changed.add(str(message.get("group", "")))
+            if self.pushing is None:
+                self.pushing = asyncio.ensure_future(self._push_changed())
+            return
+        if message.get("type") == "websocket.disconnect":
+            self.gone, self.changed = True, set()  # nothing more for a closed socket
+            if self.pushing is not None:
+                await self.pushing  # the push under way ends before the groups are left
+        await super().dispatch(message)
+
+    async def _push_changed(self) -> None:
+        try:
+            while self.changed and not self.gone:
+                groups, self.changed = self.changed, set()
+                await database_sync_to_async(self._push)(groups)
+        finally:
+            self.pushing = None
+
+    def _push(self, groups: set[str]) -> None:
+        try:
+            for group in sorted(groups):
+                self.live_changed({"type": MESSAGE_TYPE, "group": group})
+        except Exception:  # not lost in a task nobody awaits: the page reconnects and resyncs
+            log.exception("live push of %s failed", ", ".join(sorted(groups)))
+            self.close(code=RECONNECT)
+            self.gone = True
+
     def connect(self) -> None:
         self.user = self.scope.get("user")
         self.joined: set[str] = set()

@@ -15,8 +15,9 @@ from tests.builders import make_fleet
 from tests.test_live import connected, run, session_cookie
 from tests.test_web_trains import offboarded_upgrade, train_with_a_skipped_domain
 from tests.trains_builders import make_user
+from trains.services.reonboarding import upgrade_reonboard_request
 from trains.services.trains import train_pause
-from trains.services.upgrades import upgrade_create, upgrade_reonboard_request
+from trains.services.upgrades import upgrade_create
 from trains.views.trains_pages import trains_live
 
 UPGRADES = {"view": "upgrades"}

@@ -87,3 +87,33 @@ def test_a_host_draining_with_the_withdrawn_version_whose_drain_fails_is_rolled_
 
     assert not hosts_running(new_driver.pk, HostState.IN_SERVICE)
     assert InstalledVersion.objects.get(host=hosts[0], component__name="gpu-driver").version.version == "550.127.05"
+
+
+def test_re_onboarding_cancels_the_rollbacks_not_started_so_hosts_keep_the_version_it_brings_back() -> None:
+    from opsplanner.models import Event
+    from opsplanner.services.approvals import approval_decide
+    from tests.trains_builders import make_user
+    from trains.models import UpgradeState
+    from trains.services.reonboarding import upgrade_reonboard_request
+
+    pool, upgrade, _ = rollout_until_a_host_returns(domains=2, hosts_per_domain=3)
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    rollbacks = HostTask.objects.filter(
+        operation__source=OperationSource.REPAIR, operation__component_version__version="550.127.05"
+    )
+    pending = set(rollbacks.filter(state=TaskState.PENDING).values_list("id", flat=True))
+    assert pending, "the offboarding queued rollbacks that have not started"
+
+    approval = upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="the vendor fixed it", actor=make_user())
+    approval_decide(approval_id=approval.pk, approve=True, reason="fix verified", actor=make_user())
+
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.ACTIVE
+    cancelled = HostTask.objects.filter(pk__in=pending)
+    assert set(cancelled.values_list("state", flat=True)) == {TaskState.CANCELLED}
+    why = Event.objects.filter(kind="task.state_changed", subject_id__in=pending, data__to=TaskState.CANCELLED)
+    assert {e.reason for e in why} == {
+        f"upgrade #{upgrade.pk} re-onboarded: gpu-driver 560.35.03 is no longer withdrawn"
+    }
+    assert Event.objects.get(kind="upgrade.reonboarded").data == {"cancelled_rollback_tasks": len(pending)}
+    assert not Host.objects.filter(pool=pool, state=HostState.ESCALATED).exists()

@@ -11,7 +11,7 @@ class TrainsConfig(AppConfig):
         from opsplanner.services.approvals import approval_handler_register
         from trains.services.emergency import on_emergency_decided
         from trains.services.phases import on_phase_skip_decided
-        from trains.services.upgrades import on_reonboard_decided
+        from trains.services.reonboarding import on_reonboard_decided
 
         approval_handler_register(kind=ApprovalKind.EMERGENCY_TRAIN, handler=on_emergency_decided)
         approval_handler_register(kind=ApprovalKind.REONBOARD_UPGRADE, handler=on_reonboard_decided)

@@ -20,7 +20,6 @@ from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Ma
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
-    ApprovalKind,
     HostTask,
     Operation,
     OperationState,
@@ -29,7 +28,6 @@ from opsplanner.models import (
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
-from opsplanner.services.approvals import approval_request
 from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_cancel
 from opsplanner.services.rollback import version_rollback
@@ -549,43 +547,3 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         pool_id=upgrade.pool_id,
     )
     return True
-
-
-@transaction.atomic
-def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> Any:
-    upgrade = Upgrade.objects.select_for_update().get(pk=upgrade_id)
-    if upgrade.state != UpgradeState.OFFBOARDED:
-        raise ValidationError(
-            f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.",
-            code="conflict",
-        )
-    return approval_request(
-        kind=ApprovalKind.REONBOARD_UPGRADE,
-        subject_type=SUBJECT,
-        subject_id=upgrade.pk,
-        reason=reason,
-        actor=actor,
-        summary={"upgrade": upgrade.pk, "target": str(upgrade.component_version), "offboarded": upgrade.state_reason},
-    )
-
-
-def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
-    """Approval handler: an approved re-onboarding puts the upgrade back in its current phase."""
-    if outcome != "approved":
-        return
-    upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
-    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
-        state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
-    ):
-        return
-    version = upgrade.component_version
-    version.withdrawn_at, version.withdrawn_reason = None, ""
-    version.save(update_fields=["withdrawn_at", "withdrawn_reason"])
-    # The phase starts over: failures before the re-onboarding no longer count.
-    UpgradePhase.objects.filter(upgrade=upgrade, position=upgrade.current_phase).update(
-        started_at=clock.now(), successes_reached_at=None
-    )
-    Upgrade.objects.filter(pk=upgrade.pk).update(current_phase=upgrade.current_phase)
-    event_record(
-        kind="upgrade.reonboarded", subject=upgrade, actor=actor, reason=approval.reason, pool_id=upgrade.pool_id
-    )

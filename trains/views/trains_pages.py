@@ -41,8 +41,8 @@ from trains.selectors_web import (
     upgrade_rows,
     upgrades_shown,
 )
+from trains.services.reonboarding import upgrade_reonboard_request
 from trains.services.trains import train_pause, train_resume
-from trains.services.upgrades import upgrade_reonboard_request
 
 UPGRADE_FILTERS = [UpgradeState.OFFBOARDED, UpgradeState.ACTIVE, UpgradeState.COMPLETED, UpgradeState.CANCELLED]
 

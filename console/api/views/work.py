@@ -23,7 +23,7 @@ from opsplanner.scopes import MAX_SCOPE_LENGTH
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_cancel, operation_submit
 from trains.services.emergency import emergency_train_request
-from trains.services.upgrades import upgrade_reonboard_request
+from trains.services.reonboarding import upgrade_reonboard_request
 
 
 class OperationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):

@@ -9,8 +9,11 @@ logs to var/log/<name>.log; Ctrl-C stops all three.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -71,6 +74,7 @@ class Command(BaseCommand):
             raise CommandError(f"--port must be between 1 and 65535, not {port}")
         if web_workers is not None and web_workers < 1:
             raise CommandError(f"--web-workers must be at least 1, not {web_workers}")
+        port_free_or_refuse(host, port)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", hosts=demo_hosts, if_empty=True, stdout=self.stdout, stderr=self.stderr)
         logins = demo_users_ensure() if settings.DEBUG else []
@@ -79,25 +83,28 @@ class Command(BaseCommand):
 
         web = web_workers or default_web_workers()
         supervisor = Supervisor(_children(host=host, port=port, concurrency=concurrency, web=web), say=self._say)
-        supervisor.start_all()
-        self._banner(host=host, port=port, logins=logins, web=web)
-
         stopping = False
 
         def request_stop(signum: int, frame: object) -> None:
             nonlocal stopping
             stopping = True
 
-        signal.signal(signal.SIGINT, request_stop)
-        signal.signal(signal.SIGTERM, request_stop)
+        # Before any child starts: the children run in their own sessions (Ctrl-C reaches serve
+        # alone), so serve dying on a signal would leave them running with nobody to stop them.
+        # SIGHUP is the terminal of `make run` being closed.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, request_stop)
         try:
+            supervisor.start_all()
+            self._banner(host=host, port=port, logins=logins, web=web)
             while not stopping:
                 supervisor.check()
                 time.sleep(POLL_SECONDS)
         except TooManyCrashes as crashes:
-            supervisor.stop_all()
             raise CommandError(f"stopped because the {crashes}") from None
-        supervisor.stop_all()
+        finally:
+            supervisor.stop_all()  # whatever ended the loop (even a write to a closed terminal)
+            _kill_leftovers(supervisor)
         self.stdout.write("OpsPlanner stopped.")
 
     def _say(self, line: str) -> None:
@@ -114,6 +121,39 @@ class Command(BaseCommand):
         for login in logins:
             self.stdout.write(f"  login: {login.username:<10} password: {login.password}   ({login.role})")
         self.stdout.flush()
+
+
+def port_free_or_refuse(host: str, port: int) -> None:
+    """Refuse a port something already listens on, before anything is migrated or started.
+
+    granian binds with SO_REUSEPORT, so its own bind never fails on a busy port: a second `serve`
+    there (another data dir, or the orphans of a killed one) would share the port and the kernel
+    would split the browsers' connections between the two instances. A plain bind does fail."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # A connection of a previous run still in TIME_WAIT does not hold the port; a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise CommandError(
+                    f"{host}:{port} is already in use: is OpsPlanner already running there? "
+                    "Stop it, or choose another --port."
+                ) from None
+            raise CommandError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
+def _kill_leftovers(supervisor: Supervisor) -> None:
+    """Kill what is left in the children's process groups once they stopped. Each child leads its
+    own session, and a grandchild can outlive it: granian stopped while its worker still imports
+    the application waits for it, is killed after the grace period, and the worker went on holding
+    the port with nobody to stop it."""
+    for child in supervisor.children:
+        if child.process is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # an empty group: nothing was left
+            os.killpg(child.process.pid, signal.SIGKILL)
 
 
 def default_web_workers() -> int:

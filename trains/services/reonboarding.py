@@ -1,0 +1,88 @@
+"""Re-onboarding an offboarded upgrade (trains/services/upgrades.py::upgrade_offboard): asked by one
+operator, approved by another. Approved, the upgrade is back in its current phase, its version no
+longer withdrawn, and the rollbacks its offboarding queued that have not started are cancelled:
+the hosts may keep the version, and rolled back they would only be drained again to get it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from opsplanner import clock
+from opsplanner.events import Actor, event_record
+from opsplanner.models import ApprovalKind, Event, HostTask, Operation, OperationState, TaskState
+from opsplanner.services.approvals import approval_request
+from opsplanner.services.operations import operation_cancel
+from trains.models import Upgrade, UpgradePhase, UpgradeState
+from trains.services.upgrades import SUBJECT
+
+
+@transaction.atomic
+def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> Any:
+    upgrade = Upgrade.objects.select_for_update().get(pk=upgrade_id)
+    if upgrade.state != UpgradeState.OFFBOARDED:
+        raise ValidationError(
+            f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.",
+            code="conflict",
+        )
+    return approval_request(
+        kind=ApprovalKind.REONBOARD_UPGRADE,
+        subject_type=SUBJECT,
+        subject_id=upgrade.pk,
+        reason=reason,
+        actor=actor,
+        summary={"upgrade": upgrade.pk, "target": str(upgrade.component_version), "offboarded": upgrade.state_reason},
+    )
+
+
+def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
+    """Approval handler: an approved re-onboarding puts the upgrade back in its current phase."""
+    if outcome != "approved":
+        return
+    upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
+    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
+        state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
+    ):
+        return
+    version = upgrade.component_version
+    version.withdrawn_at, version.withdrawn_reason = None, ""
+    version.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+    # The phase starts over: failures before the re-onboarding no longer count.
+    UpgradePhase.objects.filter(upgrade=upgrade, position=upgrade.current_phase).update(
+        started_at=clock.now(), successes_reached_at=None
+    )
+    Upgrade.objects.filter(pk=upgrade.pk).update(current_phase=upgrade.current_phase)
+    cancelled = _rollbacks_cancel(upgrade, actor=actor)
+    event_record(
+        kind="upgrade.reonboarded",
+        subject=upgrade,
+        actor=actor,
+        reason=approval.reason,
+        pool_id=upgrade.pool_id,
+        data={"cancelled_rollback_tasks": cancelled},
+    )
+
+
+def _rollbacks_cancel(upgrade: Upgrade, *, actor: Actor) -> int:
+    """Cancel the pending tasks of the rollbacks the upgrade's last offboarding queued (its
+    `upgrade.offboarded` event names them); those under way finish. How many were cancelled."""
+    offboarded = (
+        Event.objects.filter(kind="upgrade.offboarded", subject_type=SUBJECT, subject_id=upgrade.pk)
+        .order_by("-id")
+        .values_list("data", flat=True)
+        .first()
+    )
+    rollbacks = (offboarded or {}).get("rollbacks", [])
+    cancelled = 0
+    for operation_id in Operation.objects.filter(pk__in=rollbacks, state=OperationState.OPEN).values_list(
+        "id", flat=True
+    ):
+        if HostTask.objects.filter(operation_id=operation_id, state=TaskState.PENDING).exists():
+            cancelled += operation_cancel(
+                operation_id=operation_id,
+                reason=f"upgrade #{upgrade.pk} re-onboarded: {upgrade.component_version} is no longer withdrawn",
+                actor=actor,
+            )
+    return cancelled
