@@ -51,7 +51,7 @@ def _demo_password() -> str:
 
 @transaction.atomic
 def demo_users_ensure() -> list[DemoLogin]:
-    """Create the demo users (or reset their password to the one in var/); return their logins."""
+    """Create the demo users (or reset their password to the one in var/ if it differs); return their logins."""
     if not settings.DEBUG:
         raise ImproperlyConfigured("Demo users exist only with DEBUG on; create real users with createsuperuser.")
     groups = roles_ensure()
@@ -62,7 +62,10 @@ def demo_users_ensure() -> list[DemoLogin]:
         user, _ = user_model.objects.get_or_create(username=username)
         user.is_staff = staff
         user.is_superuser = staff
-        user.set_password(password)
+        # Only a changed password is set again: a new hash (a new salt) changes the session auth hash and
+        # would log every browser out at each `serve` start.
+        if not user.check_password(password):
+            user.set_password(password)
         user.save()
         user.groups.set([groups[role]])
         logins.append(DemoLogin(username=username, role=role, password=password))

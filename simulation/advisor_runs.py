@@ -13,14 +13,18 @@ scratch databases while it runs.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import functools
 import logging
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Q
@@ -52,6 +56,7 @@ LIVE_FORECAST_POLICIES = ("trains", "trains-sliding", "rolling")  # the train pa
 # marked failed when the next run is requested, so it does not hold a slot for ever.
 ABANDONED_AFTER = dt.timedelta(hours=12)
 WORKER_ACTOR = "advisor"
+_LEASE_LOCK_SPACE = 0x4F50_4152  # the first key of the runs' advisory locks (the second is the run's id)
 # The simulated hardware a request may set; the rest of SimulationConfig is the advisor's to choose.
 HARDWARE_KNOBS: dict[str, type] = {
     "drain_minutes": float,
@@ -189,9 +194,10 @@ def _abandoned_fail(now: dt.datetime) -> None:
 
 
 def _leftovers_drop(run_id: int) -> None:
+    """Drop the scratch databases a lost worker left behind (the run abandoned, or taken over)."""
     dropped = scratch_databases_drop_tagged(f"_advisor{run_id}")
     if dropped:
-        log.warning("advisor run %s was abandoned; dropped its scratch databases %s", run_id, ", ".join(dropped))
+        log.warning("advisor run %s lost its worker; dropped its scratch databases %s", run_id, ", ".join(dropped))
 
 
 def _enqueue(run_id: int) -> None:
@@ -342,21 +348,72 @@ def _work(run: AdvisorRun) -> dict[str, Any]:
     return _sweep(run.pk, advisor_request_from_params(run.params))
 
 
-def advisor_run_execute(*, run_id: int) -> None:
-    """Run a queued run to done or failed. Anything but a queued run (a redelivered task, a run
-    another worker took) is left alone. The sweep runs outside any transaction: it creates databases."""
-    with transaction.atomic():
-        started = AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.QUEUED).update(
-            state=AdvisorRunState.RUNNING, started_at=clock.now()
-        )
-        if started != 1:
-            return
-        run = AdvisorRun.objects.get(pk=run_id)
-        event_record(kind="advisor_run.started", subject=run, actor=WORKER_ACTOR)
-    try:
-        result = _work(run)
-    except Exception as error:
-        log.exception("advisor run %s failed", run_id)
-        _finish(run_id, state=AdvisorRunState.FAILED, reason=f"{type(error).__name__}: {error}")
+@contextmanager
+def _run_lease(run_id: int) -> Iterator[bool]:
+    """Hold the run's lease while it runs; yields whether this worker got it. The lease is what tells a
+    redelivered task whether the worker running the run is still there: a PostgreSQL session advisory
+    lock on a connection of its own (a file lock under SQLite, one machine), which dies with the
+    process holding it, so a killed worker frees its run at once and a live one keeps it."""
+    if connection.vendor == "postgresql":
+        with psycopg.connect(**connection.get_connection_params(), autocommit=True) as lease:
+            # A worker whose machine vanished sends no FIN: probe it, so the lock goes within about a
+            # minute (not the OS's two hours), before the broker delivers the run's message again.
+            for setting, value in (("idle", 30), ("interval", 10), ("count", 3)):
+                lease.execute(f"SET tcp_keepalives_{setting} = {value}")
+            cursor = lease.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LEASE_LOCK_SPACE, run_id])
+            held = bool(cursor.fetchone()[0])  # type: ignore[index]
+            yield held  # closing the connection releases the lock
         return
-    _finish(run_id, state=AdvisorRunState.DONE, result=result)
+    path = Path(settings.VAR_DIR) / "advisor" / f"run-{run_id}.lease"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as lease_file:
+        try:
+            fcntl.flock(lease_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # closing the file releases the lock
+
+
+def _start(run_id: int) -> AdvisorRun | None:
+    """Mark the run running (the caller holds its lease); None if it is over. A run already running
+    whose lease was free lost its worker (killed mid-run, its message delivered again): it is taken
+    over and run again from the start, after dropping what the lost worker left behind."""
+    now = clock.now()
+    with transaction.atomic():
+        if AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.QUEUED).update(
+            state=AdvisorRunState.RUNNING, started_at=now
+        ):
+            run = AdvisorRun.objects.get(pk=run_id)
+            event_record(kind="advisor_run.started", subject=run, actor=WORKER_ACTOR)
+            return run
+        lost = AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.RUNNING).first()
+        if lost is None:
+            return None
+        reason = f"its worker was lost mid-run (started {lost.started_at:%Y-%m-%d %H:%M:%S} UTC); run again"
+        AdvisorRun.objects.filter(pk=run_id, state=AdvisorRunState.RUNNING).update(started_at=now)
+        lost.refresh_from_db()
+        event_record(kind="advisor_run.restarted", subject=lost, actor=WORKER_ACTOR, reason=reason)
+    log.warning("advisor run %s: %s", run_id, reason)
+    _leftovers_drop(run_id)
+    return lost
+
+
+def advisor_run_execute(*, run_id: int) -> None:
+    """Run a queued run to done or failed, holding its lease (_run_lease) throughout, so the same run
+    never runs twice at once. A run another live worker holds, or one that is over, is left alone (a
+    duplicate delivery); a running run whose worker is gone is taken over (a redelivery after a crash).
+    The sweep runs outside any transaction: it creates databases."""
+    with _run_lease(run_id) as held:
+        if not held:
+            return
+        run = _start(run_id)
+        if run is None:
+            return
+        try:
+            result = _work(run)
+        except Exception as error:
+            log.exception("advisor run %s failed", run_id)
+            _finish(run_id, state=AdvisorRunState.FAILED, reason=f"{type(error).__name__}: {error}")
+            return
+        _finish(run_id, state=AdvisorRunState.DONE, result=result)

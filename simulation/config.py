@@ -17,6 +17,10 @@ MAX_COMPONENTS = 200
 MAX_HOSTS = 200_000  # also the largest job: jobs span hosts of one pool
 MAX_DAYS = 366
 MAX_SEED = 2_147_483_647  # the simulator profile keeps the seed in a PositiveIntegerField
+# The rates bound what a run draws (failures, windows, arrivals are drawn one by one before time starts):
+# unbounded, a typo like 1e9 drew for ever and held the advisor's one slot and a worker for hours.
+MAX_PER_WEEK = 7 * 24  # one an hour, per pool
+MAX_HOST_FAILURES_PER_DAY = 1  # every host breaking every day
 WEEK_MINUTES = 7 * 24 * 60  # the longest a drain, an upgrade, a check or an undrain of one host may take
 # Virtual time starts on a fixed Monday so the same seed gives the same report, byte for byte.
 EPOCH = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)
@@ -136,8 +140,10 @@ class SimulationConfig:
         at_least("days", 0.01, " day")
         at_least("tick_minutes", 0.1, " minutes", at_most=24 * 60)
         at_least("cycle_slo_hours", 0.1, " hours", at_most=MAX_DAYS * 24)
-        for name in ("upgrades_per_week", "optout_windows_per_week", "host_failures_per_day", "upgrades_at_start"):
-            at_least(name, 0)
+        for name in ("upgrades_per_week", "optout_windows_per_week"):
+            at_least(name, 0, at_most=MAX_PER_WEEK)
+        at_least("host_failures_per_day", 0, at_most=MAX_HOST_FAILURES_PER_DAY)
+        at_least("upgrades_at_start", 0)
         for name in ("drain_minutes", "execute_minutes", "verify_minutes", "undrain_minutes"):
             at_least(name, 0, " minutes", at_most=WEEK_MINUTES)
         for name in ("upgrade_failure_rate", "verify_failure_rate", "failure_buffer_fraction"):

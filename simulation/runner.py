@@ -77,20 +77,33 @@ def sibling_database_url(name: str) -> str:
 
 
 def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
-    """Create `lanes` migrated scratch databases (replacing any of the same name); their URLs."""
+    """Create `lanes` migrated scratch databases (replacing any of the same name); their URLs. If making
+    them fails half-way, those made are dropped before the error goes up: the caller has no URL to drop."""
     db = settings.DATABASES["default"]
-    base = Path(str(db["NAME"])).stem if db["ENGINE"].endswith("sqlite3") else str(db["NAME"])
+    sqlite = db["ENGINE"].endswith("sqlite3")
+    base = Path(str(db["NAME"])).stem if sqlite else str(db["NAME"])
     names = [f"{base}{tag}_{lane}_sim" for lane in range(lanes)]
-    if db["ENGINE"].endswith("sqlite3"):
-        directory = Path(settings.VAR_DIR) / "sim"
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = [directory / f"{name}.sqlite3" for name in names]
-        for path in paths:
-            path.unlink(missing_ok=True)
-        _migrate(sibling_database_url(str(paths[0])))
-        for path in paths[1:]:
-            shutil.copyfile(paths[0], path)
-        return [sibling_database_url(str(path)) for path in paths]
+    if sqlite:
+        names = [str(Path(settings.VAR_DIR) / "sim" / f"{name}.sqlite3") for name in names]
+    urls = [sibling_database_url(name) for name in names]
+    try:
+        (_sqlite_lanes_make if sqlite else _postgresql_lanes_make)(names)
+    except BaseException:
+        scratch_databases_drop(urls)
+        raise
+    return urls
+
+
+def _sqlite_lanes_make(paths: list[str]) -> None:
+    Path(paths[0]).parent.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+    _migrate(sibling_database_url(paths[0]))
+    for path in paths[1:]:
+        shutil.copyfile(paths[0], path)
+
+
+def _postgresql_lanes_make(names: list[str]) -> None:
     with connection.cursor() as cursor:
         for name in names:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -108,7 +121,6 @@ def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
             # tick's count of phase successes scanned every finished task for each phase it counted,
             # 67 ms for 52 upgrades at day 20 of a 1,000-host meta run; 20 ms through the index.
             cursor.execute(f'ALTER DATABASE "{name}" SET random_page_cost = {LANE_RANDOM_PAGE_COST}')
-    return [sibling_database_url(name) for name in names]
 
 
 # Every table of a scratch database UNLOGGED (no write-ahead log: the simulator writes hundreds of

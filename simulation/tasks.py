@@ -7,7 +7,8 @@ from celery import shared_task
 @shared_task(name="opsplanner.tasks.advisor_run")
 def advisor_run(run_id: int) -> None:
     """Run a queued advisor run, a domain-size advice or a live forecast (minutes: simulations in scratch
-    databases); a second delivery finds it no longer queued and does nothing."""
+    databases). A second delivery leaves alone a run that is over or that a live worker holds, and takes
+    over one whose worker died mid-run (advisor_run_execute)."""
     from simulation.advisor_runs import advisor_run_execute
 
     advisor_run_execute(run_id=run_id)
