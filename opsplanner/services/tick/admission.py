@@ -6,15 +6,17 @@ task in the order are skipped (a broken host's repair claims its host first and 
 window); gang operations are admitted whole or not at all, and one that lacks only room keeps the
 room left from the work behind it (it would starve otherwise). Every task left pending records why,
 and the reason only changes (is written) when it changes. Only the head of the queue is examined
-task by task (a held operation's tasks take no place in it); the tasks behind it say that they wait their turn (or that
-their operation is held), set-based, in words that do not change as the queue moves.
+task by task (a held operation's tasks take no place in it); when room is left after it and some of
+it waits for something else than room (an opt-out window, a host out or claimed), the work behind
+is read on, a few growing pages at most (_read_on). The tasks behind what was examined say that
+they wait their turn (or that their operation is held), set-based, in words that do not change as
+the queue moves.
 An upgrade with a newer target of its component pending for the same host ends superseded, and an
 admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -24,8 +26,7 @@ from typing import Any
 from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Concat, Left
 
-from fleet.models import CapacityReservation, Host, HostState
-from fleet.selectors.capacity import pool_capacity
+from fleet.models import Host, HostState
 from opsplanner.models import (
     HostTask,
     Lease,
@@ -41,93 +42,9 @@ from opsplanner.services.optouts import optouts_by_host
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
-
-
-@dataclass
-class Headroom:
-    """How many more hosts may go out for planned work now, and the limit that binds."""
-
-    planned: int
-    floor: int
-    reservation: int
-    hard_floor: int
-    reservation_reason: str
-    planned_reason: str
-    floor_reason: str
-    hard_floor_reason: str
-    out: int = 0  # hosts out for planned work, this tick's included: the room grows by as many as return
-    kept_reason: str = ""  # why the room left is kept for a gang ahead in the queue (keep_for_gang)
-
-    def remaining(self, *, emergency: bool = False) -> int:
-        """An approved emergency may use everything down to the hard floor; other work stays inside
-        the planned buffer, the floor and the reservations."""
-        if emergency:
-            return self.hard_floor
-        return min(self.planned, self.floor, self.reservation, self.hard_floor)
-
-    def take(self) -> None:
-        self.planned -= 1
-        self.floor -= 1
-        self.reservation -= 1
-        self.hard_floor -= 1
-        self.out += 1
-
-    def keep_for_gang(self, reason: str, *, emergency: bool) -> None:
-        """A gang first in line that only lacks room keeps the room left: the work behind it may not
-        take it, or with work always arriving the room would never grow to the gang's size."""
-        room = max(self.remaining(emergency=emergency), 0)
-        self.planned -= room
-        self.floor -= room
-        self.reservation -= room
-        self.hard_floor -= room
-        if room:
-            self.kept_reason = reason
-
-    def keep_out_refusal(self) -> str | None:
-        """Why a host already out of service (a repaired one) may not stay out for planned work, or
-        None: it takes a place in the planned buffer, and the pool must not be below its floors or a
-        reservation now (then the host returns: the pool needs it more)."""
-        if self.planned <= 0:
-            return self.planned_reason
-        for room, reason in (
-            (self.hard_floor, self.hard_floor_reason),
-            (self.floor, self.floor_reason),
-            (self.reservation, self.reservation_reason),
-        ):
-            if room < 0:
-                return reason
-        return None
-
-    def keep_out(self) -> None:
-        """A host out of service stays out for planned work: only the planned buffer changes."""
-        self.planned -= 1
-
-    def refusal(self, *, emergency: bool = False) -> tuple[str, str]:
-        if emergency:
-            return WaitingCode.FLOOR, self.hard_floor_reason
-        if self.kept_reason:  # set only when the gang kept some room: what binds now is the keeping
-            return WaitingCode.QUEUED, self.kept_reason
-        if self.hard_floor <= 0:
-            return WaitingCode.FLOOR, self.hard_floor_reason
-        if self.planned <= 0:
-            return WaitingCode.PLANNED_BUFFER, self.planned_reason
-        if self.floor <= 0:
-            return WaitingCode.FLOOR, self.floor_reason
-        return WaitingCode.RESERVATION, self.reservation_reason
-
+from opsplanner.services.tick.headroom import Headroom, pool_headroom
 
 # The reads each pool's tick makes, compiled once (see opsplanner.prepared).
-_BINDING_RESERVATION = PreparedQuery(  # the one that keeps the most hosts in service
-    lambda *, pool_id, now: (
-        CapacityReservation.objects.filter(
-            pool_id=pool_id, cancelled_at__isnull=True, starts_at__lte=now, ends_at__gt=now
-        )
-        .order_by("-min_hosts_in_service", "id")
-        .values_list("id", "service__name", "min_hosts_in_service", "ends_at")[:1]
-    ),
-    pool_id=int,
-    now=dt.datetime,
-)
 _ANY_PENDING = PreparedQuery(
     lambda *, pool_id: (
         HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).order_by().values_list("id")[:1]
@@ -234,33 +151,36 @@ def _queue_head_unheld(limit: int) -> PreparedQuery:
     )
 
 
-def pool_headroom(ctx: TickContext) -> Headroom:
-    capacity = pool_capacity(ctx.pool)
-    buffers = capacity.buffers
-    name = ctx.pool.name
-    reservation_room, reservation_reason = capacity.total, ""
-    for reservation_id, service, keeps, ends in _BINDING_RESERVATION.rows(pool_id=ctx.pool.pk, now=ctx.now):
-        reservation_room = capacity.in_service - keeps
-        reservation_reason = (
-            f"reservation #{reservation_id} of service {service} keeps {keeps} "
-            f"hosts of pool {name} in service until {ends:%Y-%m-%d %H:%M} UTC"
-        )
-    hard_floor = buffers.floor if ctx.pool.hard_floor_hosts is None else ctx.pool.hard_floor_hosts
-    return Headroom(
-        planned=buffers.planned - capacity.planned_out,
-        floor=capacity.in_service - buffers.floor,
-        reservation=reservation_room,
-        hard_floor=capacity.in_service - hard_floor,
-        reservation_reason=reservation_reason,
-        planned_reason=f"planned buffer of pool {name} is full ({buffers.planned} hosts)",
-        floor_reason=f"pool {name} is at its floor of {buffers.floor} hosts in service",
-        hard_floor_reason=f"pool {name} is at its hard floor of {hard_floor} hosts in service",
-        out=capacity.planned_out,
+def _after(*, pool_id: int, priority: int, after: int) -> QuerySet[HostTask]:
+    """The queue behind task `after` (of priority `priority`), in order: the index's range from it.
+    The priority is compared as a Value: Django drops a comparison to a small integer field whose
+    value is out of its range, as the prepared statement's marker is."""
+    created = Subquery(HostTask.objects.filter(pk=after).order_by().values("created_at")[:1])
+    below = Value(priority)
+    return _pending(pool_id).filter(
+        Q(priority__lt=below) | Q(created_at__gt=created) | Q(created_at=created, pk__gt=after),
+        priority__lte=below,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _queue_after(limit: int, *, unheld: bool) -> PreparedQuery:
+    """The next `limit` pending tasks behind task `after`, without the `held` operations' tasks if
+    `unheld` (two statements: an empty `held` would make the prepared one match nothing)."""
+    if not unheld:
+        return PreparedQuery(lambda **p: task_rows(_after(**p))[:limit], pool_id=int, priority=int, after=int)
+    return PreparedQuery(
+        lambda *, held, **p: task_rows(_after(**p).exclude(operation_id__any=held))[:limit],
+        pool_id=int,
+        priority=int,
+        after=int,
+        held=IDS,
     )
 
 
 HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 2
+READ_ON_PAGES = 3  # pages read on at most behind a head blocked by something else than room (_read_on)
 
 
 @dataclass
@@ -271,6 +191,7 @@ class _QueueHead:
     order: list[TaskRef]  # the head and the in-place tasks in (priority, age) order
     held: set[int]  # open operations on hold, read only when the head is full
     full: bool  # the head reached the horizon: tasks may wait behind it
+    last: tuple[int, int] | None = None  # (priority, id) of the last task read in queue order, if full
 
 
 @dataclass
@@ -305,6 +226,19 @@ class _Obstacles:
             return WaitingCode.INCOMPATIBLE, self.incompatible[task.id]
         return None
 
+    def add(self, more: _Obstacles) -> None:
+        """What keeps more candidates (a page read on) from their hosts. A broken host's repair
+        claims its host first still: whatever claimed it before could not take a failed host."""
+        for host_id, task in more.claimed.items():
+            first = self.claimed.get(host_id)
+            if first is None or first.id not in self.repairs_broken:
+                self.claimed[host_id] = task
+        self.host_states.update(more.host_states)
+        self.holders.update(more.holders)
+        self.optouts.update(more.optouts)
+        self.incompatible.update(more.incompatible)
+        self.repairs_broken |= more.repairs_broken
+
 
 @dataclass
 class _Decisions:
@@ -326,6 +260,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     obstacles = _read_obstacles(ctx, head.candidates)
     _skip_superseded(ctx, head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
+    _read_on(ctx, head, obstacles, headroom, decisions, size=horizon, budget=budget)
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
@@ -344,6 +279,7 @@ def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
     candidates = task_refs_from_rows(_queue_head(horizon).rows(pool_id=ctx.pool.pk))
     held: set[int] = set()
     full = len(candidates) == horizon
+    last = _last(candidates) if full else None
     if full:
         special = _IN_PLACE_OR_HELD_OPERATIONS.rows()
         in_place = [operation_id for operation_id, needs_drain, hold in special if not needs_drain and not hold]
@@ -354,17 +290,77 @@ def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
             unheld = _queue_head_unheld(horizon).rows(pool_id=ctx.pool.pk, held=frozenset(held))
             if unheld:
                 candidates = task_refs_from_rows(unheld)
+            last = _last(candidates) if len(unheld) == horizon else None  # else no unheld task is behind
         if in_place:
             for task in task_refs(pending.filter(operation_id__any=in_place)[:horizon]).values():
                 candidates.setdefault(task.id, task)
     if not candidates:
         return _QueueHead(candidates={}, order=[], held=held, full=full)
     order = sorted(candidates.values(), key=lambda t: (-t.priority, t.queued_at, t.id))
+    _add_gangs(ctx, candidates, order)
+    return _QueueHead(candidates=candidates, order=order, held=held, full=full, last=last)
+
+
+def _last(tasks: dict[int, TaskRef]) -> tuple[int, int]:
+    """(priority, id) of the last of the tasks read, in the order read."""
+    task = next(reversed(tasks.values()))
+    return task.priority, task.id
+
+
+def _add_gangs(ctx: TickContext, candidates: dict[int, TaskRef], order: list[TaskRef]) -> None:
+    """Every gang met in `order`, whole (a gang is judged whole, even the part beyond the budget)."""
     gang_ops = {t.operation_id for t in order if t.gang}
     if gang_ops:
-        for task in task_refs(pending.filter(operation_id__any=gang_ops)).values():
+        for task in task_refs(_pending(ctx.pool.pk).filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
-    return _QueueHead(candidates=candidates, order=order, held=held, full=full)
+
+
+def _read_on(
+    ctx: TickContext,
+    head: _QueueHead,
+    obstacles: _Obstacles,
+    headroom: Headroom,
+    decisions: _Decisions,
+    *,
+    size: int,
+    budget: int,
+) -> None:
+    """A full head after which room is left, some of it waiting for something else than room (an
+    opt-out window, a host escalated or claimed, a target incompatible: for as long as that lasts),
+    would keep every task behind it waiting its turn as long: the queue is read on behind the head's
+    last task, page after page, each twice the last (READ_ON_PAGES at most, the budget in all), and
+    judged with what is left of the room, while some is. The pages join the head (`head`)."""
+    for _ in range(READ_ON_PAGES):
+        if head.last is None or not decisions.waiting or headroom.remaining() <= 0:
+            return
+        size = min(2 * size, budget - len(head.candidates))
+        if size <= 0:
+            return
+        page = _next_page(ctx, head, size)
+        if not page.order:  # all examined already (tasks that need no drain): read on
+            continue
+        obstacles.add(_read_obstacles(ctx, page.candidates))
+        _skip_superseded(ctx, page, obstacles)
+        _judge_queue(page, obstacles, headroom, decisions)
+        head.candidates.update(page.candidates)
+        head.order.extend(page.order)
+
+
+def _next_page(ctx: TickContext, head: _QueueHead, size: int) -> _QueueHead:
+    """The `size` pending tasks behind the head's last one (not held), but those examined already
+    (tasks that need no drain, gangs' members), and the whole of every gang met."""
+    priority, after = head.last or (0, 0)
+    if head.held:
+        query = _queue_after(size, unheld=True)
+        rows = query.rows(pool_id=ctx.pool.pk, priority=priority, after=after, held=frozenset(head.held))
+    else:
+        rows = _queue_after(size, unheld=False).rows(pool_id=ctx.pool.pk, priority=priority, after=after)
+    read = task_refs_from_rows(rows)
+    head.last = _last(read) if len(rows) == size else None
+    order = [task for task_id, task in read.items() if task_id not in head.candidates]  # in queue order
+    candidates = {task.id: task for task in order}
+    _add_gangs(ctx, candidates, order)
+    return _QueueHead(candidates=candidates, order=order, held=head.held, full=True)
 
 
 def _read_obstacles(ctx: TickContext, candidates: dict[int, TaskRef]) -> _Obstacles:
@@ -435,9 +431,11 @@ def _skip_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskR
     return [task for task in admitted if task.id not in runs]
 
 
-def _judge_queue(head: _QueueHead, obstacles: _Obstacles, headroom: Headroom) -> _Decisions:
+def _judge_queue(
+    head: _QueueHead, obstacles: _Obstacles, headroom: Headroom, decisions: _Decisions | None = None
+) -> _Decisions:
     """Each task in order is admitted (taking headroom if it drains) or told why it waits."""
-    decisions = _Decisions()
+    decisions = decisions if decisions is not None else _Decisions()
     gangs = _group_gangs(head.candidates.values())
     judged_gangs: set[int] = set()
     for task in head.order:

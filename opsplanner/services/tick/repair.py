@@ -16,8 +16,8 @@ from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery
-from opsplanner.services.tick.admission import pool_headroom
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs, task_refs_by_id
+from opsplanner.services.tick.headroom import pool_headroom
 from opsplanner.services.tick.returning import hand_over, successors
 
 MAX_REPAIR_ATTEMPTS = 3
