@@ -14,7 +14,8 @@ from pathlib import Path
 
 import paramiko
 
-from opsplanner_adapters.steps import TAG_VARIABLE, TAIL_BYTES, CommandResult, RunningRecord
+from opsplanner_adapters.running import TAG_VARIABLE, RunningRecord
+from opsplanner_adapters.steps import TAIL_BYTES, CommandResult
 
 BOOT_ID_ARGV = ("cat", "/proc/sys/kernel/random/boot_id")
 # Every command runs with a tag of its own in its environment (TAG_VARIABLE), which its children
