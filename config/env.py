@@ -32,6 +32,25 @@ def settings_or_exit() -> None:
         sys.exit(f"configuration error: {error}")
 
 
+def database_unreachable_line(error: BaseException) -> str | None:
+    """The one line to say for `error` if it is Django's failure to connect to its database (a server
+    that is down, a database that does not exist, a refused login); None for any other error. Told
+    by the connection's state, not the message: a failed connect leaves the wrapper unconnected."""
+    from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
+
+    if not isinstance(error, OperationalError) or DEFAULT_DB_ALIAS not in connections:
+        return None
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    if wrapper.connection is not None:
+        return None  # connected: a query failed, and its traceback is what helps
+    said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    where = wrapper.settings_dict.get("NAME") or "?"
+    if wrapper.vendor == "postgresql":
+        host, port = wrapper.settings_dict.get("HOST") or "localhost", wrapper.settings_dict.get("PORT") or 5432
+        where = f"{host}:{port}/{where}"
+    return f"database error: cannot connect to the database {where} (DATABASE_URL): {said}"
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _MISSING = object()

@@ -228,6 +228,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 600.0,
         "options": {"expires": 600.0},
     },
+    "advisor-runs-recover": {
+        "task": "simulation.tasks.advisor_runs_recover",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
     "worker-heartbeat": {
         "task": "opsplanner.tasks.worker_heartbeat",
         "schedule": float(WORKER_HEARTBEAT_SECONDS),

@@ -375,6 +375,23 @@ def _run_lease(run_id: int) -> Iterator[bool]:
         yield True  # closing the file releases the lock
 
 
+def advisor_runs_recover() -> list[int]:
+    """Hand again to a worker each run that is running while nobody holds its lease: its whole worker
+    process died (a machine lost, a kill -9 of the main process), and the broker would deliver its
+    message again only after its visibility timeout (an hour on Redis). The beat asks every minute;
+    the redelivery takes the run over (_start). Harmless twice: a second message finds the lease held
+    or the run over. The ids handed again."""
+    lost = []
+    for run_id in AdvisorRun.objects.filter(state=AdvisorRunState.RUNNING).order_by("id").values_list("pk", flat=True):
+        with _run_lease(run_id) as free:
+            if free:
+                lost.append(run_id)
+    for run_id in lost:  # after the leases are let go, or the worker that takes a run over would find it held
+        log.warning("advisor run %s is running with no worker holding it; handed to a worker again", run_id)
+        _enqueue(run_id)
+    return lost
+
+
 def _start(run_id: int) -> AdvisorRun | None:
     """Mark the run running (the caller holds its lease); None if it is over. A run already running
     whose lease was free lost its worker (killed mid-run, its message delivered again): it is taken

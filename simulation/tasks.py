@@ -12,3 +12,11 @@ def advisor_run(run_id: int) -> None:
     from simulation.advisor_runs import advisor_run_execute
 
     advisor_run_execute(run_id=run_id)
+
+
+@shared_task(name="simulation.tasks.advisor_runs_recover")
+def advisor_runs_recover() -> int:
+    """Every minute: runs whose worker died whole are handed to a worker again (advisor_runs_recover)."""
+    from simulation.advisor_runs import advisor_runs_recover as recover
+
+    return len(recover())

@@ -217,3 +217,39 @@ def test_sqlite_connections_run_in_wal_mode(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert ast.literal_eval(result.stdout) == "wal"
+
+
+@pytest.mark.parametrize(
+    ("database", "said"),
+    [("opsplanner_no_such_database", 'database "opsplanner_no_such_database" does not exist'), ("x", "refused")],
+    ids=["missing database", "no server"],
+)
+def test_a_command_that_cannot_reach_its_database_says_so_in_one_line(database: str, said: str) -> None:
+    port = "5432" if database != "x" else "1"  # nothing listens on port 1
+    clean = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DEBUG"}}
+    clean.update({"DEBUG": "1", "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/{database}"})
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check_invariants"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"database error: cannot connect to the database 127.0.0.1:{port}/{database}")
+    assert said in lines[0]
+
+
+@pytest.mark.django_db
+def test_a_failed_query_on_a_live_connection_keeps_its_traceback() -> None:
+    from django.db import OperationalError, connection
+
+    from config.env import database_unreachable_line
+
+    connection.ensure_connection()
+    assert database_unreachable_line(OperationalError("canceling statement due to statement timeout")) is None
+    assert database_unreachable_line(ValueError("not a database error")) is None

@@ -87,3 +87,61 @@ def test_under_sqlite_the_lease_is_a_file_lock_one_holder_at_a_time(settings, tm
         assert (first, second, other) == (True, False, True)
     with _run_lease(7) as again:  # released with its holder
         assert again
+
+
+@pytest.mark.django_db(transaction=True)  # the lease is taken on a connection of its own: it must see the run
+def test_a_running_run_nobody_holds_is_handed_to_a_worker_again_and_one_held_is_left_alone(
+    enqueued: list[int],
+) -> None:
+    from simulation.advisor_runs import advisor_runs_recover
+
+    name = live_pool()
+    operator = make_user(Role.OPERATOR)
+    orphan = advisor_live_forecast_request(pool=name, days=1, actor=operator)
+    AdvisorRun.objects.filter(pk=orphan.pk).update(state=AdvisorRunState.RUNNING, started_at=orphan.created_at)
+    held = AdvisorRun.objects.create(
+        kind=orphan.kind, params=orphan.params, requester="test", created_at=orphan.created_at,
+        state=AdvisorRunState.RUNNING, started_at=orphan.created_at,
+    )  # fmt: skip
+    AdvisorRun.objects.create(  # queued: its own message is on its way
+        kind=orphan.kind, params=orphan.params, requester="test", created_at=orphan.created_at
+    )
+    enqueued.clear()
+    with _run_lease(held.pk) as holding:  # its worker, alive
+        assert holding
+        assert advisor_runs_recover() == [orphan.pk]
+    assert enqueued == [orphan.pk]  # a queued run's own message is still on its way
+    with _run_lease(orphan.pk) as free:  # the check let the lease go: the worker taking it over gets it
+        assert free
+
+
+@pytest.mark.workers
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_whole_worker_died_is_finished_by_another_worker_without_waiting_for_the_broker(
+    tmp_path: Path, enqueued: list[int], monkeypatch
+) -> None:
+    from simulation.advisor_runs import advisor_runs_recover
+
+    name = live_pool()
+    run = advisor_live_forecast_request(pool=name, days=1, policies=["rolling"], actor=make_user(Role.OPERATOR))
+    # Marked running by a worker that is gone (its lease went with its connection): no message of it is
+    # left to deliver within the hour, so only the recovery hands it to a worker.
+    AdvisorRun.objects.filter(pk=run.pk).update(state=AdvisorRunState.RUNNING, started_at=run.created_at)
+    worker = start_worker(tmp_path, extra_env=worker_env("advisor-worker-2"))
+    try:
+        wait_until_ready(worker)
+        monkeypatch.setattr(
+            advisor_runs, "_enqueue", lambda run_id: advisor_run.apply_async((run_id,), queue=worker.queue)
+        )
+        assert advisor_runs_recover() == [run.pk]
+        wait_for(
+            lambda: AdvisorRun.objects.get(pk=run.pk).state != AdvisorRunState.RUNNING,
+            timeout=120,
+            what="the run finished by the other worker",
+        )
+    finally:
+        worker.stop()
+    run.refresh_from_db()
+    assert run.state == AdvisorRunState.DONE, (run.state, run.failure_reason)
+    assert run_events(run.pk) == ["advisor_run.requested", "advisor_run.restarted", "advisor_run.done"]
