@@ -19,7 +19,9 @@ from rest_framework.test import APIClient
 
 from fleet.models import CapacityReservation, CompatibilityRule, Host, OptOutWindow
 from fleet.services import optout_window_create, reservation_create, service_place
+from fleet.services.catalogue import component_version_withdraw
 from fleet.services.host_changes import host_retire
+from fleet.services.inventory import component_version_create
 from opsplanner import clock
 from opsplanner.models import Approval, Event, HostTask
 from opsplanner.roles import Role
@@ -92,6 +94,8 @@ class World:
         )
         self.approval = Approval.objects.get(subject_type="trains.train", subject_id=emergency.pk)
         self.component = self.upgrade.component_version.component
+        hand_withdrawn = component_version_create(component=self.component, version="555.1")  # to release
+        component_version_withdraw(version_id=hand_withdrawn.pk, reason="hangs under load", actor=self.other_operator)
         self.rule = CompatibilityRule.objects.order_by("pk").first()
         # Hosts no operation names, to retire and report on; and a retired one to restore.
         self.free_host = Host.objects.get(pool=self.pool_without_train)
@@ -245,6 +249,11 @@ ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
     (
         "POST /components/{id}/versions/{version}/withdraw/",
         Call("post", "/api/components/{w.component.pk}/versions/535.183.01/withdraw/", REASON),
+        OPERATE,
+    ),
+    (
+        "POST /components/{id}/versions/{version}/release/",
+        Call("post", "/api/components/{w.component.pk}/versions/555.1/release/", REASON),
         OPERATE,
     ),
     ("GET /compatibility-rules/", Call("get", "/api/compatibility-rules/"), READ),

@@ -45,7 +45,9 @@ from fleet.models import (
     Service,
 )
 from fleet.services import optout_window_create, reservation_create, service_place
+from fleet.services.catalogue import component_version_withdraw
 from fleet.services.host_changes import host_retire
+from fleet.services.inventory import component_version_create
 from opsplanner import clock
 from opsplanner.models import AdvisorRun, Approval, Event, HostTask, Operation, WorkItem
 from opsplanner.roles import Role
@@ -261,6 +263,9 @@ class World:
         )
         self.approval = Approval.objects.get(subject_type="trains.train", subject_id=emergency.pk)
         self.component = self.upgrade.component_version.component
+        # A version an operator withdrew by hand, to release.
+        hand_withdrawn = component_version_create(component=self.component, version="555.1", actor=other_operator)
+        component_version_withdraw(version_id=hand_withdrawn.pk, reason="hangs under load", actor=other_operator)
         self.rule = CompatibilityRule.objects.order_by("pk").first()
         self.advisor_run = advisor_run_request(
             pool_hosts=400, sizes=[16, 40], interruption_cost=100, capacity_hour_cost=1, actor=other_operator
@@ -391,6 +396,8 @@ INVENTORY_WRITES = [
     Valid("POST", "/api/components/{id}/versions/", lambda w: w.component.pk, {"version": "570.1"}),
     Valid("POST", "/api/components/{id}/versions/{version}/withdraw/", lambda w: w.component.pk, REASON,
           params={"version": "535.183.01"}),
+    Valid("POST", "/api/components/{id}/versions/{version}/release/", lambda w: w.component.pk, REASON,
+          params={"version": "555.1"}),
     Valid("POST", "/api/compatibility-rules/", body={"job_facing_component": "cuda-runtime",
                                                     "job_facing_version": "12.4.1", "lower_component": "bios",
                                                     "min_version": "2.0"}),

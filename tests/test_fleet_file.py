@@ -369,13 +369,45 @@ def test_a_version_yaml_reads_as_a_number_must_be_quoted() -> None:
         apply(document)
 
 
-def test_a_file_does_not_release_a_withdrawn_version_again() -> None:
+def test_a_file_releases_a_version_it_withdrew() -> None:
     apply(example())
+    assert ComponentVersion.objects.get(version="560.28.03").withdrawn_by == "fleet_file"
     document = example()
     document["components"][1]["versions"][2] = "560.28.03"
 
-    with pytest.raises(FleetApplyRefused, match=r"version gpu-driver 560\.28\.03: withdrawn"):
+    plan = apply(document)
+
+    assert [c.line() for c in plan.changes] == [
+        "~ version gpu-driver 560.28.03: withdrawn True -> False, withdrawn_reason hangs under NCCL all-reduce at 4k "
+        "GPUs -> none"
+    ]
+    released = ComponentVersion.objects.get(version="560.28.03")
+    assert (released.withdrawn_at, released.withdrawn_by, released.withdrawn_reason) == (None, "", "")
+
+
+@pytest.mark.parametrize(
+    ("withdrawn_by", "where"),
+    [
+        ("offboarding", "re-onboard its upgrade (an approval)"),
+        ("operator", "an operator withdrew it through the API, which releases it (versions/…/release/)"),
+    ],
+)
+def test_a_file_does_not_release_a_version_withdrawn_elsewhere_and_says_where_it_is(
+    withdrawn_by: str, where: str
+) -> None:
+    apply(example())
+    ComponentVersion.objects.filter(version="560.28.03").update(withdrawn_by=withdrawn_by)
+    document = example()
+    document["components"][1]["versions"][2] = "560.28.03"
+
+    with pytest.raises(FleetApplyRefused) as refused:
         apply(document)
+
+    assert refused.value.plan.refusals == [
+        "version gpu-driver 560.28.03: withdrawn (hangs under NCCL all-reduce at 4k GPUs); a file releases only "
+        f"what it withdrew: {where}, or keep it withdrawn in the file"
+    ]
+    assert ComponentVersion.objects.get(version="560.28.03").withdrawn_at is not None
 
 
 def test_a_new_host_may_not_take_the_name_of_a_retired_one() -> None:

@@ -153,7 +153,7 @@ def test_withdrawing_a_version_offboards_its_upgrades_and_a_second_withdrawal_na
 
     assert first.status_code == 200, first.content
     version = next(v for v in first.json()["versions"] if v["version"] == "560.35.03")
-    assert version["withdrawn_reason"] == "breaks NCCL"
+    assert (version["withdrawn_reason"], version["withdrawn_by"]) == ("breaks NCCL", "operator")
     upgrade.refresh_from_db()
     assert (upgrade.state, upgrade.state_reason) == (UpgradeState.OFFBOARDED, "version withdrawn: breaks NCCL")
     assert second.status_code == 409
@@ -259,3 +259,24 @@ def test_a_report_of_a_version_not_in_the_catalogue_is_refused_naming_the_compon
     assert response.status_code == 400
     assert set(response.json()["errors"]) == {"versions.bios", "versions.psu"}
     assert not events("host.version_drift")
+
+
+def test_an_operator_releases_a_version_withdrawn_by_hand_and_a_second_release_is_refused(operator) -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="refresh")
+    component = upgrade.component_version.component
+    base = f"/api/components/{component.pk}/versions/560.35.03"
+    operator.post(f"{base}/withdraw/", {"reason": "breaks NCCL"}, format="json")
+
+    released = operator.post(f"{base}/release/", {"reason": "vendor fix verified"}, format="json")
+    again = operator.post(f"{base}/release/", {"reason": "again"}, format="json")
+    nameless = operator.post(f"{base}/release/", {"reason": " "}, format="json")
+
+    assert released.status_code == 200, released.content
+    version = next(v for v in released.json()["versions"] if v["version"] == "560.35.03")
+    assert (version["withdrawn_at"], version["withdrawn_reason"], version["withdrawn_by"]) == (None, "", "")
+    assert again.status_code == 409
+    assert again.json()["detail"] == "gpu-driver 560.35.03 is not withdrawn."
+    assert nameless.status_code == 400
+    upgrade.refresh_from_db()
+    assert upgrade.state == UpgradeState.OFFBOARDED  # re-onboarded on its own, by approval

@@ -117,3 +117,146 @@ def test_re_onboarding_cancels_the_rollbacks_not_started_so_hosts_keep_the_versi
     }
     assert Event.objects.get(kind="upgrade.reonboarded").data == {"cancelled_rollback_tasks": len(pending)}
     assert not Host.objects.filter(pool=pool, state=HostState.ESCALATED).exists()
+
+
+def a_trains_driver_upgrade() -> Upgrade:
+    """An upgrade of the GPU driver in a small pool with a train."""
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    make_train(pool)
+    return upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout")
+
+
+def _reonboard(upgrade: Upgrade) -> None:
+    """One operator asks, another approves (the two-person rule)."""
+    from opsplanner.services.approvals import approval_decide
+    from tests.trains_builders import make_user
+    from trains.services.reonboarding import upgrade_reonboard_request
+
+    approval = upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="the vendor fixed it", actor=make_user())
+    approval_decide(approval_id=approval.pk, approve=True, reason="fix verified", actor=make_user())
+
+
+def test_re_onboarding_lifts_the_withdrawal_its_offboarding_made() -> None:
+    from trains.models import UpgradeState
+
+    upgrade = a_trains_driver_upgrade()
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
+    assert (version.withdrawn_by, version.withdrawn_reason) == (
+        "offboarding",
+        f"upgrade #{upgrade.pk} offboarded: bad driver",
+    )
+
+    _reonboard(upgrade)
+
+    version.refresh_from_db()
+    assert (version.withdrawn_at, version.withdrawn_by, version.withdrawn_reason) == (None, "", "")
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.ACTIVE
+
+
+def test_re_onboarding_is_refused_while_an_operator_keeps_the_version_withdrawn_and_changes_nothing() -> None:
+    from django.core.exceptions import ValidationError
+
+    from fleet.services.catalogue import component_version_withdraw
+    from opsplanner.models import Approval
+    from trains.models import UpgradeState
+
+    upgrade = a_trains_driver_upgrade()
+    component_version_withdraw(version_id=upgrade.component_version_id, reason="bricks the GPU", actor="op")
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED  # the withdrawal offboarded it
+
+    with pytest.raises(ValidationError) as refused:
+        _reonboard(upgrade)
+
+    assert refused.value.messages == [
+        "gpu-driver 560.35.03 is withdrawn (bricks the GPU) and re-onboarding does not release it: an operator "
+        "withdrew it: release it first (the API's versions/…/release/), then re-onboard."
+    ]
+    assert not Approval.objects.exists()
+    version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
+    assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED
+
+
+def test_an_operator_releases_their_withdrawal_and_then_the_upgrade_is_re_onboarded() -> None:
+    from fleet.services.catalogue import component_version_release, component_version_withdraw
+    from opsplanner.models import Event
+    from trains.models import UpgradeState
+
+    upgrade = a_trains_driver_upgrade()
+    component_version_withdraw(version_id=upgrade.component_version_id, reason="bricks the GPU", actor="op")
+
+    component_version_release(version_id=upgrade.component_version_id, reason="vendor fix verified", actor="op")
+
+    version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
+    assert (version.withdrawn_at, version.withdrawn_by, version.withdrawn_reason) == (None, "", "")
+    released = Event.objects.get(kind="component_version.released")
+    assert (released.reason, released.data["was_withdrawn_for"]) == ("vendor fix verified", "bricks the GPU")
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED  # re-onboarded on its own
+    _reonboard(upgrade)
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.ACTIVE
+
+
+def test_a_release_is_refused_where_the_withdrawal_was_not_an_operators_and_says_where_it_is_released() -> None:
+    from django.core.exceptions import ValidationError
+
+    from fleet.services.catalogue import component_version_release
+
+    upgrade = a_trains_driver_upgrade()
+    with pytest.raises(ValidationError, match=r"gpu-driver 560\.35\.03 is not withdrawn\."):
+        component_version_release(version_id=upgrade.component_version_id, reason="why not", actor="op")
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+
+    with pytest.raises(ValidationError) as refused:
+        component_version_release(version_id=upgrade.component_version_id, reason="fixed", actor="op")
+
+    assert refused.value.messages == [
+        "gpu-driver 560.35.03 is not released here: the offboarding of its upgrade withdrew it: re-onboard that "
+        "upgrade (an approval)."
+    ]
+    assert ComponentVersion.objects.get(pk=upgrade.component_version_id).withdrawn_by == "offboarding"
+
+
+def test_an_approval_given_after_an_operator_withdrew_the_version_is_refused_and_rolls_back() -> None:
+    from django.core.exceptions import ValidationError
+
+    from fleet.services.catalogue import component_version_withdraw
+    from opsplanner.models import Approval, ApprovalState
+    from opsplanner.services.approvals import approval_decide
+    from tests.trains_builders import make_user
+    from trains.models import UpgradeState
+    from trains.services.reonboarding import upgrade_reonboard_request
+
+    upgrade = a_trains_driver_upgrade()
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    approval = upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="the vendor fixed it", actor=make_user())
+    # Meanwhile an operator withdraws the version for good: the withdrawal becomes theirs, with their
+    # reason, and what the offboarding did stands (no second round of rollbacks).
+    rollbacks = Operation.objects.count()
+    component_version_withdraw(version_id=upgrade.component_version_id, reason="bricks the GPU", actor="op")
+    assert Operation.objects.count() == rollbacks
+
+    with (
+        pytest.raises(ValidationError, match="re-onboarding does not release it: an operator withdrew it"),
+        transaction.atomic(),
+    ):
+        approval_decide(approval_id=approval.pk, approve=True, reason="fix verified", actor=make_user())
+
+    assert Approval.objects.get(pk=approval.pk).state == ApprovalState.PENDING
+    version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
+    assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED
+
+
+def test_offboarding_an_upgrade_keeps_an_operators_withdrawal_and_its_reason() -> None:
+    upgrade = a_trains_driver_upgrade()
+    ComponentVersion.objects.filter(pk=upgrade.component_version_id).update(
+        withdrawn_at="2030-01-01T00:00Z", withdrawn_reason="bricks the GPU", withdrawn_by="operator"
+    )
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="too many failures")
+    version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
+    assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")

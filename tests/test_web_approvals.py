@@ -356,7 +356,7 @@ def test_form_errors_are_shown_next_to_their_field_and_nothing_is_written(
 def test_a_withdrawn_version_is_refused_with_the_reason_next_to_the_version() -> None:
     pool = nic_fleet()
     ComponentVersion.objects.filter(component__name="nic-firmware", version="22.4").update(
-        withdrawn_at=clock.now(), withdrawn_reason="bricks the NIC"
+        withdrawn_at=clock.now(), withdrawn_reason="bricks the NIC", withdrawn_by="operator"
     )
     response = client_for(make_user()).post(reverse("trains:emergency-new"), form_data(pool))
     block = re.search(r'<div class="field invalid" data-field="version">.*?</div>', response.content.decode(), re.S)

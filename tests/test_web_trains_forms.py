@@ -257,7 +257,9 @@ def test_an_incompatible_version_is_refused_next_to_the_version() -> None:
 
 def test_a_withdrawn_version_is_offered_as_withdrawn_and_refused_with_its_reason() -> None:
     pool, _ = make_fleet(domains=1, hosts_per_domain=2)
-    ComponentVersion.objects.filter(version="2.16.0").update(withdrawn_at="2030-01-01T00:00Z", withdrawn_reason="bad")
+    ComponentVersion.objects.filter(version="2.16.0").update(
+        withdrawn_at="2030-01-01T00:00Z", withdrawn_reason="bad", withdrawn_by="operator"
+    )
     client = operator()
     assert "2.16.0 (withdrawn)" in client.get("/trains/upgrades/new/").content.decode()
     response = client.post("/trains/upgrades/new/", upgrade_form(pool.name, component="bios", version="2.16.0"))

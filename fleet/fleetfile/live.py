@@ -69,6 +69,7 @@ class LiveVersion(NamedTuple):
     version: str
     withdrawn: bool
     withdrawn_reason: str
+    withdrawn_by: str  # fleet.models.WithdrawnBy
 
 
 class LiveRule(NamedTuple):
@@ -139,9 +140,11 @@ def live_inventory_read(*, usernames: set[str], service_names: set[str]) -> Live
         row[1]: LiveComponent(*row) for row in Component.objects.order_by().values_list(*COMPONENT_FIELDS)
     }
     live.versions = {
-        (component, version): LiveVersion(pk, component_id, version, withdrawn_at is not None, reason)
-        for pk, component_id, component, version, withdrawn_at, reason in ComponentVersion.objects.order_by()
-        .values_list("id", "component_id", "component__name", "version", "withdrawn_at", "withdrawn_reason")
+        (component, version): LiveVersion(pk, component_id, version, withdrawn_at is not None, reason, by)
+        for pk, component_id, component, version, withdrawn_at, reason, by in ComponentVersion.objects.order_by()
+        .values_list(
+            "id", "component_id", "component__name", "version", "withdrawn_at", "withdrawn_reason", "withdrawn_by"
+        )
         .iterator(chunk_size=10_000)
     }
     rules = CompatibilityRule.objects.order_by().values_list(

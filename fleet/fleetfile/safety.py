@@ -5,7 +5,8 @@
 - A buffer is not lowered below what is out for it now, nor a hard floor raised above what is in
   service now; that holds too for a buffer given as a fraction that shrinks because the pool loses
   hosts (retired or moved out).
-- A withdrawn version is not released again by a file (re-onboarding its upgrade takes an approval).
+- A file releases only a version it withdrew; one withdrawn by an upgrade's offboarding is released
+  by re-onboarding that upgrade (an approval), one an operator withdrew through the API by the API.
 - A component's layer does not change while compatibility rules name it.
 One refusal refuses the whole apply: nothing is written.
 """
@@ -19,19 +20,25 @@ from django.db.models import Count
 
 from fleet.fleetfile.live import LiveInventory
 from fleet.fleetfile.plan import Change, FleetPlan
-from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, Pool
+from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, Pool, WithdrawnBy
 from fleet.models.hosts import RETIRED
 from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease, Operation
+
+_RELEASED_BY: dict[str, str] = {
+    WithdrawnBy.OFFBOARDING: "re-onboard its upgrade (an approval)",
+    WithdrawnBy.OPERATOR: "an operator withdrew it through the API, which releases it (versions/…/release/)",
+}
 
 
 def plan_refusals(plan: FleetPlan, live: LiveInventory) -> list[str]:
     refusals = _busy_hosts(plan)
     refusals += _buffers(plan, live)
     for change in plan.of("version", "update"):
-        if change.fields.get("withdrawn") == (True, False):
+        if change.fields.get("withdrawn") == (True, False) and change.live.withdrawn_by != WithdrawnBy.FLEET_FILE:
             refusals.append(
-                f"version {change.name}: withdrawn ({change.live.withdrawn_reason}); a file does not release it "
-                "again: re-onboard its upgrade (an approval), or keep it withdrawn in the file"
+                f"version {change.name}: withdrawn ({change.live.withdrawn_reason}); a file releases only what it "
+                f"withdrew: {_RELEASED_BY.get(change.live.withdrawn_by, 'release it where it was withdrawn')}, "
+                "or keep it withdrawn in the file"
             )
     named: defaultdict[str, int] = defaultdict(int)  # component name -> rules naming it
     for rule in live.rules.values():

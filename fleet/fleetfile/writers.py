@@ -22,6 +22,7 @@ from fleet.models import (
     Pool,
     Service,
     ServicePlacement,
+    WithdrawnBy,
 )
 from fleet.versions import version_sort_key
 from opsplanner import clock
@@ -142,19 +143,25 @@ class FleetWriter:
                 self.now,
                 self.now if version.withdrawn_reason is not None else None,
                 version.withdrawn_reason or "",
+                WithdrawnBy.FLEET_FILE if version.withdrawn_reason is not None else WithdrawnBy.NOT_WITHDRAWN,
             )
             for component, version in (c.spec for c in created)
         ]
-        columns = ["component_id", "version", "sort_key", "released_at", "withdrawn_at", "withdrawn_reason"]
+        columns = [
+            "component_id", "version", "sort_key", "released_at", "withdrawn_at", "withdrawn_reason", "withdrawn_by",
+        ]  # fmt: skip
         self._insert(ComponentVersion, columns, rows, "versions")
         updated = self.plan.of("version", "update")
         self._offboard(updated)
         for change in updated:
             _, version = change.spec
-            withdrawn_at = self.now if version.withdrawn_reason is not None else None
+            withdrawn = version.withdrawn_reason is not None
+            # A version the file names withdrawn is the file's to release (safety.py lets it release only those).
+            who = WithdrawnBy.FLEET_FILE if withdrawn else WithdrawnBy.NOT_WITHDRAWN
             ComponentVersion.objects.filter(pk=change.live.id).update(
                 withdrawn_reason=version.withdrawn_reason or "",
-                **({"withdrawn_at": withdrawn_at} if "withdrawn" in change.fields else {}),
+                **({"withdrawn_at": self.now if withdrawn else None} if "withdrawn" in change.fields else {}),
+                **({"withdrawn_by": who} if "withdrawn" in change.fields or withdrawn else {}),
             )
         ids = {
             (name, version): pk

@@ -1,4 +1,11 @@
-from fleet.models.components import CompatibilityRule, Component, ComponentLayer, ComponentVersion, InstalledVersion
+from fleet.models.components import (
+    CompatibilityRule,
+    Component,
+    ComponentLayer,
+    ComponentVersion,
+    InstalledVersion,
+    WithdrawnBy,
+)
 from fleet.models.hosts import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState
 from fleet.models.pools import BufferSize, DomainKind, MaintenanceDomain, Pool, WorkloadClass
 from fleet.models.services import CapacityReservation, OptOutWindow, Service, ServicePlacement
@@ -21,5 +28,6 @@ __all__ = [
     "Pool",
     "Service",
     "ServicePlacement",
+    "WithdrawnBy",
     "WorkloadClass",
 ]

@@ -40,6 +40,18 @@ class Component(models.Model):
         return self.name
 
 
+class WithdrawnBy(models.TextChoices):
+    """Who withdrew a version, so that what lifts a withdrawal knows whose it lifts."""
+
+    NOT_WITHDRAWN = "", "Not withdrawn"
+    OFFBOARDING = "offboarding", "The offboarding of an upgrade to it (re-onboarding the upgrade lifts it)"
+    OPERATOR = "operator", "An operator, through the API or the admin (released there)"
+    FLEET_FILE = "fleet_file", "The fleet file (released in the file)"
+
+
+WITHDRAWN_BY_SOMEONE = [WithdrawnBy.OFFBOARDING, WithdrawnBy.OPERATOR, WithdrawnBy.FLEET_FILE]
+
+
 class ComponentVersion(models.Model):
     component = models.ForeignKey(Component, on_delete=models.PROTECT, related_name="versions")
     version = models.CharField(max_length=MAX_VERSION_LENGTH, validators=[validate_version])
@@ -49,6 +61,9 @@ class ComponentVersion(models.Model):
         null=True, blank=True, help_text="set when an upgrade to it was offboarded: no host returns running it"
     )
     withdrawn_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    withdrawn_by = models.CharField(
+        max_length=16, choices=WithdrawnBy.choices, blank=True, default=WithdrawnBy.NOT_WITHDRAWN, db_default=""
+    )
 
     class Meta:
         ordering = ["component_id", "sort_key"]
@@ -61,6 +76,12 @@ class ComponentVersion(models.Model):
             # The target of installed versions' composite foreign key (version, component).
             models.UniqueConstraint(fields=["id", "component"], name="component_version_id_component_unique"),
             models.CheckConstraint(condition=~Q(sort_key=""), name="component_version_sort_key_set"),
+            models.CheckConstraint(
+                condition=Q(withdrawn_at__isnull=True, withdrawn_by="")
+                | Q(withdrawn_at__isnull=False, withdrawn_by__in=WITHDRAWN_BY_SOMEONE),
+                name="component_version_withdrawn_by_set",
+                violation_error_message="A withdrawn version says who withdrew it; one not withdrawn says nobody.",
+            ),
         ]
         indexes = [models.Index(fields=["component", "sort_key"], name="component_version_order_idx")]
 
@@ -73,6 +94,11 @@ class ComponentVersion(models.Model):
             self.sort_key = version_sort_key(self.version)
         except ValidationError as error:
             raise ValidationError({"version": error.messages}) from None
+        # Withdrawn or lifted in a form (the admin): that is an operator's act.
+        if self.withdrawn_at is None:
+            self.withdrawn_by = WithdrawnBy.NOT_WITHDRAWN
+        elif not self.withdrawn_by:
+            self.withdrawn_by = WithdrawnBy.OPERATOR
 
 
 class InstalledVersion(models.Model):

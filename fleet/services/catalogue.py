@@ -23,6 +23,7 @@ from fleet.models import (
     Pool,
     Service,
     ServicePlacement,
+    WithdrawnBy,
 )
 from fleet.services.audit import inventory_record_delete, inventory_record_save
 from opsplanner import clock
@@ -154,15 +155,23 @@ def versions_withdrawal_apply(*, version_ids: Iterable[int], reason: str, actor:
 @transaction.atomic
 def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = None) -> ComponentVersion:
     """Withdraw a version: no upgrade may target it, and its active upgrades are offboarded (their
-    pending work cancelled with the reason). A withdrawn version is refused with why it was withdrawn."""
+    pending work cancelled with the reason). A version an operator withdrew is refused with why; one
+    the offboarding of an upgrade withdrew becomes the operator's, with their reason (what the
+    offboarding did stands), so re-onboarding that upgrade no longer lifts it."""
     if not reason.strip():
         raise ValidationError({"reason": "Say why the version is withdrawn."})
     version = ComponentVersion.objects.select_for_update().select_related("component").get(pk=version_id)
     refusal = withdrawn_refusal(version)
-    if refusal is not None:
+    if refusal is not None and version.withdrawn_by != WithdrawnBy.OFFBOARDING:
         raise ValidationError(refusal.message, code="conflict")
-    withdrawal = versions_withdrawal_apply(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
-    ComponentVersion.objects.filter(pk=version.pk).update(withdrawn_at=clock.now(), withdrawn_reason=reason[:500])
+    withdrawal = (
+        Withdrawal(offboarded=0, rollbacks=[], without_previous=0)
+        if refusal is not None  # its upgrades already offboarded, its hosts' rollbacks already queued
+        else versions_withdrawal_apply(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
+    )
+    ComponentVersion.objects.filter(pk=version.pk).update(
+        withdrawn_at=clock.now(), withdrawn_reason=reason[:500], withdrawn_by=WithdrawnBy.OPERATOR
+    )
     version.refresh_from_db()
     event_record(
         kind="component_version.withdrawn",
@@ -176,6 +185,42 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
             "rollbacks": withdrawal.rollbacks,
             "hosts_without_previous": withdrawal.without_previous,
         },
+    )
+    return version
+
+
+_RELEASED_ELSEWHERE: dict[str, str] = {
+    WithdrawnBy.OFFBOARDING: "the offboarding of its upgrade withdrew it: re-onboard that upgrade (an approval)",
+    WithdrawnBy.FLEET_FILE: "the fleet file withdrew it: release it in the file (drop its `withdrawn`)",
+}
+
+
+@transaction.atomic
+def component_version_release(*, version_id: int, reason: str, actor: Actor = None) -> ComponentVersion:
+    """Release a version an operator withdrew: upgrades may target it again. Its upgrades offboarded
+    by the withdrawal stay offboarded (each is re-onboarded on its own, by approval) and hosts rolled
+    back stay rolled back. A version withdrawn by an upgrade's offboarding or by the fleet file is
+    released where it was withdrawn; the refusal says where."""
+    if not reason.strip():
+        raise ValidationError({"reason": "Say why the version is released."})
+    version = ComponentVersion.objects.select_for_update().select_related("component").get(pk=version_id)
+    if version.withdrawn_at is None:
+        raise ValidationError(f"{version} is not withdrawn.", code="conflict")
+    if version.withdrawn_by != WithdrawnBy.OPERATOR:
+        raise ValidationError(
+            f"{version} is not released here: {_RELEASED_ELSEWHERE[version.withdrawn_by]}.", code="conflict"
+        )
+    withdrawn_for = version.withdrawn_reason
+    ComponentVersion.objects.filter(pk=version.pk).update(
+        withdrawn_at=None, withdrawn_reason="", withdrawn_by=WithdrawnBy.NOT_WITHDRAWN
+    )
+    version.refresh_from_db()
+    event_record(
+        kind="component_version.released",
+        subject=version,
+        actor=actor,
+        reason=reason,
+        data={"component": version.component.name, "version": version.version, "was_withdrawn_for": withdrawn_for},
     )
     return version
 

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from fleet.models import ComponentVersion, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import ApprovalKind, Event, HostTask, Operation, OperationState, TaskState
@@ -21,12 +22,13 @@ from trains.services.upgrades import SUBJECT
 
 @transaction.atomic
 def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> Any:
-    upgrade = Upgrade.objects.select_for_update().get(pk=upgrade_id)
+    upgrade = Upgrade.objects.select_for_update().select_related("component_version__component").get(pk=upgrade_id)
     if upgrade.state != UpgradeState.OFFBOARDED:
         raise ValidationError(
             f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.",
             code="conflict",
         )
+    _operator_withdrawal_refuse(upgrade.component_version)
     return approval_request(
         kind=ApprovalKind.REONBOARD_UPGRADE,
         subject_type=SUBJECT,
@@ -42,13 +44,15 @@ def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
     if outcome != "approved":
         return
     upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
+    # Withdrawn by an operator since the request: the approval is refused (the decision rolls back).
+    _operator_withdrawal_refuse(ComponentVersion.objects.select_for_update().get(pk=upgrade.component_version_id))
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
         state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
     ):
         return
     version = upgrade.component_version
-    version.withdrawn_at, version.withdrawn_reason = None, ""
-    version.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+    version.withdrawn_at, version.withdrawn_reason, version.withdrawn_by = None, "", WithdrawnBy.NOT_WITHDRAWN
+    version.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
     # The phase starts over: failures before the re-onboarding no longer count.
     UpgradePhase.objects.filter(upgrade=upgrade, position=upgrade.current_phase).update(
         started_at=clock.now(), successes_reached_at=None
@@ -62,6 +66,27 @@ def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
         reason=approval.reason,
         pool_id=upgrade.pool_id,
         data={"cancelled_rollback_tasks": cancelled},
+    )
+
+
+_RELEASE_FIRST: dict[str, str] = {
+    WithdrawnBy.OPERATOR: "an operator withdrew it: release it first (the API's versions/…/release/)",
+    WithdrawnBy.FLEET_FILE: (
+        "the fleet file withdrew it: release it in the file first, or its next apply withdraws it again"
+    ),
+}
+
+
+def _operator_withdrawal_refuse(version: ComponentVersion) -> None:
+    """Re-onboarding lifts the withdrawal the upgrade's offboarding made, never one an operator made
+    (the API, the admin, the fleet file): that would roll out again a version someone stopped on
+    purpose, and the fleet file would withdraw it again at its next apply."""
+    if version.withdrawn_by not in _RELEASE_FIRST:
+        return
+    raise ValidationError(
+        f"{version} is withdrawn ({version.withdrawn_reason}) and re-onboarding does not release it: "
+        f"{_RELEASE_FIRST[version.withdrawn_by]}, then re-onboard.",
+        code="conflict",
     )
 
 

@@ -16,7 +16,7 @@ from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySe
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
-from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, MaintenanceDomain, Pool
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, MaintenanceDomain, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
@@ -510,9 +510,11 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         return False
     upgrade.state, upgrade.state_reason = UpgradeState.OFFBOARDED, reason[:500]
     target = upgrade.component_version
-    target.withdrawn_at = now
-    target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
-    target.save(update_fields=["withdrawn_at", "withdrawn_reason"])
+    if target.withdrawn_by != WithdrawnBy.OPERATOR:  # an operator's withdrawal keeps its reason, and stays theirs
+        target.withdrawn_at = now
+        target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
+        target.withdrawn_by = WithdrawnBy.OFFBOARDING
+        target.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
     open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN)
     cancelled = 0
     for operation_id in open_ops.values_list("id", flat=True):

@@ -190,7 +190,8 @@ class HostDetailSerializer(HostSerializer):
 class ComponentVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ComponentVersion
-        fields = ["id", "version", "released_at", "withdrawn_at", "withdrawn_reason"]
+        fields = ["id", "version", "released_at", "withdrawn_at", "withdrawn_reason", "withdrawn_by"]
+        read_only_fields = ["withdrawn_by"]
 
 
 class ComponentSerializer(serializers.ModelSerializer):

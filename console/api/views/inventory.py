@@ -34,6 +34,7 @@ from fleet.services import owners as service_writes
 from fleet.services.catalogue import (
     compatibility_rule_delete,
     component_update,
+    component_version_release,
     component_version_withdraw,
     domain_update,
     pool_update,
@@ -230,6 +231,24 @@ class ComponentViewSet(fleet.ComponentViewSet):
     @idempotent
     def withdraw_version(self, request: Any, pk: str | None = None, version: str = "") -> Response:
         """Withdraw a version: its active upgrades are offboarded, their pending work cancelled with the reason."""
+        component, found = self._version(version)
+        reason = valid(s.ReasonInput, request.data)["reason"]
+        component_version_withdraw(version_id=found.pk, reason=reason, actor=request.user)
+        return self._answer(component)
+
+    @extend_schema(request=s.ReasonInput, responses=s.ComponentSerializer)
+    @action(detail=True, methods=["post"], url_path=r"versions/(?P<version>[^/]+)/release")
+    @idempotent
+    def release_version(self, request: Any, pk: str | None = None, version: str = "") -> Response:
+        """Release a version an operator withdrew: upgrades may target it again (its offboarded upgrades
+        stay offboarded). A version withdrawn by an upgrade's offboarding or by the fleet file is
+        released there; the refusal says so."""
+        component, found = self._version(version)
+        reason = valid(s.ReasonInput, request.data)["reason"]
+        component_version_release(version_id=found.pk, reason=reason, actor=request.user)
+        return self._answer(component)
+
+    def _version(self, version: str) -> tuple[Component, ComponentVersion]:
         component = self.get_object()
         found = (
             ComponentVersion.objects.filter(component=component, version=version).first()
@@ -238,9 +257,7 @@ class ComponentViewSet(fleet.ComponentViewSet):
         )
         if found is None:
             raise Http404
-        reason = valid(s.ReasonInput, request.data)["reason"]
-        component_version_withdraw(version_id=found.pk, reason=reason, actor=request.user)
-        return self._answer(component)
+        return component, found
 
 
 class CompatibilityRuleViewSet(fleet.CompatibilityRuleViewSet):
