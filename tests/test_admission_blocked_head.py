@@ -1,4 +1,4 @@
-"""Review of admission: work behind a head of the queue that is blocked for a long time by something
+"""Admission: work behind a head of the queue that is blocked for a long time by something
 other than room (an opt-out window, a host escalated, a host claimed by an earlier task) still goes on.
 
 Admission examines task by task only the head of the queue (HORIZON_MIN = 100 tasks at least); when

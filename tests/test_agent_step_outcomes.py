@@ -1,4 +1,4 @@
-"""Review of the step protocol and the executors' configuration: outcomes the API must accept (an
+"""The step protocol and the executors' configuration: outcomes the API must accept (an
 outcome it refuses is lost: the item is never reported and only its lease brings it back), command
 logs, and configuration values that must be refused in one line. Fast: real scripts on this host,
 the API's own report serializer, no server."""

@@ -1,4 +1,4 @@
-"""Review of admission: work behind held operations still goes on, whatever the length of the queue."""
+"""Admission: work behind held operations still goes on, whatever the length of the queue."""
 
 from __future__ import annotations
 

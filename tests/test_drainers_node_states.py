@@ -1,4 +1,4 @@
-"""Review of the drainers: Slurm node states a returned node really shows, and a Kubernetes node
+"""The drainers: Slurm node states a returned node really shows, and a Kubernetes node
 whose cordon someone lifted while our annotation stayed on it. Fast: a fake Slurm and a fake API
 client for the Slurm drainer, the stateful fake Kubernetes API server (tests/fake_kube.py)."""
 
