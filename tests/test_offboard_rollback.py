@@ -260,3 +260,22 @@ def test_offboarding_an_upgrade_keeps_an_operators_withdrawal_and_its_reason() -
         assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="too many failures")
     version = ComponentVersion.objects.get(pk=upgrade.component_version_id)
     assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")
+
+
+def test_an_operator_withdrawing_a_version_an_offboarding_withdrew_offboards_its_other_upgrades() -> None:
+    from fleet.services.catalogue import component_version_withdraw
+    from trains.models import UpgradeState
+
+    first = a_trains_driver_upgrade()
+    other = a_trains_driver_upgrade()  # the same version in another pool
+    assert first.pool_id != other.pool_id
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=first.pk), reason="bad driver")
+    assert Upgrade.objects.get(pk=other.pk).state == UpgradeState.ACTIVE  # the withdrawal left it
+
+    component_version_withdraw(version_id=first.component_version_id, reason="bricks the GPU", actor="op")
+
+    other.refresh_from_db()
+    assert (other.state, other.state_reason) == (UpgradeState.OFFBOARDED, "version withdrawn: bricks the GPU")
+    version = ComponentVersion.objects.get(pk=first.component_version_id)
+    assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")

@@ -125,19 +125,24 @@ class Withdrawal(NamedTuple):
     without_previous: int  # hosts running such a version with nothing recorded to go back to
 
 
-def versions_withdrawal_apply(*, version_ids: Iterable[int], reason: str, actor: Actor) -> Withdrawal:
+def versions_withdrawal_apply(
+    *, version_ids: Iterable[int], reason: str, actor: Actor, roll_back_without_upgrade: bool = True
+) -> Withdrawal:
     """What withdrawing these versions does, the one rule for the API and the fleet file: every
     active upgrade to them is offboarded through the upgrade's own service (pending work cancelled,
     hosts running it rolled back); a version without one has the hosts that may serve with it rolled
-    back all the same (`version_rollback`), rather than left serving it until their next drain."""
+    back all the same (`version_rollback`), rather than left serving it until their next drain. Not
+    when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then."""
     from trains.models import Upgrade, UpgradeState
     from trains.services.upgrades import upgrade_offboard
 
     version_ids = list(version_ids)
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE)
     offboarded = [u.component_version_id for u in upgrades if upgrade_offboard(upgrade=u, reason=reason, actor=actor)]
-    rollbacks, without_previous = [], 0
-    for version in ComponentVersion.objects.filter(pk__in=version_ids).exclude(pk__in=offboarded).order_by("pk"):
+    rollbacks: list[int] = []
+    without_previous = 0
+    unhandled = ComponentVersion.objects.filter(pk__in=version_ids).exclude(pk__in=offboarded).order_by("pk")
+    for version in unhandled if roll_back_without_upgrade else []:
         why = f"roll back withdrawn {version}: {reason}"
         rollback = version_rollback(
             version=version,
@@ -164,10 +169,13 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
     refusal = withdrawn_refusal(version)
     if refusal is not None and version.withdrawn_by != WithdrawnBy.OFFBOARDING:
         raise ValidationError(refusal.message, code="conflict")
-    withdrawal = (
-        Withdrawal(offboarded=0, rollbacks=[], without_previous=0)
-        if refusal is not None  # its upgrades already offboarded, its hosts' rollbacks already queued
-        else versions_withdrawal_apply(version_ids=[version.pk], reason=f"version withdrawn: {reason}", actor=actor)
+    withdrawal = versions_withdrawal_apply(
+        version_ids=[version.pk],
+        reason=f"version withdrawn: {reason}",
+        actor=actor,
+        # Withdrawn already by an offboarding, which rolled its hosts back: upgrades of other pools
+        # still active are offboarded (each rolls back its own hosts), and nothing is rolled back twice.
+        roll_back_without_upgrade=refusal is None,
     )
     ComponentVersion.objects.filter(pk=version.pk).update(
         withdrawn_at=clock.now(), withdrawn_reason=reason[:500], withdrawn_by=WithdrawnBy.OPERATOR
