@@ -28,7 +28,7 @@ def upgrade_reonboard_request(*, upgrade_id: int, reason: str, actor: Actor) -> 
             f"Upgrade #{upgrade.pk} is {upgrade.state}; only an offboarded upgrade is re-onboarded.",
             code="conflict",
         )
-    _operator_withdrawal_refuse(upgrade.component_version)
+    _withdrawal_made_elsewhere_refuse(upgrade.component_version)
     return approval_request(
         kind=ApprovalKind.REONBOARD_UPGRADE,
         subject_type=SUBJECT,
@@ -44,8 +44,8 @@ def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
     if outcome != "approved":
         return
     upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
-    # Withdrawn by an operator since the request: the approval is refused (the decision rolls back).
-    _operator_withdrawal_refuse(ComponentVersion.objects.select_for_update().get(pk=upgrade.component_version_id))
+    # Withdrawn by an operator or the file since the request: the approval is refused (the decision rolls back).
+    _withdrawal_made_elsewhere_refuse(ComponentVersion.objects.select_for_update().get(pk=upgrade.component_version_id))
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
         state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
     ):
@@ -77,7 +77,7 @@ _RELEASE_FIRST: dict[str, str] = {
 }
 
 
-def _operator_withdrawal_refuse(version: ComponentVersion) -> None:
+def _withdrawal_made_elsewhere_refuse(version: ComponentVersion) -> None:
     """Re-onboarding lifts the withdrawal the upgrade's offboarding made, never one an operator made
     (the API, the admin, the fleet file): that would roll out again a version someone stopped on
     purpose, and the fleet file would withdraw it again at its next apply."""

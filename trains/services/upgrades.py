@@ -510,7 +510,8 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         return False
     upgrade.state, upgrade.state_reason = UpgradeState.OFFBOARDED, reason[:500]
     target = upgrade.component_version
-    if target.withdrawn_by != WithdrawnBy.OPERATOR:  # an operator's withdrawal keeps its reason, and stays theirs
+    # An operator's or the fleet file's withdrawal keeps its reason, and stays theirs to release.
+    if target.withdrawn_by in (WithdrawnBy.NOT_WITHDRAWN, WithdrawnBy.OFFBOARDING):
         target.withdrawn_at = now
         target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
         target.withdrawn_by = WithdrawnBy.OFFBOARDING
