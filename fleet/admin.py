@@ -106,7 +106,7 @@ class ComponentAdmin(AuditedAdmin):
 
 @admin.register(ComponentVersion)
 class ComponentVersionAdmin(AuditedAdmin):
-    list_display = ["component", "version", "released_at"]
+    list_display = ["component", "version", "released_at", "withdrawn_at", "withdrawn_by"]
     list_filter = ["component"]
     search_fields = ["version", "component__name"]
     list_select_related = ["component"]

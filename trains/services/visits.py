@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.models import Host, HostState, Pool
+from fleet.models import FAILURE_OUT_STATES, Host, HostState, Pool
 from fleet.selectors.compatibility import PlannedHosts
 from opsplanner.events import event_record
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
@@ -45,8 +45,13 @@ class UpgradePlan:
     _has_pending: bool | None = None
 
     def has_pending(self) -> bool:
+        """Whether a cycle opened now could give this upgrade to a host: one below its target that is
+        not out broken. A host failed, in repair or escalated (waiting for a person, often for days)
+        cannot be taken by a visit: pending only there, the train opened a cycle that took nothing,
+        then another every IDLE_AFTER_EMPTY_CYCLE; now the next tick after the host is back opens one."""
         if self._has_pending is None:
-            self._has_pending = hosts_below_target(self.upgrade, self.allowed).exists()
+            below = hosts_below_target(self.upgrade, self.allowed)
+            self._has_pending = below.exclude(state__in=sorted(FAILURE_OUT_STATES)).exists()
         return self._has_pending
 
 
