@@ -26,10 +26,11 @@ from trains.services.trains import slo_shortfall, train_set_state
 from trains.services.upgrade_forecast import upgrades_forecast_check
 from trains.services.visits import UpgradePlan, visit_start
 
-# After a cycle whose visits took nothing (its pending work could not be taken: the hosts escalated
-# or in repair, a target refused as incompatible, a domain not among the train's stops, work longer
-# than any visit may run), the next opens no sooner than this: the train ticks every few seconds and
-# would otherwise open and end an empty cycle, with its events, at every tick.
+# After a cycle whose visits took nothing (its pending work could not be taken: a target refused as
+# incompatible, a domain not among the train's stops, work longer than any visit may run; work only
+# on hosts out broken opens no cycle, UpgradePlan.has_pending), the next opens no sooner than this:
+# the train ticks every few seconds and would otherwise open and end an empty cycle, with its
+# events, at every tick.
 IDLE_AFTER_EMPTY_CYCLE = dt.timedelta(minutes=15)
 
 
