@@ -34,21 +34,30 @@ def settings_or_exit() -> None:
 
 def database_unreachable_line(error: BaseException) -> str | None:
     """The one line to say for `error` if it is Django's failure to connect to its database (a server
-    that is down, a database that does not exist, a refused login); None for any other error. Told
-    by the connection's state, not the message: a failed connect leaves the wrapper unconnected."""
+    that is down, a database that does not exist, a refused login); None for any other error, whose
+    traceback is what helps. Told by where it was raised (the backend's `get_new_connection`), not by
+    its message."""
     from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
-    if not isinstance(error, OperationalError) or DEFAULT_DB_ALIAS not in connections:
+    if not isinstance(error, OperationalError) or not _raised_in(error, "get_new_connection", "django/db/backends/"):
         return None
     wrapper = connections[DEFAULT_DB_ALIAS]
-    if wrapper.connection is not None:
-        return None  # connected: a query failed, and its traceback is what helps
     said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
     where = wrapper.settings_dict.get("NAME") or "?"
     if wrapper.vendor == "postgresql":
         host, port = wrapper.settings_dict.get("HOST") or "localhost", wrapper.settings_dict.get("PORT") or 5432
         where = f"{host}:{port}/{where}"
     return f"database error: cannot connect to the database {where} (DATABASE_URL): {said}"
+
+
+def _raised_in(error: BaseException, function: str, path_part: str) -> bool:
+    trace = error.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code.co_name == function and path_part in code.co_filename.replace("\\", "/"):
+            return True
+        trace = trace.tb_next
+    return False
 
 
 _TRUE = {"1", "true", "yes", "on"}

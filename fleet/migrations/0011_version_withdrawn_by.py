@@ -2,6 +2,19 @@
 
 from django.db import migrations, models
 
+from opsplanner.dbconstraints import SqliteRestoreCompositeForeignKey, SqliteSuspendCompositeForeignKey
+
+# SQLite rebuilds fleet_componentversion for the new column and constraint; the triggers of the
+# installed versions' composite key name it, so they go and come back.
+INSTALLED_VERSION_KEY = {
+    "name": "installed_version_of_component",
+    "table": "fleet_installedversion",
+    "columns": ["version_id", "component_id"],
+    "ref_table": "fleet_componentversion",
+    "ref_columns": ["id", "component_id"],
+    "message": "installed_version_of_component: the version must be a version of the component",
+}
+
 
 def withdrawals_attribute(apps, schema_editor):
     """Versions withdrawn before the field: those the offboarding of an upgrade withdrew said so in
@@ -19,6 +32,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        SqliteSuspendCompositeForeignKey(**INSTALLED_VERSION_KEY),
         migrations.AddField(
             model_name="componentversion",
             name="withdrawn_by",
@@ -50,4 +64,5 @@ class Migration(migrations.Migration):
                 violation_error_message="A withdrawn version says who withdrew it; one not withdrawn says nobody.",
             ),
         ),
+        SqliteRestoreCompositeForeignKey(**INSTALLED_VERSION_KEY),
     ]
