@@ -388,8 +388,8 @@ def test_a_file_releases_a_version_it_withdrew() -> None:
 @pytest.mark.parametrize(
     ("withdrawn_by", "where"),
     [
-        ("offboarding", "re-onboard its upgrade (an approval)"),
-        ("operator", "an operator withdrew it through the API, which releases it (versions/…/release/)"),
+        ("offboarding", "the offboarding of its upgrade withdrew it: re-onboard that upgrade (an approval)"),
+        ("operator", "an operator withdrew it: release it through the API (versions/…/release/)"),
     ],
 )
 def test_a_file_does_not_release_a_version_withdrawn_elsewhere_and_says_where_it_is(
@@ -416,3 +416,26 @@ def test_a_new_host_may_not_take_the_name_of_a_retired_one() -> None:
 
     with pytest.raises(ValidationError, match="A retired host is named web-a-02"):
         host_create(hostname="web-a-02", domain=MaintenanceDomain.objects.get(name="row-a"), sku="cpu-epyc-2s")
+
+
+def test_an_upgrade_the_file_offboarded_is_not_re_onboarded_while_the_file_keeps_its_version_withdrawn() -> None:
+    from tests.trains_builders import make_user
+    from trains.services.reonboarding import upgrade_reonboard_request
+
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="refresh")
+    document = fleet_export_document(pool=pool.name)
+    driver = next(c for c in document["components"] if c["name"] == "gpu-driver")
+    driver["versions"] = [
+        v if v != "560.35.03" else {"version": v, "withdrawn": "breaks NCCL"} for v in driver["versions"]
+    ]
+    apply(document)
+
+    with pytest.raises(ValidationError) as refused:
+        upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="the vendor fixed it", actor=make_user())
+
+    assert refused.value.messages == [
+        "gpu-driver 560.35.03 is withdrawn (breaks NCCL) and re-onboarding does not release it: the fleet file "
+        "withdrew it: release it in the file (drop its `withdrawn`), then re-onboard."
+    ]
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED

@@ -171,7 +171,7 @@ def test_re_onboarding_is_refused_while_an_operator_keeps_the_version_withdrawn_
 
     assert refused.value.messages == [
         "gpu-driver 560.35.03 is withdrawn (bricks the GPU) and re-onboarding does not release it: an operator "
-        "withdrew it: release it first (the API's versions/…/release/), then re-onboard."
+        "withdrew it: release it through the API (versions/…/release/), then re-onboard."
     ]
     assert not Approval.objects.exists()
     version = ComponentVersion.objects.get(pk=upgrade.component_version_id)

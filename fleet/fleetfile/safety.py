@@ -20,14 +20,9 @@ from django.db.models import Count
 
 from fleet.fleetfile.live import LiveInventory
 from fleet.fleetfile.plan import Change, FleetPlan
-from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, Host, HostState, Pool, WithdrawnBy
+from fleet.models import FAILURE_OUT_STATES, PLANNED_OUT_STATES, RELEASED_WHERE, Host, HostState, Pool, WithdrawnBy
 from fleet.models.hosts import RETIRED
 from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease, Operation
-
-_RELEASED_BY: dict[str, str] = {
-    WithdrawnBy.OFFBOARDING: "re-onboard its upgrade (an approval)",
-    WithdrawnBy.OPERATOR: "an operator withdrew it through the API, which releases it (versions/…/release/)",
-}
 
 
 def plan_refusals(plan: FleetPlan, live: LiveInventory) -> list[str]:
@@ -37,7 +32,7 @@ def plan_refusals(plan: FleetPlan, live: LiveInventory) -> list[str]:
         if change.fields.get("withdrawn") == (True, False) and change.live.withdrawn_by != WithdrawnBy.FLEET_FILE:
             refusals.append(
                 f"version {change.name}: withdrawn ({change.live.withdrawn_reason}); a file releases only what it "
-                f"withdrew: {_RELEASED_BY.get(change.live.withdrawn_by, 'release it where it was withdrawn')}, "
+                f"withdrew: {RELEASED_WHERE[change.live.withdrawn_by]}, "
                 "or keep it withdrawn in the file"
             )
     named: defaultdict[str, int] = defaultdict(int)  # component name -> rules naming it

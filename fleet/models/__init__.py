@@ -1,4 +1,5 @@
 from fleet.models.components import (
+    RELEASED_WHERE,
     CompatibilityRule,
     Component,
     ComponentLayer,
@@ -13,6 +14,7 @@ from fleet.models.services import CapacityReservation, OptOutWindow, Service, Se
 __all__ = [
     "FAILURE_OUT_STATES",
     "PLANNED_OUT_STATES",
+    "RELEASED_WHERE",
     "BufferSize",
     "CapacityReservation",
     "CompatibilityRule",

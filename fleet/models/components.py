@@ -50,6 +50,12 @@ class WithdrawnBy(models.TextChoices):
 
 
 WITHDRAWN_BY_SOMEONE = [WithdrawnBy.OFFBOARDING, WithdrawnBy.OPERATOR, WithdrawnBy.FLEET_FILE]
+# Where each withdrawal is released, as the refusals elsewhere say it (re-onboarding, the API, the file).
+RELEASED_WHERE: dict[str, str] = {
+    WithdrawnBy.OFFBOARDING: "the offboarding of its upgrade withdrew it: re-onboard that upgrade (an approval)",
+    WithdrawnBy.OPERATOR: "an operator withdrew it: release it through the API (versions/…/release/)",
+    WithdrawnBy.FLEET_FILE: "the fleet file withdrew it: release it in the file (drop its `withdrawn`)",
+}
 
 
 class ComponentVersion(models.Model):

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from fleet.fleetfile.safety import buffer_refusals, pool_host_counts
 from fleet.models import (
+    RELEASED_WHERE,
     CompatibilityRule,
     Component,
     ComponentVersion,
@@ -197,12 +198,6 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
     return version
 
 
-_RELEASED_ELSEWHERE: dict[str, str] = {
-    WithdrawnBy.OFFBOARDING: "the offboarding of its upgrade withdrew it: re-onboard that upgrade (an approval)",
-    WithdrawnBy.FLEET_FILE: "the fleet file withdrew it: release it in the file (drop its `withdrawn`)",
-}
-
-
 @transaction.atomic
 def component_version_release(*, version_id: int, reason: str, actor: Actor = None) -> ComponentVersion:
     """Release a version an operator withdrew: upgrades may target it again. Its upgrades offboarded
@@ -216,7 +211,7 @@ def component_version_release(*, version_id: int, reason: str, actor: Actor = No
         raise ValidationError(f"{version} is not withdrawn.", code="conflict")
     if version.withdrawn_by != WithdrawnBy.OPERATOR:
         raise ValidationError(
-            f"{version} is not released here: {_RELEASED_ELSEWHERE[version.withdrawn_by]}.", code="conflict"
+            f"{version} is not released here: {RELEASED_WHERE[version.withdrawn_by]}.", code="conflict"
         )
     withdrawn_for = version.withdrawn_reason
     ComponentVersion.objects.filter(pk=version.pk).update(

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.models import ComponentVersion, WithdrawnBy
+from fleet.models import RELEASED_WHERE, ComponentVersion, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import ApprovalKind, Event, HostTask, Operation, OperationState, TaskState
@@ -69,23 +69,15 @@ def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
     )
 
 
-_RELEASE_FIRST: dict[str, str] = {
-    WithdrawnBy.OPERATOR: "an operator withdrew it: release it first (the API's versions/…/release/)",
-    WithdrawnBy.FLEET_FILE: (
-        "the fleet file withdrew it: release it in the file first, or its next apply withdraws it again"
-    ),
-}
-
-
 def _withdrawal_made_elsewhere_refuse(version: ComponentVersion) -> None:
     """Re-onboarding lifts the withdrawal the upgrade's offboarding made, never one an operator made
     (the API, the admin, the fleet file): that would roll out again a version someone stopped on
     purpose, and the fleet file would withdraw it again at its next apply."""
-    if version.withdrawn_by not in _RELEASE_FIRST:
+    if version.withdrawn_by not in (WithdrawnBy.OPERATOR, WithdrawnBy.FLEET_FILE):
         return
     raise ValidationError(
         f"{version} is withdrawn ({version.withdrawn_reason}) and re-onboarding does not release it: "
-        f"{_RELEASE_FIRST[version.withdrawn_by]}, then re-onboard.",
+        f"{RELEASED_WHERE[version.withdrawn_by]}, then re-onboard.",
         code="conflict",
     )
 
