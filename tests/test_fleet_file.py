@@ -286,7 +286,8 @@ def test_lowering_a_buffer_below_what_is_out_now_is_refused_with_the_numbers() -
     assert Pool.objects.get(pk=pool.pk).planned_buffer_hosts == 2
 
 
-def test_a_version_withdrawn_by_the_file_offboards_its_pending_upgrades() -> None:
+def an_upgrade_and_a_file_withdrawing_its_version() -> tuple[Upgrade, dict[str, Any]]:
+    """An upgrade of the GPU driver 560.35.03, and its pool's exported file that withdraws that version."""
     pool, _ = make_fleet(domains=1, hosts_per_domain=2)
     upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="refresh")
     document = fleet_export_document(pool=pool.name)
@@ -294,6 +295,11 @@ def test_a_version_withdrawn_by_the_file_offboards_its_pending_upgrades() -> Non
     driver["versions"] = [
         v if v != "560.35.03" else {"version": v, "withdrawn": "breaks NCCL"} for v in driver["versions"]
     ]
+    return upgrade, document
+
+
+def test_a_version_withdrawn_by_the_file_offboards_its_pending_upgrades() -> None:
+    upgrade, document = an_upgrade_and_a_file_withdrawing_its_version()
 
     plan = apply(document)
 
@@ -422,13 +428,7 @@ def test_an_upgrade_the_file_offboarded_is_not_re_onboarded_while_the_file_keeps
     from tests.trains_builders import make_user
     from trains.services.reonboarding import upgrade_reonboard_request
 
-    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
-    upgrade = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="refresh")
-    document = fleet_export_document(pool=pool.name)
-    driver = next(c for c in document["components"] if c["name"] == "gpu-driver")
-    driver["versions"] = [
-        v if v != "560.35.03" else {"version": v, "withdrawn": "breaks NCCL"} for v in driver["versions"]
-    ]
+    upgrade, document = an_upgrade_and_a_file_withdrawing_its_version()
     apply(document)
 
     with pytest.raises(ValidationError) as refused:
