@@ -13,7 +13,9 @@ from fleet.models import Host
 from opsplanner.models import Event, HostTask, Operation
 from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import OperationRequest, operation_cancel, operation_submit, operations_submit
+from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
+from tests.driving import drive, instant_simulator
 
 pytestmark = pytest.mark.django_db
 
@@ -159,6 +161,46 @@ def test_cancelling_an_operation_cancels_its_pending_tasks_with_events(fleet) ->
     assert Event.objects.filter(kind="task.state_changed", data__to="cancelled").count() == 10
     with pytest.raises(ValidationError, match="is cancelled; only open operations can be cancelled"):
         operation_cancel(operation_id=operation.pk, reason="again")
+
+
+def test_an_operation_cancelled_with_tasks_under_way_ends_cancelled_once_they_finish(fleet) -> None:
+    pool, _hosts = fleet
+    instant_simulator()
+    operation = operation_submit(kind="reboot", scope="pool train", reason="r")
+    pool_tick(pool_id=pool.pk)  # admits up to the planned buffer: 3 tasks under way, 7 pending
+    under_way = operation.tasks.exclude(state="pending").count()
+    assert under_way == 3
+    assert operation_cancel(operation_id=operation.pk, reason="wrong pool", actor="ops") == 7
+    cancelling = Operation.objects.get(pk=operation.pk)
+    assert (cancelling.state, cancelling.cancelled_at is not None) == ("open", True)
+    assert Event.objects.filter(kind="operation.cancelling", subject_id=operation.pk).count() == 1
+    operation_cancel(operation_id=operation.pk, reason="still the wrong pool")  # a second cancel keeps the date
+    assert Operation.objects.get(pk=operation.pk).cancelled_at == cancelling.cancelled_at
+
+    drive(pool)
+
+    closed = Operation.objects.get(pk=operation.pk)
+    assert (closed.state, closed.closed_at is not None) == ("cancelled", True)
+    assert operation.tasks.filter(state="done").count() == under_way, "the tasks under way still finished"
+    kinds = set(
+        Event.objects.filter(subject_id=operation.pk, kind__startswith="operation.").values_list("kind", flat=True)
+    )
+    assert kinds == {"operation.submitted", "operation.cancelling", "operation.cancelled"}
+    assert not Host.objects.exclude(state="in_service").exists(), "every host came back"
+
+
+def test_the_sweep_closes_a_cancelled_operation_cancelled_and_an_uncancelled_one_completed(fleet) -> None:
+    from opsplanner.services.tick.advance import operations_close_finished
+
+    cancelled = operation_submit(kind="reboot", scope="pool train", reason="r")
+    completed = operation_submit(kind="reboot", scope="pool train", reason="r", priority=50)
+    Operation.objects.filter(pk=cancelled.pk).update(cancelled_at=cancelled.created_at)
+    HostTask.objects.update(state="done")  # as two ticks in two pools left them
+    assert operations_close_finished() == 2
+    assert Operation.objects.get(pk=cancelled.pk).state == "cancelled"
+    assert Operation.objects.get(pk=completed.pk).state == "completed"
+    assert Event.objects.filter(kind="operation.cancelled", subject_id=cancelled.pk).exists()
+    assert Event.objects.filter(kind="operation.completed", subject_id=completed.pk).exists()
 
 
 def test_percent_scopes_take_whole_hosts_rounding_up(fleet) -> None:

@@ -84,6 +84,9 @@ class Operation(models.Model):
         help_text="an approved emergency: may use the whole room down to the pool's hard floor",
     )
     created_at = models.DateTimeField(default=clock.now)
+    cancelled_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it was cancelled; tasks then under way finish, and it closes cancelled"
+    )
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Required, TypedDict, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 
 from fleet.models import ComponentVersion, Host, HostState, Pool
 from fleet.selectors.compatibility import PlannedHosts
@@ -376,11 +378,12 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     if operation.source == OperationSource.REPAIR:
         _escalate_unrepaired({host_id for _, host_id, _ in pending}, reason=reason, actor=actor)
     closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
-    if closed:
-        Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
-            state=OperationState.CANCELLED, closed_at=now
-        )
-    # With tasks still under way the operation stays open until they finish (then it completes).
+    # With tasks still under way the operation stays open until they finish; then the tick closes it
+    # cancelled, as its cancellation is dated (operations_close_finished). A second cancel keeps the first date.
+    Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
+        cancelled_at=Coalesce(F("cancelled_at"), Value(now)),
+        **({"state": OperationState.CANCELLED, "closed_at": now} if closed else {}),
+    )
     event_record(
         kind="operation.cancelled" if closed else "operation.cancelling",
         subject=operation,

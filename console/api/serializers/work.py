@@ -67,6 +67,7 @@ class OperationSerializer(serializers.ModelSerializer):
             "hold_reason",
             "override_buffers",
             "created_at",
+            "cancelled_at",
             "closed_at",
             "tasks",
         ]

@@ -9,10 +9,10 @@ import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, QuerySet, Value
+from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet, Value
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from opsplanner import clock
@@ -473,28 +473,49 @@ def _returns_failed(
         repair.append((task, why))
 
 
-def _finished_operations(ids: Collection[int] | None = None) -> QuerySet[Operation, tuple[int]]:
+class _Finished(NamedTuple):
+    id: int
+    cancelled: bool  # someone cancelled it while tasks were under way: it closes cancelled
+
+
+def _finished_operations(ids: Collection[int] | None = None) -> QuerySet[Operation, tuple[int, bool]]:
     """The open operations with no open task left (among `ids`, when given), locked, skipping those
-    another transaction holds."""
+    another transaction holds; each with whether it was cancelled."""
     still_open = HostTask.objects.filter(operation=OuterRef("pk"), state__in=OPEN_TASK_STATES)
     finished = Operation.objects.filter(state=OperationState.OPEN).exclude(Exists(still_open))
     if ids is not None:
         finished = finished.filter(pk__any=ids)
-    return finished.select_for_update(skip_locked=True, no_key=True).values_list("id")
+    cancelled = ExpressionWrapper(Q(cancelled_at__isnull=False), output_field=BooleanField())
+    return (
+        finished.select_for_update(skip_locked=True, no_key=True)
+        .annotate(cancelled=cancelled)
+        .values_list("id", "cancelled")
+    )
 
 
 # A pool's tick closes the operations it touched: compiled once (opsplanner/prepared.py).
 _FINISHED_AMONG = PreparedQuery(lambda *, ids: _finished_operations(ids), ids=IDS)
-_OPERATIONS_COMPLETE = PreparedUpdate(
-    lambda *, ids, now: Operation.objects.filter(pk__any=ids, state=OperationState.OPEN),
-    lambda *, ids, now: {"state": OperationState.COMPLETED, "closed_at": now},
-    ids=IDS,
-    now=dt.datetime,
-)
+
+
+def _operations_close(state: OperationState) -> PreparedUpdate:
+    return PreparedUpdate(
+        lambda *, ids, now: Operation.objects.filter(pk__any=ids, state=OperationState.OPEN),
+        lambda *, ids, now: {"state": state, "closed_at": now},
+        ids=IDS,
+        now=dt.datetime,
+    )
+
+
+# How a finished operation closes, by whether it was cancelled: the tick's counter, the update, the event.
+_CLOSED_AS = {
+    False: ("operations_completed", _operations_close(OperationState.COMPLETED), "operation.completed"),
+    True: ("operations_cancelled", _operations_close(OperationState.CANCELLED), "operation.cancelled"),
+}
 
 
 def operations_close_finished(*, ctx: TickContext | None = None) -> int:
-    """Complete the open operations with no open task left, with an event each; return how many.
+    """Close the open operations with no open task left, with an event each; return how many. They
+    complete, or end cancelled when someone cancelled them while tasks were under way.
     In a pool's tick (`ctx`) only the operations whose tasks it finished, their events written with
     the tick's; without, a sweep of every open operation (one over several pools whose last tasks
     finished in two ticks at once). Rows another transaction holds are skipped: it, or the next
@@ -502,22 +523,23 @@ def operations_close_finished(*, ctx: TickContext | None = None) -> int:
     if ctx is not None and not ctx.touched_operations:
         return 0
     with transaction.atomic(savepoint=False):  # inside a tick: its transaction, no savepoint
-        if ctx is None:
-            ids = [i for (i,) in _finished_operations()]
-        else:
-            ids = [i for (i,) in _FINISHED_AMONG.rows(ids=ctx.touched_operations)]
-        if not ids:
+        rows = _finished_operations() if ctx is None else _FINISHED_AMONG.rows(ids=ctx.touched_operations)
+        finished = [_Finished(*row) for row in rows]
+        if not finished:
             return 0
         now = ctx.now if ctx is not None else clock.now()
-        _OPERATIONS_COMPLETE.count(ids=ids, now=now)
         stamp, pool_id = (ctx.stamp, ctx.pool.pk) if ctx is not None else (now, None)
-        rows = [
-            EventRow(stamp, "operation.completed", None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}")
-            for i in ids
-        ]
+        events = []
+        for cancelled, (counter, close, kind) in _CLOSED_AS.items():
+            ids = [f.id for f in finished if f.cancelled == cancelled]
+            if not ids:
+                continue
+            close.count(ids=ids, now=now)
+            events += [EventRow(stamp, kind, None, ACTOR, SUBJECT_OPERATION, i, pool_id, None, "", "{}") for i in ids]
+            if ctx is not None:
+                setattr(ctx.counts, counter, getattr(ctx.counts, counter) + len(ids))
         if ctx is None:
-            events_copy_rows(rows)
+            events_copy_rows(events)
         else:
-            ctx.events.extend(rows)  # written with the tick's own, after its task events
-            ctx.counts.operations_completed += len(ids)
-    return len(ids)
+            ctx.events.extend(events)  # written with the tick's own, after its task events
+    return len(finished)

@@ -70,6 +70,7 @@ class TickCounts:
     handovers: int = 0
     repairs_started: int = 0
     operations_completed: int = 0
+    operations_cancelled: int = 0  # cancelled while tasks were under way, closed once they finished
     waiting: int = 0  # examined tasks left waiting, with their reasons
     waiting_reasons_changed: int = 0
 
