@@ -101,7 +101,6 @@ TEMPLATES = [
 ]
 
 # --- Database ---------------------------------------------------------------------------------
-PREPARE_THRESHOLD = 2  # with DATABASE_PREPARED_STATEMENTS: a statement's second run prepares it
 _database = env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'opsplanner.sqlite3'}")
 DATABASES: dict[str, dict[str, Any]]
 if _database.is_sqlite:
@@ -145,12 +144,6 @@ else:
         # requests queued behind that growth for seconds whenever a burst arrived.
         DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": _pool_max, "max_size": _pool_max, "timeout": 10}
         DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Parameters sent apart from the SQL, and a statement run twice on a connection prepared once:
-    # PostgreSQL then parses and plans it once. Off by default: a transaction-mode PgBouncer cannot
-    # keep a connection's prepared statements. The simulator's shards turn it on (simulation/runner.py).
-    if env_bool("DATABASE_PREPARED_STATEMENTS", False):
-        DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
-        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = PREPARE_THRESHOLD
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASE_IS_SQLITE = _database.is_sqlite
 

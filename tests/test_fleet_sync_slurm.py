@@ -77,6 +77,23 @@ def test_a_sync_creates_the_hosts_in_their_racks_and_a_second_sync_changes_nothi
     assert Event.objects.count() == events
 
 
+def test_a_host_retired_here_stays_retired_though_slurm_still_lists_it(
+    slurm_cluster: SlurmCluster,  # noqa: F811
+) -> None:
+    from fleet.models.hosts import RETIRED
+    from fleet.services.host_changes import host_retire
+
+    make_pool("main")
+    sync()
+    host_retire(hostname="n2", reason="failed for good; still in slurm.conf")
+
+    out, _ = sync()
+
+    assert "kept retired, though Slurm lists it: host n2 is retired: restore it (POST /api/hosts/n2/restore/)" in out
+    assert "Nothing to do." in out
+    assert Host.all_objects.get(hostname="n2").state == RETIRED
+
+
 def test_a_naming_rule_gives_the_domain_when_no_feature_does(slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     rules = SlurmRules(domain_feature="row", domain_pattern=r"^(?P<domain>n)\d+$", hostname_format="{node}.dc1")
     found = host_rows(slurm_nodes(), rules)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -31,14 +29,10 @@ from simulation.rollout_measures import (
 )
 from simulation.runner import (
     LANE_RANDOM_PAGE_COST,
-    ROOT,
-    _child_env,
-    _shard_env,
     lane_analyze,
     lane_vacuum,
     scratch_databases,
     scratch_databases_drop,
-    sibling_database_url,
 )
 from simulation.scenarios import SCENARIOS, scenario_config, upgrade_execute_seconds
 from simulation.world import workload_draw
@@ -274,31 +268,3 @@ def test_a_small_meta_run_keeps_the_invariants_and_measures_how_far_each_upgrade
     at_start = [row for row in reach if row[2] == 0]
     assert len(at_start) == 3
     assert all(row[4] == 1.0 for row in at_start)  # the backlog reached every host within 72 h
-
-
-_PREPARED_COUNT = """
-import django
-django.setup()
-from django.db import connection
-from fleet.models import Pool
-for _ in range(3):
-    list(Pool.objects.filter(pk=-1))
-with connection.cursor() as cursor:
-    cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%fleet_pool%%'")
-    print(cursor.fetchone()[0])
-"""
-
-
-@pytest.mark.django_db
-def test_a_shard_prepares_the_statements_it_repeats_and_other_commands_do_not() -> None:
-    url = sibling_database_url(connection.settings_dict["NAME"])
-
-    def prepared(env: dict[str, str]) -> int:
-        env = {**env, "DJANGO_SETTINGS_MODULE": "config.settings"}
-        out = subprocess.run(
-            [sys.executable, "-c", _PREPARED_COUNT], cwd=ROOT, env=env, capture_output=True, text=True, check=True
-        )
-        return int(out.stdout.strip().splitlines()[-1])
-
-    assert prepared(_shard_env(url)) == 1, "the query run three times is prepared once, on the shard's connection"
-    assert prepared(_child_env(url)) == 0, "migrations and the other commands send their SQL whole"

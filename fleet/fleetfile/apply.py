@@ -86,11 +86,14 @@ def _only_new_hosts(spec: FleetSpec, live: LiveInventory) -> None:
         raise FleetFileInvalid(problems)
 
 
+def retired_host_said(hostname: str) -> str:
+    """What a file or a sync that names a retired host is told: it is restored by hand."""
+    return f"host {hostname} is retired: restore it (POST /api/hosts/{hostname}/restore/)"
+
+
 def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Problem:
     if retired:
-        return Problem(
-            f"hosts[{index}].hostname", f"host {hostname} is retired: restore it (POST /api/hosts/{hostname}/restore/)"
-        )
+        return Problem(f"hosts[{index}].hostname", retired_host_said(hostname))
     return Problem(f"hosts[{index}].hostname", f"host {hostname} exists already")
 
 

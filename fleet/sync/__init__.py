@@ -4,12 +4,15 @@ rows (hostname, pool, domain, sku, gpu_count, labels); `sync_hosts` proposes the
 diff against the live inventory and applies it through the fleet file's own plan and apply.
 
 A sync adds and updates, never removes: a host the source no longer lists is left alone (retire it
-with `fleet_apply --prune` from a file). The pools must exist (a source knows partitions, not
-buffers); a domain the source names that the pool lacks is created with the hosts."""
+with `fleet_apply --prune` from a file). Nor does it bring back a host retired here that the source
+still lists (a node left in slurm.conf, down): its row is left out and named, to be restored by hand.
+The pools must exist (a source knows partitions, not buffers); a domain the source names that the
+pool lacks is created with the hosts."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -18,7 +21,8 @@ from fleet.fleetfile.apply import fleet_apply, pools_lock
 from fleet.fleetfile.export import pools_section
 from fleet.fleetfile.plan import FleetPlan
 from fleet.fleetfile.schema import FleetFileInvalid, Problem, fleet_spec_from_document
-from fleet.models import DomainKind
+from fleet.models import DomainKind, Host
+from fleet.models.hosts import RETIRED
 from opsplanner.events import Actor
 
 
@@ -50,14 +54,30 @@ def sync_document(rows: Sequence[dict[str, Any]], *, domain_kind: str = DomainKi
     return {"pools": pools, "hosts": list(rows)}
 
 
+@dataclass
+class Synced:
+    """What a sync planned (and applied, unless a dry run), and the hosts it left retired."""
+
+    plan: FleetPlan
+    kept_retired: list[str] = field(default_factory=list)  # hostnames the source lists, retired here
+
+
 @transaction.atomic
 def sync_hosts(
     *, rows: Sequence[dict[str, Any]], dry_run: bool = False, actor: Actor = None, reason: str = ""
-) -> FleetPlan:
-    """Plan the rows against the live inventory and, unless dry_run, apply them in one transaction.
+) -> Synced:
+    """Plan the rows against the live inventory and, unless dry_run, apply them in one transaction;
+    rows naming a retired host are left out (the source's listing does not restore it).
     Raises FleetFileInvalid (every problem with its row) or FleetApplyRefused (live work in the way)."""
     if not rows:
         raise FleetFileInvalid([Problem("hosts", "the source lists no hosts")])
-    pools_lock()  # before sync_document reads the pools it declares as they are live
-    spec = fleet_spec_from_document(sync_document(rows))
-    return fleet_apply(spec=spec, dry_run=dry_run, actor=actor, reason=reason)
+    pools_lock()  # before sync_document reads the pools it declares as they are live, and before a restore
+    names = [str(row["hostname"]) for row in rows]
+    retired = set(Host.all_objects.filter(hostname__in=names, state=RETIRED).values_list("hostname", flat=True))
+    kept = [row for row in rows if row["hostname"] not in retired]
+    if not kept:
+        return Synced(plan=FleetPlan(dry_run=dry_run), kept_retired=sorted(retired))
+    spec = fleet_spec_from_document(sync_document(kept))
+    return Synced(
+        plan=fleet_apply(spec=spec, dry_run=dry_run, actor=actor, reason=reason), kept_retired=sorted(retired)
+    )

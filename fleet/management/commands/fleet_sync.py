@@ -10,8 +10,9 @@ from typing import Any, NoReturn
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, FleetPlan, plan_text
-from fleet.sync import SourceError, sync_hosts
+from fleet.fleetfile import FleetApplyRefused, FleetFileInvalid, plan_text
+from fleet.fleetfile.apply import retired_host_said
+from fleet.sync import SourceError, Synced, sync_hosts
 from fleet.sync.slurm import SlurmRules, by_node, host_rows, slurm_nodes
 
 
@@ -74,14 +75,17 @@ class Command(BaseCommand):
             self.stdout.write(f"skipped: node {skipped}")
         if found.problems:
             self._fail(found.problems)
-        plan = self._apply(found.rows, options)
+        synced = self._apply(found.rows, options)
+        for hostname in synced.kept_retired:
+            self.stdout.write(f"kept retired, though Slurm lists it: {retired_host_said(hostname)}")
+        plan = synced.plan
         self.stdout.write(plan_text(plan))
         if plan.applied:
             self.stdout.write(f"Applied {len(plan.changes)} changes.")
         elif not options["dry_run"]:
             self.stdout.write("Nothing to do.")
 
-    def _apply(self, rows: list[dict[str, Any]], options: dict[str, Any]) -> FleetPlan:
+    def _apply(self, rows: list[dict[str, Any]], options: dict[str, Any]) -> Synced:
         try:
             return sync_hosts(
                 rows=rows,
