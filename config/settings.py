@@ -247,10 +247,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-# Passwords are checked by LoginLimitBackend: after LOGIN_FAILURES_LIMIT wrong ones in a row a user's
-# password is no longer checked until LOGIN_FAILURES_WINDOW_SECONDS have passed since the last wrong one.
+# Passwords are checked by LoginLimitBackend: after LOGIN_FAILURES_LIMIT wrong ones in a row from one
+# client address (LOGIN_FAILURES_LIMIT_ALL_ADDRESSES from all) a user's password is no longer checked
+# from it (from anywhere) until LOGIN_FAILURES_WINDOW_SECONDS have passed since the last wrong one.
 AUTHENTICATION_BACKENDS = ["console.api.authentication.LoginLimitBackend"]
 LOGIN_FAILURES_LIMIT = env_int("LOGIN_FAILURES_LIMIT", 10, minimum=1)
+LOGIN_FAILURES_LIMIT_ALL_ADDRESSES = env_int("LOGIN_FAILURES_LIMIT_ALL_ADDRESSES", 100, minimum=1)
 LOGIN_FAILURES_WINDOW_SECONDS = env_int("LOGIN_FAILURES_WINDOW_SECONDS", 15 * 60, minimum=1)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

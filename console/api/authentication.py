@@ -4,14 +4,17 @@ instead. The token itself is still refused (and deleted) once expired. HTTP Basi
 the credentials as wrong credentials (PostgreSQL refuses it in a query: a 500).
 
 Passwords: `LoginLimitBackend` (settings.AUTHENTICATION_BACKENDS) stops checking a user's password
-after LOGIN_FAILURES_LIMIT wrong ones in a row, for every surface that takes one (HTTP Basic on
-/api/auth/login/, the login page, the admin)."""
+from one client address after LOGIN_FAILURES_LIMIT wrong ones in a row from it, and from every
+address after LOGIN_FAILURES_LIMIT_ALL_ADDRESSES, for every surface that takes one (HTTP Basic on
+/api/auth/login/, the login page, the admin). Per address, so that someone who knows a username
+cannot lock its user out from everywhere with a few wrong passwords; across addresses too, so that
+guesses spread over many addresses stay bounded."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -45,13 +48,33 @@ class BasicAuthentication(authentication.BasicAuthentication):
         return super().authenticate_credentials(userid, password, request)
 
 
-def _failures_key(username: str) -> str | None:
-    """The cache key counting a user's wrong passwords, None for an unknown username (nothing to
-    guess). It hashes the stored password too, so a password change starts a new count."""
+class _FailureKeys(NamedTuple):
+    """The cache keys counting a user's wrong passwords: from every address, and from this one."""
+
+    everywhere: str
+    here: str
+
+
+def _failures_keys(username: str, request: HttpRequest | None) -> _FailureKeys | None:
+    """None for an unknown username (nothing to guess). The keys hash the stored password too, so a
+    password change starts new counts. Behind a balancer every client has the balancer's address:
+    both limits then apply to everyone at once, as the one count did before."""
     stored = get_user_model().objects.filter(username=username).values_list("password", flat=True).first()
     if stored is None:
         return None
-    return "login-failures:" + hashlib.sha256(f"{username}\x00{stored}".encode()).hexdigest()
+    user = hashlib.sha256(f"{username}\x00{stored}".encode()).hexdigest()
+    address = (request.META.get("REMOTE_ADDR") if request is not None else "") or ""
+    return _FailureKeys(
+        everywhere=f"login-failures:{user}",
+        here=f"login-failures:{user}:" + hashlib.sha256(address.encode()).hexdigest()[:32],
+    )
+
+
+def _locked_out(keys: _FailureKeys) -> bool:
+    return (
+        _failures(keys.here) >= settings.LOGIN_FAILURES_LIMIT
+        or _failures(keys.everywhere) >= settings.LOGIN_FAILURES_LIMIT_ALL_ADDRESSES
+    )
 
 
 def _failures(key: str) -> int:
@@ -77,8 +100,9 @@ def _failures_count(key: str, *, failed: bool) -> None:
 
 
 class LoginLimitBackend(ModelBackend):
-    """Django's ModelBackend that refuses a user after settings.LOGIN_FAILURES_LIMIT wrong passwords
-    in a row (within LOGIN_FAILURES_WINDOW_SECONDS of the last one), whatever the password then.
+    """Django's ModelBackend that refuses a user, whatever the password then, after
+    settings.LOGIN_FAILURES_LIMIT wrong passwords in a row from the client's address, or
+    LOGIN_FAILURES_LIMIT_ALL_ADDRESSES from any (each within LOGIN_FAILURES_WINDOW_SECONDS of the last one).
     DRF's throttles run only after authentication, so without this a wrong password, refused while
     authenticating, was never counted and a password could be guessed at full speed."""
 
@@ -88,10 +112,11 @@ class LoginLimitBackend(ModelBackend):
         username = username if username is not None else kwargs.get(get_user_model().USERNAME_FIELD)
         if username is None or password is None:
             return None
-        key = _failures_key(username)
-        if key is not None and _failures(key) >= settings.LOGIN_FAILURES_LIMIT:
+        keys = _failures_keys(username, request)
+        if keys is not None and _locked_out(keys):
             raise PermissionDenied  # authenticate() stops here: no other backend is asked
         user = super().authenticate(request, username=username, password=password, **kwargs)
-        if key is not None:
-            _failures_count(key, failed=user is None)
+        if keys is not None:
+            for key in keys:
+                _failures_count(key, failed=user is None)
         return user
