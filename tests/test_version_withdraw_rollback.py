@@ -14,7 +14,8 @@ from fleet.fleetfile.schema import fleet_spec_from_document
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
 from fleet.services.catalogue import component_version_withdraw, versions_withdrawal_apply
-from opsplanner.models import Event, HostTask, OperationSource
+from opsplanner.models import Event, HostTask, Operation, OperationSource, OperationState, TaskState
+from opsplanner.models.operations import FailureCode
 from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator
 from trains.services.upgrades import upgrade_create
@@ -116,3 +117,32 @@ def test_a_rollback_to_a_version_withdrawn_too_is_refused_with_the_reason_and_th
     refused = Event.objects.get(kind="component_version.rollback_refused")
     assert "leaks memory" in refused.reason
     assert refused.data["hosts"] == sorted(h.pk for h in hosts)
+
+
+def test_withdrawing_the_target_of_a_pending_rollback_cancels_it_instead_of_leaving_it_waiting() -> None:
+    _, hosts = pool_running_the_new_driver(hosts=2)
+    component_version_withdraw(version_id=driver(NEW).pk, reason="hangs under NCCL", actor="op")
+    (rollback,) = Operation.objects.filter(source=OperationSource.REPAIR, component_version=driver(OLD))
+
+    component_version_withdraw(version_id=driver(OLD).pk, reason="leaks memory", actor="op")
+
+    rollback.refresh_from_db()
+    assert rollback.state == OperationState.CANCELLED
+    tasks = HostTask.objects.filter(operation=rollback)
+    assert set(tasks.values_list("state", "failure_code")) == {(TaskState.CANCELLED, FailureCode.CANCELLED)}
+    said = Event.objects.filter(kind="task.state_changed", data__to="cancelled", host_id__in=[h.pk for h in hosts])
+    assert set(said.values_list("reason", flat=True)) == {"version withdrawn: leaks memory"}
+    event = Event.objects.filter(kind="component_version.withdrawn").latest("id")
+    assert event.data["pending_tasks_cancelled"] == 2
+    states = Host.objects.filter(pk__in=[h.pk for h in hosts]).values_list("state", flat=True)
+    assert set(states) == {HostState.IN_SERVICE}, "the hosts stay in service, running the withdrawn driver"
+
+
+def test_the_rollbacks_a_withdrawal_submits_are_not_cancelled_by_it() -> None:
+    pool_running_the_new_driver(hosts=2)
+
+    component_version_withdraw(version_id=driver(NEW).pk, reason="hangs under NCCL", actor="op")
+
+    assert Event.objects.get(kind="component_version.withdrawn").data["pending_tasks_cancelled"] == 0
+    rollbacks = HostTask.objects.filter(operation__source=OperationSource.REPAIR)
+    assert list(rollbacks.values_list("state", flat=True)) == [TaskState.PENDING] * 2

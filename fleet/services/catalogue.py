@@ -124,6 +124,7 @@ class Withdrawal(NamedTuple):
     offboarded: int  # active upgrades offboarded (each rolls back the hosts running its version)
     rollbacks: list[int]  # rollback operations of versions that had no active upgrade
     without_previous: int  # hosts running such a version with nothing recorded to go back to
+    tasks_cancelled: int  # pending tasks of other operations to them (ad-hoc, rollbacks, emergencies)
 
 
 def versions_withdrawal_apply(
@@ -155,7 +156,31 @@ def versions_withdrawal_apply(
         )
         rollbacks += rollback.operations
         without_previous += rollback.without_previous
-    return Withdrawal(offboarded=len(offboarded), rollbacks=rollbacks, without_previous=without_previous)
+    return Withdrawal(
+        offboarded=len(offboarded),
+        rollbacks=rollbacks,
+        without_previous=without_previous,
+        tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor),
+    )
+
+
+def _pending_operations_cancel(version_ids: list[int], *, reason: str, actor: Actor) -> int:
+    """Cancel the open operations with tasks still pending to these versions, the ones an
+    offboarding does not reach (ad-hoc upgrades, rollbacks, emergencies): their tasks would wait,
+    refused, for as long as the version stays withdrawn. Tasks under way finish; the operation then
+    closes cancelled. How many tasks were cancelled."""
+    from opsplanner.models import Operation, OperationState, TaskState
+    from opsplanner.services.operations import operation_cancel
+
+    pending = (
+        Operation.objects.filter(
+            component_version_id__in=version_ids, state=OperationState.OPEN, tasks__state=TaskState.PENDING
+        )
+        .values_list("pk", flat=True)
+        .distinct()
+        .order_by("pk")
+    )
+    return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in list(pending))
 
 
 @transaction.atomic
@@ -193,6 +218,7 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
             "offboarded_upgrades": withdrawal.offboarded,
             "rollbacks": withdrawal.rollbacks,
             "hosts_without_previous": withdrawal.without_previous,
+            "pending_tasks_cancelled": withdrawal.tasks_cancelled,
         },
     )
     return version
