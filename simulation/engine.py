@@ -32,7 +32,13 @@ from opsplanner.prepared import PreparedQuery
 from opsplanner.progress import Progress
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.simulator import WORKER, simulated_work_step, simulator_host_spread_set
+from opsplanner.services.simulator import (
+    WORKER,
+    simulated_work_claim,
+    simulated_work_finish,
+    simulated_work_step,
+    simulator_host_spread_set,
+)
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.run import pools_with_work
 from simulation.config import Failure, SimulationConfig, Workload
@@ -205,6 +211,7 @@ def _loop(
     last_full = config.start - IDLE_STEP
     last_vacuum = last_analyzed = config.start
     next_due: dt.datetime | None = None
+    profile = SimulatorProfile.current()
     while virtual.now <= config.end:
         now = virtual.now
         # The policy acts where something changed (an arrival, a pool's tick); every pool at
@@ -214,6 +221,8 @@ def _loop(
             arrival = arrivals.pop(0)
             log.policy.arrive(arrival)
             touched.add(log.world.pool(arrival.pool).id)  # type: ignore[union-attr]
+        if touched:  # an arrival tells the simulated executor its duration; nothing else changes the profile
+            profile = SimulatorProfile.current()
         broke: set[int] = set()
         while failures and failures[0].at <= now:
             failure = failures.pop(0)
@@ -221,7 +230,7 @@ def _loop(
                 broke.add(log.world.pool(failure.pool).id)
         if now - last_full >= IDLE_STEP or (boundaries and boundaries[0] <= now):
             touched, last_full = None, now
-        moved = _settle(log, touched, due=next_due is not None and next_due <= now, broke=broke)
+        moved = _settle(log, touched, profile, due=next_due is not None and next_due <= now, broke=broke)
         if moved or broke or not log.samples:
             _sample(log, now)
         log.ticks += 1
@@ -251,7 +260,8 @@ def _loop(
             )
             if t
         ]
-        if _work_open(log):
+        # Open work looks again within IDLE_STEP: asked only when nothing else comes sooner.
+        if (not upcoming or min(upcoming) > now + IDLE_STEP) and _work_open(log):
             upcoming.append(now + IDLE_STEP)
         if not upcoming:
             break
@@ -261,7 +271,7 @@ def _loop(
         virtual.now = config.start + steps * tick
 
 
-def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]) -> bool:
+def _settle(log: RunLog, touched: set[int] | None, profile: SimulatorProfile, *, due: bool, broke: set[int]) -> bool:
     """Rounds of work, policy and pool ticks at one instant until nothing more happens now.
 
     Event-driven, so a month of a large fleet runs in minutes: the policy acts for the pools in
@@ -270,12 +280,12 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
     with work when touched is None). The skipped ticks would have found nothing to do. True when a
     host changed state."""
     everything = touched is None
-    claim = due or everything or bool(_ANY_READY.rows())
+    claim = everything or bool(_ANY_READY.rows())
+    finish = due or everything  # what earlier instants claimed is due from `due` on
     hosts_moved = False
-    profile = SimulatorProfile.current()  # changed only by arrivals, between instants
     for _ in range(ROUNDS_PER_TICK):
         log.rounds += 1
-        finished = simulated_work_step(profile=profile) if claim else 0
+        finished = _work_step(profile, claim=claim, finish=finish)
         acted = log.policy.step(touched) if everything or touched else set()
         # A tick admits after it returns hosts, so a pool needs another only for new work or outcomes.
         pools_due = set(pools_with_work()) if everything else _pools_with_finished_work() | acted | broke
@@ -290,10 +300,22 @@ def _settle(log: RunLog, touched: set[int] | None, *, due: bool, broke: set[int]
             hosts_moved |= counts.hosts_moved > 0
             if counts.tasks_finished:
                 touched.add(pool_id)
+        # Due in the next round: only what it claims, or what a finish stopped at its batch left.
+        finish = claim and finished >= profile.batch_size
         if not (finished or acted or claim or touched):
             return hosts_moved
     simulated_work_step(profile=profile)  # claim what the last round created, so it becomes due
     return hosts_moved
+
+
+def _work_step(profile: SimulatorProfile, *, claim: bool, finish: bool) -> int:
+    """simulated_work_step without the transactions that would find nothing: claim only when work
+    is ready, finish only when some is due (`finish`: claimed at an earlier instant, or left by a
+    finish that stopped at its batch; or claimed now with no duration). How many it finished."""
+    first_due = simulated_work_claim(profile=profile) if claim else None
+    if finish or (first_due is not None and first_due <= clock.now()):
+        return simulated_work_finish(profile=profile)
+    return 0
 
 
 # What the loop asks at every instant or round, compiled once (opsplanner/prepared.py).

@@ -29,6 +29,7 @@ from simulation.rollout_measures import (
 )
 from simulation.runner import (
     LANE_RANDOM_PAGE_COST,
+    LANE_STATISTICS_TARGET,
     lane_analyze,
     lane_vacuum,
     scratch_databases,
@@ -208,7 +209,7 @@ def test_inside_a_transaction_where_postgresql_cannot_vacuum_the_lane_vacuum_sti
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_scratch_lane_is_unlogged_costs_index_probes_as_memory_and_keeps_no_statistics_of_free_text() -> None:
+def test_a_scratch_lane_is_unlogged_costs_index_probes_as_memory_and_keeps_few_statistics() -> None:
     (url,) = scratch_databases(1, tag="_tuned")
     try:
         with psycopg.connect(url, autocommit=True) as lane:
@@ -218,7 +219,8 @@ def test_a_scratch_lane_is_unlogged_costs_index_probes_as_memory_and_keeps_no_st
             ).fetchone()
             settings = dict(
                 lane.execute(
-                    "SELECT name, setting FROM pg_settings WHERE name IN ('random_page_cost', 'synchronous_commit')"
+                    "SELECT name, setting FROM pg_settings "
+                    "WHERE name IN ('random_page_cost', 'synchronous_commit', 'default_statistics_target')"
                 ).fetchall()
             )
             targets = dict(
@@ -231,7 +233,11 @@ def test_a_scratch_lane_is_unlogged_costs_index_probes_as_memory_and_keeps_no_st
     finally:
         scratch_databases_drop([url])
     assert logged == (0,), "no table of a lane writes the write-ahead log"
-    assert settings == {"random_page_cost": str(LANE_RANDOM_PAGE_COST), "synchronous_commit": "off"}
+    assert settings == {
+        "random_page_cost": str(LANE_RANDOM_PAGE_COST),
+        "synchronous_commit": "off",
+        "default_statistics_target": str(LANE_STATISTICS_TARGET),  # the daily ANALYZE samples a tenth
+    }
     assert targets["opsplanner_event.data"] == targets["opsplanner_event.reason"] == 0
     assert targets["opsplanner_workitem.params"] == targets["opsplanner_workitem.result"] == 0
     # The columns the simulation filters on keep the default (-1 before PostgreSQL 17, NULL since).

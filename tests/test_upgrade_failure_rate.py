@@ -14,7 +14,8 @@ from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator
 from tests.trains_builders import make_train
 from trains.models import Upgrade, UpgradePhase, UpgradeState
-from trains.services.tick import _successes_within_rate, train_tick
+from trains.services.tick import train_tick
+from trains.services.upgrade_policy import successes_within_rate
 from trains.services.upgrades import upgrade_create, upgrade_phase_successes, upgrades_phase_successes
 
 pytestmark = pytest.mark.django_db
@@ -121,7 +122,7 @@ def test_the_successes_counted_for_the_rate_are_the_fewest_that_keep_the_failure
     upgrade = Upgrade(max_failure_rate=rate, failure_rate_min_hosts=5)
     share = float(rate)
 
-    enough = _successes_within_rate(upgrade, failures)
+    enough = successes_within_rate(upgrade, failures)
 
     assert enough is not None
     assert failures / (failures + enough) <= share
@@ -129,4 +130,4 @@ def test_the_successes_counted_for_the_rate_are_the_fewest_that_keep_the_failure
 
 
 def test_a_rate_of_zero_has_no_count_of_successes_that_keeps_failures_within_it() -> None:
-    assert _successes_within_rate(Upgrade(max_failure_rate="0", failure_rate_min_hosts=5), 1) is None
+    assert successes_within_rate(Upgrade(max_failure_rate="0", failure_rate_min_hosts=5), 1) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+from dataclasses import replace
 from html import escape
 
 import pytest
@@ -146,6 +147,18 @@ def test_one_read_forecasts_every_kind_of_train_in_five_queries() -> None:
     assert together[driven.pk].cycle_end >= now
     # The single-train call is the same read for a list of one.
     assert train_forecast(driven, now=now) == together[driven.pk]
+
+    # What the train tick and the upgrades' forecast read: the same times, without when each domain
+    # was last visited, in one query fewer.
+    with CaptureQueriesContext(connection) as queries:
+        ahead = trains_forecasts(trains, now=now, last_visits=False)
+
+    assert len(queries) == 4
+    for train in trains:
+        assert all(domain.last_visited_at is None for domain in ahead[train.pk].domains)
+        unvisited = [replace(domain, last_visited_at=None) for domain in together[train.pk].domains]
+        assert ahead[train.pk] == replace(together[train.pk], domains=unvisited)
+    assert any(domain.last_visited_at for domain in together[driven.pk].domains)
 
 
 def test_an_operator_pauses_a_train_with_a_reason_and_resumes_it(client) -> None:

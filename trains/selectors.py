@@ -40,12 +40,13 @@ class TrainForecast:
         return self.correction.factor
 
 
-def train_forecast(train: Train, *, now: dt.datetime | None = None) -> TrainForecast:
+def train_forecast(train: Train, *, now: dt.datetime | None = None, last_visits: bool = True) -> TrainForecast:
     """The forecast of one train's open cycle: the set-based `trains_forecasts` for a list of one
-    (the one definition of how a forecast is read; five queries, six with sliding visits that kept no host time)."""
+    (the one definition of how a forecast is read; five queries, six with sliding visits that kept no
+    host time, one fewer without `last_visits`)."""
     from trains.selectors_web import trains_forecasts  # it builds on this module's rows arithmetic
 
-    return trains_forecasts([train], now=now)[train.pk]
+    return trains_forecasts([train], now=now, last_visits=last_visits)[train.pk]
 
 
 def forecast_from_rows(

@@ -49,9 +49,10 @@ from trains.services.upgrades import hosts_below_target
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
-# their active upgrades, the trains' forecasts (5), the domains' sizes, the installed versions per
-# domain and what the recent visits missed. An upgrade whose scope is narrower than its pool adds two.
-FORECAST_QUERIES = 10
+# their active upgrades, the trains' forecasts (4: not when each domain was last visited), the
+# domains' sizes, the installed versions per domain and what the recent visits missed. An upgrade
+# whose scope is narrower than its pool adds two.
+FORECAST_QUERIES = 9
 MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
 MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
 # A task that left its host below the target for this pass: it failed before or while installing,
@@ -138,7 +139,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     )
     if not trains:
         return {}, upgrades
-    forecasts, visits = trains_forecasts_with_visits(trains, now=now)
+    forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
     pending, sizes, totals = _pending_by_domain(upgrades, [t.pool_id for t in trains])
     missed = trains_missed_share([t.pk for t in trains], now=now)
     backlogs = {}

@@ -156,12 +156,23 @@ def simulated_work_step(*, limit: int | None = None, profile: SimulatorProfile |
     the running ones that are due. Returns how many items were finished. A caller that steps many
     times while nothing changes the profile (the simulation, within one instant) passes it."""
     profile = profile or SimulatorProfile.current()
-    batch = limit or profile.batch_size
-    _claim(profile, batch)
-    return _finish_due(profile, batch)
+    simulated_work_claim(profile=profile, limit=limit)
+    return simulated_work_finish(profile=profile, limit=limit)
 
 
-def _claim(profile: SimulatorProfile, batch: int) -> None:
+def simulated_work_claim(*, profile: SimulatorProfile, limit: int | None = None) -> dt.datetime | None:
+    """The claiming half of simulated_work_step: when the first item it claimed is due (None: it
+    claimed nothing). The simulation, which knows when nothing is ready or due, calls the halves
+    apart so as not to ask for nothing (a transaction each)."""
+    return _claim(profile, limit or profile.batch_size)
+
+
+def simulated_work_finish(*, profile: SimulatorProfile, limit: int | None = None) -> int:
+    """The finishing half of simulated_work_step: how many due items it finished."""
+    return _finish_due(profile, limit or profile.batch_size)
+
+
+def _claim(profile: SimulatorProfile, batch: int) -> dt.datetime | None:
     with transaction.atomic():
         items: list[WorkItem] = []
         while len(items) < batch:
@@ -173,7 +184,7 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
             if len(claimed) < chunk:
                 break
         if not items:
-            return
+            return None
         claimed_at = items[0].claimed_at
         assert claimed_at is not None  # work_items_claim sets it on every item it claims
         grace = dt.timedelta(seconds=LEASE_GRACE_S)
@@ -184,6 +195,7 @@ def _claim(profile: SimulatorProfile, batch: int) -> None:
             due = claimed_at + dt.timedelta(seconds=round(duration) if _host_spread else duration)
             dues.append((item.pk, due, due + grace))
         update_rows(WorkItem, ["due_at", "lease_expires_at"], dues)
+        return min(due for _, due, _ in dues)
 
 
 class _Due(NamedTuple):

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef
 
 from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import PoolCapacity, pool_capacity
@@ -63,13 +62,11 @@ from trains.services.pace import (
 )
 from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, phase_evidence_step, phase_graduate
 from trains.services.trains import SUBJECT, train_set_state
+from trains.services.upgrade_policy import policy_breach, successes_that_matter, train_upgrades
 from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import (
     phase_host_sets,
     upgrade_offboard,
-    upgrades_phase_failures,
-    upgrades_phase_successes,
-    upgrades_phases,
     upgrades_unfinished,
 )
 from trains.services.visits import (
@@ -234,28 +231,6 @@ _RUNNING_VISITS = PreparedModels(
 
 
 # --- 1. upgrades ------------------------------------------------------------------------------------
-def _train_upgrades(train: Train) -> list[Upgrade]:
-    if train.emergency:
-        if train.upgrade_id is None:  # an emergency train runs one upgrade; none left, nothing to run
-            return []
-        return _EMERGENCY_UPGRADE.objects(upgrade_id=train.upgrade_id)
-    return _POOL_UPGRADES.objects(pool_id=train.pool_id)
-
-
-def _active_upgrades_in_order(**where: object) -> QuerySet[Upgrade]:
-    return (
-        Upgrade.objects.filter(state=UpgradeState.ACTIVE, **where)
-        .select_related("component_version__component")
-        .order_by("created_at", "id")
-    )
-
-
-_EMERGENCY_UPGRADE = PreparedModels(lambda *, upgrade_id: _active_upgrades_in_order(pk=upgrade_id), upgrade_id=int)
-_POOL_UPGRADES = PreparedModels(
-    lambda *, pool_id: _active_upgrades_in_order(pool_id=pool_id, emergency=False), pool_id=int
-)
-
-
 @dataclass
 class _Active:
     upgrade: Upgrade
@@ -270,46 +245,22 @@ class _Active:
 def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active]:
     """Offboard the upgrades that fail beyond their policy; the others, with their phases. Phases
     and failures are read once for all the train's upgrades (this runs on every train tick)."""
-    upgrades = _train_upgrades(train)
+    upgrades, phases, failures = train_upgrades(train)
     if not upgrades:
         return []
-    phases = upgrades_phases(upgrades)
-    failures = upgrades_phase_failures(upgrades, {u.pk: phases[u.pk][u.current_phase] for u in upgrades})
-    counted = _successes_that_matter(upgrades, phases, failures)
+    counted = successes_that_matter(upgrades, phases, failures)
     active = []
     for upgrade in upgrades:
         phase = phases[upgrade.pk][upgrade.current_phase]
         failed = failures.get(upgrade.pk, 0)
         successes = counted.get(upgrade.pk, 0)
-        breach = _policy_breach(upgrade, phase, failed, successes)
+        breach = policy_breach(upgrade, phase, failed, successes)
         if breach:
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
             report.events.append(f"offboarded upgrade {upgrade.pk}")
             continue
         active.append(_Active(upgrade=upgrade, phases=phases[upgrade.pk], successes=successes))
     return active
-
-
-def _successes_that_matter(
-    upgrades: list[Upgrade], phases: dict[int, list[UpgradePhase]], failures: dict[int, int]
-) -> dict[int, int]:
-    """{upgrade: successes} of the current phases whose successes decide something. All of them for a
-    phase to graduate (the graduation needs, and says, how many); for a failure rate the failures so
-    far could breach (the rate is highest with the fewest successes the policy counts from), only up
-    to the successes that keep the failures within the rate: past that the count decides nothing,
-    and an upgrade late in its rollout has a pool's worth to read at every tick."""
-    enough: dict[int, int | None] = {}
-    for upgrade in upgrades:
-        if upgrade.current_phase < len(phases[upgrade.pk]) - 1:
-            enough[upgrade.pk] = None
-        elif _rate_could_breach(upgrade, failures.get(upgrade.pk, 0)):
-            enough[upgrade.pk] = _successes_within_rate(upgrade, failures[upgrade.pk])
-    capped = {pk: up_to for pk, up_to in enough.items() if up_to is not None}
-    current = {u.pk: phases[u.pk][u.current_phase] for u in upgrades if u.pk in enough}
-    counted = upgrades_phase_successes([phase for pk, phase in current.items() if pk not in capped])
-    if capped:
-        counted |= upgrades_phase_successes([current[pk] for pk in capped], up_to=max(capped.values()))
-    return counted
 
 
 def _upgrades_progress_step(
@@ -363,41 +314,6 @@ def _done_reason(upgrade: Upgrade, scope: list[int]) -> str:
     if not scope:  # its selector matches nothing any more (trains/services/upgrade_scopes.py)
         return f"its scope {upgrade.scope!r} matches no live host any more: nothing left to do"
     return f"all {len(scope)} hosts run {upgrade.component_version} or newer"
-
-
-def _rate_could_breach(upgrade: Upgrade, failed: int) -> bool:
-    if upgrade.max_failure_rate is None or not failed:
-        return False
-    return _above_rate(upgrade, failed, max(upgrade.failure_rate_min_hosts, failed))
-
-
-def _above_rate(upgrade: Upgrade, failures: int, finished: int) -> bool:
-    return upgrade.max_failure_rate is not None and failures / finished > float(upgrade.max_failure_rate)
-
-
-def _successes_within_rate(upgrade: Upgrade, failures: int) -> int | None:
-    """The fewest successes with which `failures` (at least one) are within the failure rate; with
-    more, they stay within it, so a count need not go past this. None for a rate of 0, which no
-    count of successes meets (the count is then read whole, for the offboarding's reason)."""
-    rate = float(upgrade.max_failure_rate or 0)
-    if not rate:
-        return None
-    successes = max(0, math.floor(failures * (1 - rate) / rate) - 1)  # one below, for rounding
-    while _above_rate(upgrade, failures, failures + successes):
-        successes += 1
-    return successes
-
-
-def _policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, successes: int) -> str:
-    if failures > upgrade.max_failures:
-        return f"{failures} hosts failed in phase {phase.name}, more than the {upgrade.max_failures} its policy allows"
-    finished = failures + successes
-    if finished >= upgrade.failure_rate_min_hosts and finished and _above_rate(upgrade, failures, finished):
-        return (
-            f"{failures} of {finished} hosts failed in phase {phase.name} ({failures / finished:.0%}), above the "
-            f"{float(upgrade.max_failure_rate or 0):.0%} its policy allows"
-        )
-    return ""
 
 
 def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.datetime) -> bool:
@@ -545,7 +461,7 @@ def _autostop_step(train: Train, capacity: PoolCapacity, now: dt.datetime, repor
 
 # --- 5. forecast ------------------------------------------------------------------------------------
 def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
-    forecast = train_forecast(train, now=now)
+    forecast = train_forecast(train, now=now, last_visits=False)  # when the domains were last visited: not needed
     cycle = forecast.cycle  # the open one
     if cycle is None:
         return
