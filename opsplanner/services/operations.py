@@ -34,12 +34,12 @@ from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, versions_of
 from opsplanner.services.compatibility import targets_refusals, withdrawn_refusal
 from opsplanner.services.tick.admission import queue_reason
+from opsplanner.services.tick.context import SUBJECT_OPERATION
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 SUBJECT_TASK = "opsplanner.hosttask"
-SUBJECT_OPERATION = Operation._meta.label_lower
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ SUBJECT_TASK = "opsplanner.hosttask"
 SUBJECT_HOST = "fleet.host"
 SUBJECT_WORK = "opsplanner.workitem"
 SUBJECT_LEASE = "opsplanner.lease"
-SUBJECT_OPERATION = "opsplanner.operation"
+SUBJECT_OPERATION = Operation._meta.label_lower  # the one definition (services.operations uses it too)
 ACTOR = "scheduler"
 
 
