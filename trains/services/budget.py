@@ -417,10 +417,11 @@ def select_within_budget(
     upgrades that would have fitted beside it."""
     selection = Selection()
     chains: dict[int, float] = {}  # host -> the work it does in this visit
+    busiest = 0.0  # the longest chain so far (kept as work is added: the forecast plays this a lot)
     for candidate in candidates:
         its_hosts, work = hosts_of(candidate), work_of(candidate)
         hosts = chains.keys() | its_hosts
-        cost = _chain_cost(sizing, chains, its_hosts, work, hosts)
+        cost = _chain_cost(sizing, chains, its_hosts, work, len(hosts), busiest)
         limit = max(sizing.budget_s, selection.cost_s) if sizing.waits_for_busiest else sizing.budget_s
         if cost <= limit or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
@@ -435,8 +436,8 @@ def select_within_budget(
         else:
             selection.taken.append(restrict(candidate, fitting))
             selection.left.append(restrict(candidate, its_hosts - fitting))
-        _add_work(chains, fitting, work)
-        selection.cost_s = _chain_cost(sizing, chains, set(), 0.0, chains.keys())
+        busiest = max(busiest, _add_work(chains, fitting, work))
+        selection.cost_s = sizing.cost_s(len(chains), [busiest])
     return selection
 
 
@@ -445,16 +446,19 @@ def steps_cost_s(
 ) -> float:
     """What select_within_budget says `candidates`, all taken, cost: their busiest host's chain."""
     chains: dict[int, float] = {}
+    busiest = 0.0
     for candidate in candidates:
-        _add_work(chains, hosts_of(candidate), work_of(candidate))
-    return _chain_cost(sizing, chains, set(), 0.0, chains.keys())
+        busiest = max(busiest, _add_work(chains, hosts_of(candidate), work_of(candidate)))
+    return sizing.cost_s(len(chains), [busiest])
 
 
-def _chain_cost(sizing: VisitSizing, chains: dict[int, float], more: set[int], work: float, hosts: Iterable) -> float:
-    """The visit's cost over `hosts` with `work` added on the hosts in `more`: its busiest host's."""
-    busiest = max((chains.get(h, 0.0) + work for h in more), default=0.0)
-    busiest = max(busiest, max(chains.values(), default=0.0))
-    return sizing.cost_s(len(set(hosts)), [busiest])
+def _chain_cost(
+    sizing: VisitSizing, chains: dict[int, float], more: set[int], work: float, hosts: int, busiest: float
+) -> float:
+    """The visit's cost over `hosts` hosts with `work` added on the hosts in `more`: its busiest
+    host's (`busiest`: the longest of `chains`)."""
+    longest = max((chains.get(h, 0.0) + work for h in more), default=0.0)
+    return sizing.cost_s(hosts, [max(longest, busiest)])
 
 
 def _fitting_hosts(
@@ -473,9 +477,13 @@ def _fitting_hosts(
     return {host for host in its_hosts if fits[chains.get(host, 0.0) + work]}
 
 
-def _add_work(chains: dict[int, float], hosts: set[int], work: float) -> None:
+def _add_work(chains: dict[int, float], hosts: set[int], work: float) -> float:
+    """Add `work` to the chains of `hosts`; the longest of those chains (0 without hosts)."""
+    longest = 0.0
     for host in hosts:
-        chains[host] = chains.get(host, 0.0) + work
+        chains[host] = chain = chains.get(host, 0.0) + work
+        longest = max(longest, chain)
+    return longest
 
 
 # --- the train says at once when one upgrade cannot fit a visit ---------------------------------------
