@@ -16,6 +16,7 @@ from fleet.services import installed_version_set
 from fleet.services.catalogue import component_version_withdraw, versions_withdrawal_apply
 from opsplanner.models import Event, HostTask, Operation, OperationSource, OperationState, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.services.operations import operation_submit
 from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator
 from trains.services.upgrades import upgrade_create
@@ -146,3 +147,45 @@ def test_the_rollbacks_a_withdrawal_submits_are_not_cancelled_by_it() -> None:
     assert Event.objects.get(kind="component_version.withdrawn").data["pending_tasks_cancelled"] == 0
     rollbacks = HostTask.objects.filter(operation__source=OperationSource.REPAIR)
     assert list(rollbacks.values_list("state", flat=True)) == [TaskState.PENDING] * 2
+
+
+def a_file_withdrawing_the_new_driver(pool: Pool) -> dict:
+    document = fleet_export_document(pool=pool.name)
+    component = next(c for c in document["components"] if c["name"] == "gpu-driver")
+    component["versions"] = [
+        v if v != NEW else {"version": v, "withdrawn": "breaks NCCL"} for v in component["versions"]
+    ]
+    return document
+
+
+def test_a_fleet_files_plan_says_how_many_pending_tasks_of_other_operations_its_withdrawal_cancels() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=3)
+    upgrade_create(pool=pool, component="gpu-driver", version=NEW, reason="rollout")  # offboarded, not counted
+    ad_hoc = operation_submit(
+        kind="upgrade",
+        scope=f"hosts: {hosts[0].hostname}, {hosts[1].hostname}",
+        component="gpu-driver",
+        version=NEW,
+        reason="early adopters",
+    )
+    document = a_file_withdrawing_the_new_driver(pool)
+
+    dry = fleet_apply(spec=fleet_spec_from_document(copy.deepcopy(document)), dry_run=True)
+
+    (change,) = dry.changes
+    assert change.note.endswith("; cancels the 2 pending tasks of other operations aimed at it"), change.note
+    assert change.note.startswith("offboards upgrade #")
+    assert HostTask.objects.filter(operation=ad_hoc, state=TaskState.PENDING).count() == 2, "a dry run cancels nothing"
+
+    fleet_apply(spec=fleet_spec_from_document(copy.deepcopy(document)))
+
+    cancelled = HostTask.objects.filter(operation=ad_hoc).values_list("state", flat=True)
+    assert list(cancelled) == [TaskState.CANCELLED] * 2, "the plan counted what the withdrawal cancelled"
+
+
+def test_a_withdrawal_with_nothing_else_aimed_at_the_version_says_nothing_of_cancelling() -> None:
+    pool, _ = pool_running_the_new_driver(hosts=2)
+
+    plan = fleet_apply(spec=fleet_spec_from_document(a_file_withdrawing_the_new_driver(pool)), dry_run=True)
+
+    assert [c.note for c in plan.changes] == ["rolls back the 2 hosts running it"]

@@ -99,7 +99,9 @@ def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Proble
 
 def _note_offboards(plan: FleetPlan) -> None:
     """A version the file withdraws offboards its active upgrades, or else rolls back the hosts that
-    may serve with it (`versions_withdrawal_apply`): the plan says which."""
+    may serve with it, and cancels the pending tasks of the other operations aimed at it
+    (`versions_withdrawal_apply`): the plan says which, and how many."""
+    from fleet.services.catalogue import withdrawal_cancels  # it checks plans with this package: imported late
     from trains.models import Upgrade, UpgradeState
 
     withdrawn: dict[int, Change] = {
@@ -115,11 +117,16 @@ def _note_offboards(plan: FleetPlan) -> None:
     ).values_list("id", "component_version_id"):
         by_version.setdefault(version_id, []).append(pk)
     serving = hosts_serving_counts(withdrawn.keys() - by_version.keys())
+    cancels = withdrawal_cancels(withdrawn.keys())
     for version_id, change in withdrawn.items():
+        notes = []
         if version_id in by_version:
-            change.note = "offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(by_version[version_id]))
+            notes.append("offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(by_version[version_id])))
         elif serving.get(version_id):
-            change.note = f"rolls back the {serving[version_id]} hosts running it"
+            notes.append(f"rolls back the {serving[version_id]} hosts running it")
+        if cancels.get(version_id):
+            notes.append(f"cancels the {cancels[version_id]} pending tasks of other operations aimed at it")
+        change.note = "; ".join(notes)
 
 
 def plan_text(plan: FleetPlan) -> str:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, QuerySet
 
 from fleet.fleetfile.safety import buffer_refusals, pool_host_counts
 from fleet.models import (
@@ -169,18 +170,35 @@ def _pending_operations_cancel(version_ids: list[int], *, reason: str, actor: Ac
     offboarding does not reach (ad-hoc upgrades, rollbacks, emergencies): their tasks would wait,
     refused, for as long as the version stays withdrawn. Tasks under way finish; the operation then
     closes cancelled. How many tasks were cancelled."""
-    from opsplanner.models import Operation, OperationState, TaskState
     from opsplanner.services.operations import operation_cancel
 
-    pending = (
-        Operation.objects.filter(
-            component_version_id__in=version_ids, state=OperationState.OPEN, tasks__state=TaskState.PENDING
-        )
-        .values_list("pk", flat=True)
-        .distinct()
-        .order_by("pk")
-    )
+    pending = _operations_pending_to(version_ids).values_list("pk", flat=True).distinct().order_by("pk")
     return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in list(pending))
+
+
+def withdrawal_cancels(version_ids: Iterable[int]) -> dict[int, int]:
+    """Per version, how many pending tasks withdrawing it would cancel besides its active upgrades'
+    (which their offboarding cancels): those of the operations `_pending_operations_cancel` takes,
+    counted before the withdrawal, for the fleet file's plan (one query)."""
+    from opsplanner.models import HostTask, TaskState
+    from trains.models import UpgradeState
+
+    operations = _operations_pending_to(list(version_ids)).exclude(visit_link__upgrade__state=UpgradeState.ACTIVE)
+    return dict(
+        HostTask.objects.filter(operation__in=operations, state=TaskState.PENDING)
+        .values_list("operation__component_version_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+
+
+def _operations_pending_to(version_ids: list[int]) -> QuerySet[Any]:
+    """The open operations with a task still pending to one of these versions."""
+    from opsplanner.models import Operation, OperationState, TaskState
+
+    return Operation.objects.filter(
+        component_version_id__in=version_ids, state=OperationState.OPEN, tasks__state=TaskState.PENDING
+    )
 
 
 @transaction.atomic
