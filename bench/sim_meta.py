@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure, manage, scratch_database_url
+from config.env import settings_or_exit
 
 FULL = {"hosts": 10_000, "pools": 10, "days": 30.0}
 
@@ -37,9 +38,13 @@ def _arguments(size: dict[str, Any], out: Path) -> list[str]:
 
 def run(seconds: float | None = None) -> list[Figure]:
     size = _size(seconds)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    settings_or_exit()  # a configuration it refuses stops the benchmark in one line before the run, not after it
+    django.setup()
     url = scratch_database_url("bench_sim_meta")  # the simulate command makes its scratch lanes next to it
     manage("migrate", "-v0", database_url=url)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     with tempfile.TemporaryDirectory() as work:
         out = Path(work) / "meta"
         wall_s, _ = manage(*_arguments(size, out), database_url=url)
@@ -59,9 +64,6 @@ def run(seconds: float | None = None) -> list[Figure]:
 
 
 def _measures(size: dict[str, Any], runs: dict[str, Any]) -> list[tuple[str, float | None, str]]:
-    import django
-
-    django.setup()
     from simulation.rollout_measures import rollout_summary
     from simulation.scenarios import scenario_config
 

@@ -65,16 +65,41 @@ class _ModelShape:
             annotations=dict(compiler.annotation_col_map or {}),
         )
 
-    def instances(self, rows: list[tuple[Any, ...]], alias: str) -> list[Any]:
+    def instances(self, rows: list[tuple[Any, ...]], alias: str, *, share_related: bool = False) -> list[Any]:
+        """The rows as model instances, their select_related objects set. With `share_related`, a row
+        whose related row is the previous row's gets the previous row's instance (one object per
+        related row, built once) where the ORM builds one per row."""
         objects = []
+        previous: list[tuple[tuple[Any, ...], Any]] = [((), None)] * len(self.populators)
         for row in rows:
             obj = self.model.from_db(alias, self.init_list, row[self.start : self.end])
-            for populator in self.populators:
-                populator.populate(row, obj)
+            for i, populator in enumerate(self.populators):
+                if not share_related:
+                    populator.populate(row, obj)
+                    continue
+                key = row[populator.cols_start : populator.cols_end]
+                related = previous[i][1] if previous[i][0] == key else _related(populator, row)
+                previous[i] = (key, related)
+                populator.local_setter(obj, related)
+                if related is not None:
+                    populator.remote_setter(related, obj)
             for name, position in self.annotations.items():
                 setattr(obj, name, row[position])
             objects.append(obj)
         return objects
+
+
+def _related(populator: Any, row: tuple[Any, ...]) -> Any:
+    """The related object a RelatedPopulator would set from `row` (None: no related row), with its
+    own related objects set: what RelatedPopulator.populate builds, returned instead of set."""
+    reorder = populator.reorder_for_init
+    data = reorder(row) if reorder else row[populator.cols_start : populator.cols_end]
+    if data[populator.pk_idx] is None:
+        return None
+    related = populator.model_cls.from_db(populator.db, populator.init_list, data)
+    for nested in populator.related_populators:
+        nested.populate(row, related)
+    return related
 
 
 class PreparedQuery:
@@ -196,16 +221,26 @@ class PreparedUpdate(PreparedQuery):
 
 class PreparedModels(PreparedQuery):
     """`build(**params)` returns a queryset of model instances (select_related and slicing allowed,
-    not prefetch_related); `objects(**params)` runs it and returns what list(queryset) would."""
+    not prefetch_related); `objects(**params)` runs it and returns what list(queryset) would.
+
+    With `share_related`, consecutive rows with the same select_related row share one instance of
+    it (on PostgreSQL; elsewhere the ORM builds one per row): for a query whose rows repeat their
+    related row (an upgrade's phases, each with its upgrade), which is then built once, not per row."""
 
     _models = True
+
+    def __init__(self, build: Callable[..., QuerySet[Any]], *, share_related: bool = False, **kinds: ParamKind) -> None:
+        super().__init__(build, **kinds)
+        self._share_related = share_related
 
     def objects(self, **params: Any) -> list[Any]:
         self._check(params)
         if connections["default"].vendor != "postgresql":
             return list(self._build(**params))
         rows, compiled = self._fetched(params)
-        return cast(_ModelShape, compiled.shape).instances(rows, "default") if compiled else []
+        if compiled is None:
+            return []
+        return cast(_ModelShape, compiled.shape).instances(rows, "default", share_related=self._share_related)
 
     def rows(self, **params: Any) -> list[tuple[Any, ...]]:
         raise TypeError("a PreparedModels query returns model instances: call objects()")

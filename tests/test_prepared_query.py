@@ -145,6 +145,25 @@ def test_prepared_models_give_the_instances_the_orm_gives_with_their_related_obj
     assert Host.objects.get(pk=got[0].pk).state == HostState.MAINTENANCE
 
 
+def _hosts_by_domain(*, pool_id: int) -> QuerySet[Host]:
+    return Host.objects.filter(pool_id=pool_id).select_related("domain", "pool").order_by("domain_id", "id")
+
+
+def test_prepared_models_sharing_related_build_one_instance_per_related_row_with_what_the_orm_gives() -> None:
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3)
+    expected = list(_hosts_by_domain(pool_id=pool.pk))
+    got = PreparedModels(_hosts_by_domain, pool_id=int, share_related=True).objects(pool_id=pool.pk)
+    assert [(h.pk, h.domain.pk, h.domain.name, h.pool.name) for h in got] == [
+        (h.pk, h.domain.pk, h.domain.name, h.pool.name) for h in expected
+    ]
+    domains = {h.domain_id: {id(other.domain) for other in got if other.domain_id == h.domain_id} for h in got}
+    assert all(len(instances) == 1 for instances in domains.values()), "one instance per domain"
+    assert len({id(h.domain) for h in got}) == 2, "rows of another domain get their own"
+    assert len({id(h.pool) for h in got}) == 1
+    unshared = PreparedModels(_hosts_by_domain, pool_id=int).objects(pool_id=pool.pk)
+    assert len({id(h.domain) for h in unshared}) == len(hosts), "without sharing, one per row as the ORM builds"
+
+
 def test_prepared_models_refuse_values_and_are_not_read_as_rows() -> None:
     values = PreparedModels(lambda *, pool_id: Host.objects.filter(pool_id=pool_id).values_list("id"), pool_id=int)
     with pytest.raises(TypeError, match="build it without values"):

@@ -38,7 +38,9 @@ def train_upgrades(train: Train) -> TrainUpgrades:
     for phase in rows:
         if phase.upgrade_id not in read.phases:
             read.upgrades.append(phase.upgrade)
-        phase.upgrade = read.upgrades[-1]  # one instance per upgrade (each row brought its own copy)
+        phase.upgrade = read.upgrades[
+            -1
+        ]  # one instance per upgrade (elsewhere than on PostgreSQL, each row brings a copy)
         read.phases[phase.upgrade_id].append(phase)
         if phase.position == phase.upgrade.current_phase:
             read.failures[phase.upgrade_id] = phase.current_failures
@@ -57,9 +59,12 @@ def _active_upgrade_phases(**where: object) -> QuerySet[UpgradePhase]:
     )
 
 
-_EMERGENCY_UPGRADE_PHASES = PreparedModels(lambda *, upgrade_id: _active_upgrade_phases(pk=upgrade_id), upgrade_id=int)
+# An upgrade's phases come in a row each, each row with its upgrade: built once per upgrade (share_related).
+_EMERGENCY_UPGRADE_PHASES = PreparedModels(
+    lambda *, upgrade_id: _active_upgrade_phases(pk=upgrade_id), upgrade_id=int, share_related=True
+)
 _POOL_UPGRADE_PHASES = PreparedModels(
-    lambda *, pool_id: _active_upgrade_phases(pool_id=pool_id, emergency=False), pool_id=int
+    lambda *, pool_id: _active_upgrade_phases(pool_id=pool_id, emergency=False), pool_id=int, share_related=True
 )
 
 
