@@ -38,9 +38,8 @@ def train_upgrades(train: Train) -> TrainUpgrades:
     for phase in rows:
         if phase.upgrade_id not in read.phases:
             read.upgrades.append(phase.upgrade)
-        phase.upgrade = read.upgrades[
-            -1
-        ]  # one instance per upgrade (elsewhere than on PostgreSQL, each row brings a copy)
+        # One instance per upgrade: on PostgreSQL the rows share it (share_related); elsewhere each brings a copy.
+        phase.upgrade = read.upgrades[-1]
         read.phases[phase.upgrade_id].append(phase)
         if phase.position == phase.upgrade.current_phase:
             read.failures[phase.upgrade_id] = phase.current_failures
