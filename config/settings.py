@@ -146,6 +146,10 @@ else:
         DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASE_IS_SQLITE = _database.is_sqlite
+# The queries compiled once (opsplanner/prepared.py) run as server-side prepared statements after
+# this many runs on a connection; 0 never prepares them (behind a PgBouncer in transaction
+# mode older than 1.21, which cannot keep a session's prepared statements).
+DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 2, minimum=0)
 
 # --- Redis, Celery, Channels --------------------------------------------------------------------
 REDIS_URL = env_redis_url("REDIS_URL")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -171,3 +172,48 @@ def test_prepared_models_refuse_values_and_are_not_read_as_rows() -> None:
     models = PreparedModels(lambda *, pool_id: Host.objects.filter(pool_id=pool_id), pool_id=int)
     with pytest.raises(TypeError, match="call objects"):
         models.rows(pool_id=1)
+
+
+def _prepared_statements_like(pattern: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s", [pattern])
+        return [statement for (statement,) in cursor.fetchall()]
+
+
+def _in_service_of_pool(*, pool_id: int) -> QuerySet[Host, tuple[int]]:
+    return Host.objects.filter(pool_id=pool_id, state=HostState.IN_SERVICE).order_by("id").values_list("id")
+
+
+def test_it_runs_as_a_server_side_prepared_statement_after_two_runs_with_its_constants_written_in() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=3)
+    query = PreparedQuery(_in_service_of_pool, pool_id=int)
+    shape = '%FROM "fleet_host"%in_service%'
+    for _ in range(2):  # DATABASE_PREPARE_THRESHOLD
+        assert query.rows(pool_id=pool.pk) == [(h.pk,) for h in hosts]
+    assert _prepared_statements_like(shape) == []
+    assert query.rows(pool_id=pool.pk) == [(h.pk,) for h in hosts]
+    (statement,) = _prepared_statements_like(shape)
+    assert "= 'in_service'" in statement, "the constant is written in, so the kept plan knows it"
+    assert '"pool_id" = $1' in statement, "the parameter is bound apart"
+
+
+def test_it_prepares_nothing_with_a_threshold_of_zero(settings: Any) -> None:
+    settings.DATABASE_PREPARE_THRESHOLD = 0
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    query = PreparedQuery(_in_service_of_pool, pool_id=int)
+    for _ in range(4):
+        assert query.rows(pool_id=pool.pk) == [(h.pk,) for h in hosts]
+    assert _prepared_statements_like('%FROM "fleet_host"%in_service%') == []
+
+
+def test_constants_with_quotes_and_percent_signs_match_what_the_orm_matches() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=3)
+    Host.objects.filter(pk=hosts[0].pk).update(hostname="50%'s-a")
+    Host.objects.filter(pk=hosts[1].pk).update(hostname="50x's-b")  # matched if the % were a wildcard
+
+    def build(*, pool_id: int) -> QuerySet[Host, tuple[str]]:
+        return Host.objects.filter(pool_id=pool_id, hostname__startswith="50%'s").values_list("hostname")
+
+    query = PreparedQuery(build, pool_id=int)
+    for _ in range(3):  # unprepared, then prepared
+        assert query.rows(pool_id=pool.pk) == list(build(pool_id=pool.pk)) == [("50%'s-a",)]
