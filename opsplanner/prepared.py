@@ -275,23 +275,18 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 
 def _constants_inlined(connection: Any, sql: str, slots: tuple[Any, ...], params: list[Any]) -> str:
     """The SQL with each constant parameter written in as the literal the client-side binding would
-    send, the parameters' markers kept. PostgreSQL then plans a prepared statement knowing the
-    constants (the states, the flags), so its generic plan is the one it would choose each time."""
-    if len(slots) != len(params):
-        raise ValueError(f"{len(slots)} slots for {len(params)} parameters")
-    connection.ensure_connection()
-    values = iter(zip(slots, params, strict=True))
-    with psycopg.ClientCursor(connection.connection) as quoting:
+    send (Django's compose_sql), the parameters' markers kept. PostgreSQL then plans a prepared
+    statement knowing the constants (the states, the flags), so its generic plan is the one it would
+    choose each time."""
+    values = iter(zip(slots, params, strict=True))  # slots has one entry per parameter
 
-        def written(match: re.Match[str]) -> str:
-            if match.group() == "%%":
-                return "%%"
-            slot, value = next(values)
-            if slot is not None:
-                return "%s"
-            return quoting.mogrify("%s", [value]).replace("%", "%%")
+    def written(match: re.Match[str]) -> str:
+        if match.group() == "%%":
+            return "%%"
+        slot, value = next(values)
+        return "%s" if slot is not None else connection.ops.compose_sql("%s", [value]).replace("%", "%%")
 
-        sql = _PLACEHOLDER.sub(written, sql)
+    sql = _PLACEHOLDER.sub(written, sql)
     if next(values, None) is not None:
         raise ValueError(f"the SQL has fewer markers than its {len(params)} parameters: {sql}")
     return sql
