@@ -167,11 +167,15 @@ def actor_report(process: subprocess.Popen, log: Path) -> dict:
 
 
 def drain(pools: list[Pool]) -> int:
-    """Tick and simulate until the pools are quiet: nothing under way, nothing in flight (what is
-    still pending is then blocked). Returns the invariant checks made, one per round, each clean."""
+    """Tick and simulate until the pools are quiet: nothing under way, nothing in flight, and the
+    last round moved no task (what is still pending is then blocked). A round can end work without
+    putting it under way (an upgrade whose host already runs its target finishes at admission, after
+    claiming its host: what queued behind it is admitted at the next tick), so an idle round alone
+    does not mean quiet. Returns the invariant checks made, one per round, each clean."""
     checks = 0
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
+        moved_before = last_task_transition()
         for pool in pools:
             pool_tick(pool_id=pool.pk)  # admits whatever can be admitted: it is then under way
         # As the beat's fleet tick does after the pools: an operation over two pools whose last tasks
@@ -181,9 +185,14 @@ def drain(pools: list[Pool]) -> int:
         assert check_invariants() == []
         checks += 1
         under_way = HostTask.objects.filter(state__in=ACTIVE_TASK_STATES)
-        if not under_way.exists() and not in_flight().exists():
+        if not under_way.exists() and not in_flight().exists() and last_task_transition() == moved_before:
             return checks
         assert time.monotonic() < deadline, f"not drained after {DRAIN_SECONDS}s: {list(under_way.values()[:5])}"
+
+
+def last_task_transition() -> int | None:
+    """The id of the last task transition's event: it changes whenever a task moves."""
+    return Event.objects.filter(kind="task.state_changed").order_by("-id").values_list("id", flat=True).first()
 
 
 def in_flight() -> QuerySet[WorkItem]:

@@ -236,6 +236,31 @@ def test_a_task_whose_target_the_host_already_runs_finishes_without_a_drain() ->
     }
 
 
+def test_work_queued_behind_a_task_with_nothing_to_do_is_admitted_at_the_next_tick() -> None:
+    """The task with nothing to do claims its host when judged and finishes after: what queued behind
+    it waits one tick with nothing under way (the stress test's final drain once stopped there)."""
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=4)
+    installed_version_set(host=hosts[0], version=bios("2.16.0"))
+    upgrade = bios_upgrade([hosts[0]], "2.16.0", priority=900)
+    gang = operation_submit(
+        kind="reboot", scope=f"hosts: {hosts[0].hostname}, {hosts[1].hostname}", reason="gang", actor="op", gang=True
+    )
+
+    pool_tick(pool_id=pool.pk)
+
+    assert upgrade.tasks.get().state == TaskState.DONE
+    assert set(gang.tasks.values_list("state", "waiting_reason")) == {
+        (
+            TaskState.PENDING,
+            f"gang of 2 hosts waits: queued behind operation #{upgrade.pk} on this host (host {hosts[0].pk})",
+        )
+    }
+
+    pool_tick(pool_id=pool.pk)
+
+    assert set(gang.tasks.values_list("state", "waiting_reason")) == {(TaskState.DRAINING, "")}
+
+
 def test_an_operators_ad_hoc_downgrade_still_takes_the_host_down_a_version() -> None:
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
