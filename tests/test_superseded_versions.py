@@ -236,9 +236,10 @@ def test_a_task_whose_target_the_host_already_runs_finishes_without_a_drain() ->
     }
 
 
-def test_work_queued_behind_a_task_with_nothing_to_do_is_admitted_at_the_next_tick() -> None:
-    """The task with nothing to do claims its host when judged and finishes after: what queued behind
-    it waits one tick with nothing under way (the stress test's final drain once stopped there)."""
+def test_work_queued_behind_a_task_with_nothing_to_do_is_admitted_in_the_same_tick() -> None:
+    """The upgrade is judged first and claims its host; only then is it found to have nothing to do.
+    The gang behind it is judged again at once (it waited a tick, saying it queued behind a finished
+    operation, and the stress test's final drain once stopped there)."""
     pool, hosts = make_fleet(domains=1, hosts_per_domain=4)
     installed_version_set(host=hosts[0], version=bios("2.16.0"))
     upgrade = bios_upgrade([hosts[0]], "2.16.0", priority=900)
@@ -246,19 +247,23 @@ def test_work_queued_behind_a_task_with_nothing_to_do_is_admitted_at_the_next_ti
         kind="reboot", scope=f"hosts: {hosts[0].hostname}, {hosts[1].hostname}", reason="gang", actor="op", gang=True
     )
 
+    counts = pool_tick(pool_id=pool.pk).counts
+
+    assert upgrade.tasks.get().state == TaskState.DONE
+    assert set(gang.tasks.values_list("state", "waiting_reason")) == {(TaskState.DRAINING, "")}
+    assert counts.waiting == 0
+
+
+def test_room_taken_by_a_task_with_nothing_to_do_goes_to_the_next_in_the_same_tick() -> None:
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=4, planned_buffer_hosts=1)
+    installed_version_set(host=hosts[0], version=bios("2.16.0"))
+    upgrade = bios_upgrade([hosts[0]], "2.16.0", priority=900)
+    reboot = operation_submit(kind="reboot", scope=f"hosts: {hosts[1].hostname}", reason="next", actor="op")
+
     pool_tick(pool_id=pool.pk)
 
     assert upgrade.tasks.get().state == TaskState.DONE
-    assert set(gang.tasks.values_list("state", "waiting_reason")) == {
-        (
-            TaskState.PENDING,
-            f"gang of 2 hosts waits: queued behind operation #{upgrade.pk} on this host (host {hosts[0].pk})",
-        )
-    }
-
-    pool_tick(pool_id=pool.pk)
-
-    assert set(gang.tasks.values_list("state", "waiting_reason")) == {(TaskState.DRAINING, "")}
+    assert reboot.tasks.get().state == TaskState.DRAINING
 
 
 def test_an_operators_ad_hoc_downgrade_still_takes_the_host_down_a_version() -> None:

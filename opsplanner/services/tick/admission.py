@@ -12,7 +12,8 @@ is read on, a few growing pages at most (_read_on). The tasks behind what was ex
 they wait their turn (or that their operation is held), set-based, in words that do not change as
 the queue moves.
 An upgrade with a newer target of its component pending for the same host ends superseded, and an
-admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py).
+admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py),
+after which what waits is judged again in the same tick.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ def _queue_after(limit: int, *, unheld: bool) -> PreparedQuery:
 HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 2
 READ_ON_PAGES = 3  # pages read on at most behind a head blocked by something else than room (_read_on)
+ADMISSION_PASSES = 3  # at most a tick: a pass judges again only after one where upgrades had nothing to do
 
 
 @dataclass
@@ -249,14 +251,27 @@ class _Decisions:
 def admit(ctx: TickContext, *, budget: int) -> None:
     """Admit what fits. Only the head of the queue is examined: twice the free headroom (at
     least HORIZON_MIN tasks), plus tasks that need no drain. Tasks further back are not examined
-    one by one: they get a reason true of all of them (see _write_waiting_beyond)."""
+    one by one: they get a reason true of all of them (see _write_waiting_beyond).
+    An upgrade whose host already runs its target is known only once admitted, and finishes then:
+    the host it claimed and the room it took are free again, so what waits is judged again (else it
+    would wait a tick, saying it queues behind an operation that has finished)."""
+    for _ in range(ADMISSION_PASSES):
+        waiting, again = _admit_pass(ctx, budget=budget)
+        if not again:
+            break
+    ctx.counts.waiting += waiting
+
+
+def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
+    """(how many examined tasks wait, whether to judge again: tasks finished with nothing to do
+    while others wait)."""
     if not _ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
-        return
+        return 0, False
     headroom = pool_headroom(ctx)
     horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
     head = _examine_head(ctx, horizon=horizon)
     if not head.candidates:
-        return
+        return 0, False
     obstacles = _read_obstacles(ctx, head.candidates)
     _skip_superseded(ctx, head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
@@ -265,10 +280,11 @@ def admit(ctx: TickContext, *, budget: int) -> None:
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
         _write_waiting_beyond(ctx, examined=frozenset(head.candidates), held=head.held)
-    admitted = _skip_nothing_to_do(ctx, decisions.admitted)
+    admitted = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
     broken = obstacles.repairs_broken
     _admit(ctx, [t for t in admitted if t.id not in broken])
     _admit_broken_repairs(ctx, [t for t in admitted if t.id in broken])
+    return len(decisions.waiting), len(admitted) < len(decisions.admitted) and bool(decisions.waiting)
 
 
 def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
@@ -420,17 +436,6 @@ def _skip_superseded(ctx: TickContext, head: _QueueHead, obstacles: _Obstacles) 
         head.order = [task for task in head.order if task.id not in newer]
 
 
-def _skip_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskRef]:
-    """The admitted upgrades whose host already runs their target (or newer) finish without a drain;
-    returns the others. Read only when upgrades are admitted (one query): the headroom such a task
-    was judged to take is free again at the next tick."""
-    if not any(task.target_version_id for task in admitted):
-        return admitted
-    runs = supersede.nothing_to_do(admitted, supersede.installed_versions(admitted))
-    supersede.finish_nothing_to_do(ctx, {task.id: task for task in admitted}, runs)
-    return [task for task in admitted if task.id not in runs]
-
-
 def _judge_queue(
     head: _QueueHead, obstacles: _Obstacles, headroom: Headroom, decisions: _Decisions | None = None
 ) -> _Decisions:
@@ -510,7 +515,6 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
         _WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
-    ctx.counts.waiting += len(waiting)
     ctx.counts.waiting_reasons_changed += sum(len(ids) for ids in groups.values())
 
 

@@ -146,3 +146,14 @@ def finish_nothing_to_do(ctx: TickContext, tasks: dict[int, TaskRef], runs: dict
         waiting_code="",
         waiting_reason="",
     )
+
+
+def finish_admitted_with_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskRef]:
+    """The admitted upgrades whose host already runs their target (or newer) finish without a drain;
+    returns the others. Read only when upgrades are admitted (one query). The host such a task claimed
+    and the room it took are free again: admission then judges again what waits (admission.admit)."""
+    if not any(task.target_version_id for task in admitted):
+        return admitted
+    runs = nothing_to_do(admitted, installed_versions(admitted))
+    finish_nothing_to_do(ctx, {task.id: task for task in admitted}, runs)
+    return [task for task in admitted if task.id not in runs]
