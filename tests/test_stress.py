@@ -169,9 +169,9 @@ def actor_report(process: subprocess.Popen, log: Path) -> dict:
 def drain(pools: list[Pool]) -> int:
     """Tick and simulate until the pools are quiet: nothing under way, nothing in flight, and the
     last round moved no task (what is still pending is then blocked). A round can end work without
-    putting it under way (an upgrade whose host already runs its target finishes at admission, after
-    claiming its host: what queued behind it is admitted at the next tick), so an idle round alone
-    does not mean quiet. Returns the invariant checks made, one per round, each clean."""
+    putting it under way (an upgrade whose host already runs its target finishes at admission), and
+    what a moved task freed may go only in the next round: an idle round alone does not mean quiet.
+    Returns the invariant checks made, one per round, each clean."""
     checks = 0
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:

@@ -106,6 +106,8 @@ def test_a_fleet_file_that_withdraws_a_version_says_it_rolls_back_its_hosts_and_
         "(rolls back the 2 hosts running it)"
     ]
     assert rollback_tasks() == sorted(h.pk for h in hosts)
+    said = Event.objects.get(kind="component_version.updated").data
+    assert (said["offboarded_upgrades"], len(said["rollbacks"]), said["hosts_without_previous"]) == (0, 1, 0)
 
 
 def test_a_rollback_to_a_version_withdrawn_too_is_refused_with_the_reason_and_the_hosts() -> None:
@@ -181,6 +183,9 @@ def test_a_fleet_files_plan_says_how_many_pending_tasks_of_other_operations_its_
 
     cancelled = HostTask.objects.filter(operation=ad_hoc).values_list("state", flat=True)
     assert list(cancelled) == [TaskState.CANCELLED] * 2, "the plan counted what the withdrawal cancelled"
+    said = Event.objects.get(kind="component_version.updated").data
+    assert (said["offboarded_upgrades"], said["pending_tasks_cancelled"]) == (1, 2), said
+    assert said["changed_fields"] == ["withdrawn", "withdrawn_reason"]
 
 
 def test_a_withdrawal_with_nothing_else_aimed_at_the_version_says_nothing_of_cancelling() -> None:

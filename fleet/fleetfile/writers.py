@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import Model
@@ -28,6 +28,9 @@ from fleet.versions import version_sort_key
 from opsplanner import clock
 from opsplanner.bulk import insert_missing
 from opsplanner.events import Actor, EventRow, actor_fields, events_copy_rows
+
+if TYPE_CHECKING:
+    from fleet.services.catalogue import Withdrawal
 
 CHUNK = 20_000
 REASON = "applied from the fleet file"
@@ -152,7 +155,7 @@ class FleetWriter:
         ]  # fmt: skip
         self._insert(ComponentVersion, columns, rows, "versions")
         updated = self.plan.of("version", "update")
-        self._offboard(updated)
+        withdrawals = self._offboard(updated)
         for change in updated:
             _, version = change.spec
             withdrawn = version.withdrawn_reason is not None
@@ -174,21 +177,28 @@ class FleetWriter:
             self.event("component.version_added", "fleet.componentversion", ids[(component.name, version.version)],
                        change, data=data)  # fmt: skip
         for change in updated:
-            self.event("component_version.updated", "fleet.componentversion", change.live.id, change)
+            # A withdrawal says what it did, as the API's withdrawal event does.
+            done = withdrawals[change.live.id].event_data() if change.live.id in withdrawals else {}
+            self.event(
+                "component_version.updated", "fleet.componentversion", change.live.id, change, data=_data(change) | done
+            )
 
-    def _offboard(self, updated: list[Change]) -> None:
+    def _offboard(self, updated: list[Change]) -> dict[int, Withdrawal]:
         """Upgrades to a version the file withdraws are offboarded by their own service (pending work
-        cancelled, hosts running it rolled back); the file's reason is written after it."""
+        cancelled, hosts running it rolled back); the file's reason is written after it. What each
+        withdrawal did, by version."""
         from fleet.services.catalogue import versions_withdrawal_apply
 
+        withdrawals: dict[int, Withdrawal] = {}
         for change in updated:
             if change.fields.get("withdrawn") == (False, True):
                 why = change.spec[1].withdrawn_reason
-                versions_withdrawal_apply(
+                withdrawals[change.live.id] = versions_withdrawal_apply(
                     version_ids=[change.live.id],
                     reason=f"version withdrawn by the fleet file: {why}",
                     actor=self.actor_obj,
                 )
+        return withdrawals
 
     # Pools and domains ---------------------------------------------------------------------------
 

@@ -127,6 +127,15 @@ class Withdrawal(NamedTuple):
     without_previous: int  # hosts running such a version with nothing recorded to go back to
     tasks_cancelled: int  # pending tasks of other operations to them (ad-hoc, rollbacks, emergencies)
 
+    def event_data(self) -> dict[str, Any]:
+        """What the withdrawal did, as the events of a withdrawal say it (the API's and the fleet file's)."""
+        return {
+            "offboarded_upgrades": self.offboarded,
+            "rollbacks": self.rollbacks,
+            "hosts_without_previous": self.without_previous,
+            "pending_tasks_cancelled": self.tasks_cancelled,
+        }
+
 
 def versions_withdrawal_apply(
     *, version_ids: Iterable[int], reason: str, actor: Actor, roll_back_without_upgrade: bool = True
@@ -230,14 +239,7 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
         subject=version,
         actor=actor,
         reason=reason,
-        data={
-            "component": version.component.name,
-            "version": version.version,
-            "offboarded_upgrades": withdrawal.offboarded,
-            "rollbacks": withdrawal.rollbacks,
-            "hosts_without_previous": withdrawal.without_previous,
-            "pending_tasks_cancelled": withdrawal.tasks_cancelled,
-        },
+        data={"component": version.component.name, "version": version.version, **withdrawal.event_data()},
     )
     return version
 
