@@ -152,6 +152,9 @@ TERMINAL_TASK_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CA
 ACTIVE_TASK_STATES = frozenset({TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING})
 # Tasks an operation still waits for: it is closed when none is left.
 OPEN_TASK_STATES = ACTIVE_TASK_STATES | {TaskState.PENDING}
+# The states in which the tasks of a drain are read by its key (host_task_drain_idx), as a sorted list:
+# the index's condition, which a query's state filter must imply for PostgreSQL to use it.
+DRAIN_READ_STATES = sorted({TaskState.FAILED, TaskState.HANDED_OVER, TaskState.VERIFYING})
 
 
 class WaitingCode(models.TextChoices):
@@ -224,6 +227,9 @@ class HostTask(models.Model):
                 name="host_task_open_idx",
                 condition=Q(state__in=sorted(OPEN_TASK_STATES)),
             ),
+            # The tasks of given drains the pre-return gate, the handover and the repair read (every
+            # verified host asks): without it, a seq scan of every task ever made.
+            models.Index(fields=["drain_key"], name="host_task_drain_idx", condition=Q(state__in=DRAIN_READ_STATES)),
         ]
 
     def __str__(self) -> str:
