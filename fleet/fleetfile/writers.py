@@ -178,7 +178,8 @@ class FleetWriter:
                        change, data=data)  # fmt: skip
         for change in updated:
             # A withdrawal says what it did, as the API's withdrawal event does.
-            done = withdrawals[change.live.id].event_data() if change.live.id in withdrawals else {}
+            withdrawal = withdrawals.get(change.live.id)
+            done = withdrawal.event_data() if withdrawal is not None else {}
             self.event(
                 "component_version.updated", "fleet.componentversion", change.live.id, change, data=_data(change) | done
             )

@@ -5,6 +5,7 @@ from opsplanner.models.idempotency import IdempotencyRecord
 from opsplanner.models.leases import Lease
 from opsplanner.models.operations import (
     ACTIVE_TASK_STATES,
+    DRAIN_READ_STATES,
     MAX_PRIORITY,
     OPEN_TASK_STATES,
     REPAIR_PRIORITY,
@@ -31,6 +32,7 @@ from opsplanner.models.workers import WorkerHeartbeat
 
 __all__ = [
     "ACTIVE_TASK_STATES",
+    "DRAIN_READ_STATES",
     "FINISHED_WORK_STATES",
     "MAX_PRIORITY",
     "OPEN_TASK_STATES",

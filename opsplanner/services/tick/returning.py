@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from fleet.models import ComponentVersion, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
-from opsplanner.models import HostTask, OperationKind, OperationState, TaskState
+from opsplanner.models import DRAIN_READ_STATES, HostTask, OperationKind, OperationState, TaskState
 from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
@@ -110,7 +110,7 @@ def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef
 _DRAIN_UPGRADES = PreparedQuery(
     lambda *, keys: HostTask.objects.filter(
         drain_key__any=keys,
-        state__in=[TaskState.HANDED_OVER, TaskState.VERIFYING, TaskState.FAILED],
+        state__in=DRAIN_READ_STATES,  # every state host_task_drain_idx holds
         operation__kind="upgrade",
     ).values_list(
         "drain_key",
