@@ -5,15 +5,20 @@ the decision needs: past the successes that keep the failures within the rate, n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 
 import pytest
+from django.apps import apps as django_apps
 
+from fleet.models import Host, HostState, Pool
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.services.failures import host_failure_report
+from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
-from tests.driving import drive, instant_simulator
+from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train
-from trains.models import Upgrade, UpgradePhase, UpgradeState
+from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit, VisitState
 from trains.services.tick import train_tick
 from trains.services.upgrade_policy import successes_within_rate
 from trains.services.upgrades import upgrade_create, upgrade_phase_successes, upgrades_phase_successes
@@ -131,3 +136,71 @@ def test_the_successes_counted_for_the_rate_are_the_fewest_that_keep_the_failure
 
 def test_a_rate_of_zero_has_no_count_of_successes_that_keeps_failures_within_it() -> None:
     assert successes_within_rate(Upgrade(max_failure_rate="0", failure_rate_min_hosts=5), 1) is None
+
+
+def test_a_host_that_broke_after_it_succeeded_still_counts_as_a_success_of_the_phase() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=3)
+    visit.fail(1)  # 1 of 6 is 17%
+    for task in visit.tasks[1:4]:  # then three of the hosts that succeeded broke: their disks, not the upgrade
+        host_failure_report(host_id=task.host_id, reason="a disk died", actor="test")
+
+    upgrade = visit.train_decides()
+
+    assert upgrade.state == UpgradeState.ACTIVE, upgrade.state_reason  # 1 of 3 in service would be 33%
+    assert upgrade_phase_successes(visit.upgrade, 0) == 5
+
+
+def two_upgrades_in_one_drain() -> tuple[Pool, Train, Upgrade, Upgrade]:
+    """A train and two upgrades on a pool of two domains of three hosts: its visits take both in one
+    drain per host, the first handed over to the second."""
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=3)
+    train = make_train(pool)
+    first, second = (
+        upgrade_create(pool=pool, component=component, version=version, reason="rollout")
+        for component, version in [("bios", "2.16.0"), ("gpu-driver", "560.35.03")]
+    )
+    return pool, train, first, second
+
+
+def test_a_handed_over_host_counts_once_its_drain_returned_it_and_still_counts_when_it_is_out_again() -> None:
+    pool, train, first, second = two_upgrades_in_one_drain()
+    handed_over = HostTask.objects.filter(operation__visit_link__upgrade=first, state=TaskState.HANDED_OVER)
+    seen_mid_drain: list[int] = []
+
+    def nothing_counts_before_a_host_is_back() -> None:
+        if handed_over.exists() and not HostTask.objects.filter(state=TaskState.DONE).exists():
+            seen_mid_drain.append(upgrade_phase_successes(first, 0))
+
+    visit = Visit.objects.filter(train=train).order_by("id")
+    drive_trains(
+        pool,
+        each_round=nothing_counts_before_a_host_is_back,
+        until=lambda: visit.filter(state=VisitState.DONE).exists(),
+    )
+
+    assert seen_mid_drain, "no round had the first upgrade handed over with its hosts still out"
+    assert set(seen_mid_drain) == {0}  # handed over, the hosts still out in that drain
+    assert handed_over.count() == 3  # one drain per host: the first upgrade handed its hosts to the second
+    assert (upgrade_phase_successes(first, 0), upgrade_phase_successes(second, 0)) == (3, 3)
+    broken = [task.host_id for task in handed_over[:2]]
+    for host_id in broken:  # out again, for something else
+        host_failure_report(host_id=host_id, reason="a fan failed", actor="test")
+    pool_tick(pool_id=pool.pk)
+    assert not Host.objects.filter(pk__in=broken, state=HostState.IN_SERVICE).exists()
+    assert (upgrade_phase_successes(first, 0), upgrade_phase_successes(second, 0)) == (3, 3)
+
+
+def test_the_migration_marks_the_handed_over_tasks_whose_drain_already_returned_its_host() -> None:
+    pool, train, *_ = two_upgrades_in_one_drain()
+    handed_over = HostTask.objects.filter(state=TaskState.HANDED_OVER)
+    drive_trains(pool, until=lambda: Visit.objects.filter(train=train, state=VisitState.DONE).exists())
+    drive_trains(pool, until=lambda: handed_over.filter(drain_returned_at__isnull=True).exists())  # mid-drain
+    marked = dict(handed_over.values_list("id", "drain_returned_at"))
+    assert None in marked.values()  # a drain under way
+    assert set(marked.values()) - {None}  # and drains that returned their hosts
+    handed_over.update(drain_returned_at=None)  # rows from before the column
+
+    import_module("opsplanner.migrations.0018_host_task_drain_returned_at").drains_that_returned(django_apps, None)
+
+    assert dict(handed_over.values_list("id", "drain_returned_at")) == marked

@@ -192,6 +192,11 @@ class HostTask(models.Model):
     admitted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     state_changed_at = models.DateTimeField(default=clock.now)
+    drain_returned_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="handed over: when its drain brought the host back to service (its work then counts as a success)",
+    )
 
     class Meta:
         ordering = ["-priority", "created_at", "id"]

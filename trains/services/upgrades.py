@@ -16,7 +16,7 @@ from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySe
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
-from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, MaintenanceDomain, Pool, WithdrawnBy
+from fleet.models import ComponentVersion, Host, InstalledVersion, MaintenanceDomain, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
@@ -408,24 +408,27 @@ def upgrades_unfinished(upgrades: Iterable[Upgrade], host_ids: Iterable[int]) ->
 def _phase_succeeded_tasks() -> QuerySet[HostTask, Any]:
     """The finished tasks of a phase's operations whose host succeeded (see phase_successes), for a
     subquery on UpgradePhase rows."""
+    # A task is done when its host is back in service; one handed over, when its drain brought the
+    # host back (drain_returned_at).
     return HostTask.objects.filter(
+        Q(state=TaskState.DONE) | Q(state=TaskState.HANDED_OVER, drain_returned_at__isnull=False),
         _at_or_beyond(
             "host__installed_versions__",
             component=OuterRef("upgrade__component_version__component_id"),
             sort_key=OuterRef("upgrade__component_version__sort_key"),
         ),
         operation_id__in=_phase_operations(),
-        state__in=[TaskState.DONE, TaskState.HANDED_OVER],
-        host__state=HostState.IN_SERVICE,
     ).order_by()
 
 
 def phase_successes() -> Coalesce:
     """The hosts that succeeded in a phase, as an expression on UpgradePhase rows (the one
     definition: the train tick and the pages count with it). A host counts once if a task of the
-    phase's operations finished (done, or handed over with the work applied), the host is back in
-    service, and it runs the target or a newer version of the component (a newer release that
-    reached it supersedes the upgrade)."""
+    phase's operations finished (done, or handed over with the work applied), the host came back
+    to service from that task's drain, and it runs the target or a newer version of the component
+    (a newer release that reached it supersedes the upgrade). A host that is out again since (drained
+    for later work, broken) still counts: it succeeded, and the failure rate must not rise because a
+    later visit drained the hosts that proved the upgrade (it offboarded good upgrades)."""
     count = (
         _phase_succeeded_tasks()
         .annotate(n=Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)"))

@@ -143,6 +143,7 @@ class HostTaskSerializer(serializers.ModelSerializer):
             "admitted_at",
             "finished_at",
             "state_changed_at",
+            "drain_returned_at",
         ]
 
 

@@ -452,6 +452,19 @@ def _returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
         finished_at=ctx.now,
     )
     ctx.release_leases([t.id for t in tasks], reason="host back in service")
+    # The drain's earlier tasks (handed over) stay so; that their host came back is what makes their
+    # work a success (trains/services/upgrades.py: phase_successes), whatever happens to it later.
+    keys = frozenset(t.drain_key for t in tasks if t.drain_key is not None)
+    if keys:
+        _DRAIN_RETURNED.count(keys=keys, now=ctx.now)
+
+
+_DRAIN_RETURNED = PreparedUpdate(
+    lambda *, keys, now: HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER),
+    lambda *, keys, now: {"drain_returned_at": now},
+    keys=IDS,
+    now=dt.datetime,
+)
 
 
 def _returns_failed(
