@@ -10,9 +10,10 @@ from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner.models import HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from tests.builders import make_fleet
-from tests.driving import drive_trains, instant_simulator
+from tests.driving import busy, drive_trains, instant_simulator
 from tests.trains_builders import FAILING_DRIVER, cycle_ended, drains_per_host, make_train
 from trains.models import Pace, Upgrade, UpgradeState, VisitOperation
+from trains.services.upgrades import upgrade_create, upgrade_phase_failures
 
 pytestmark = pytest.mark.django_db
 
@@ -270,3 +271,19 @@ def test_a_catch_up_held_by_a_pause_is_left_to_the_next_cycle_when_its_host_retu
     train_resume(train_id=train.pk, reason="looked fine", actor=None)
     drive_trains(pool, until=lambda: cycle_ended(train, 1))
     assert drains_per_host(pool)[host.pk] == 1  # not drained again in the cycle it was paused in
+
+
+def test_a_host_that_fails_an_upgrade_again_in_its_catch_up_counts_once_against_it() -> None:
+    instant_simulator(execute_by_kind=FAILING_DRIVER)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2, failure_buffer_hosts=2)
+    make_train(pool)
+    # Two hosts may fail (the default policy); each fails twice: in its drain, then in its catch-up.
+    driver = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", max_failures=2)
+    failed = HostTask.objects.filter(operation__visit_link__upgrade=driver, state=TaskState.FAILED)
+
+    drive_trains(pool, until=lambda: failed.count() == 4 and not busy([pool]))
+
+    assert set(failed.values_list("host_id", flat=True)) == {h.pk for h in hosts}
+    assert upgrade_phase_failures(driver, driver.phases.get()) == 2
+    driver.refresh_from_db()
+    assert driver.state == UpgradeState.ACTIVE, driver.state_reason  # "4 hosts failed" of a 2-host pool, before

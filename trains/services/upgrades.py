@@ -310,17 +310,22 @@ def _phase_operations() -> QuerySet[VisitOperation, Any]:
     ).values("operation_id")
 
 
+_COUNT_HOSTS = Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)")
+
+
 def phase_failures() -> Coalesce:
     """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
     (the one definition: the train tick, offboarding and the pages all count with it). A failed task
     of the phase's operations counts if it failed since the phase (re)started (a re-onboarded phase
-    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT)."""
+    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT).
+    The policy says how many hosts may fail: a host counts once however often it failed (its catch-up
+    and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took."""
     failed = (
         HostTask.objects.filter(operation_id__in=_phase_operations(), state=TaskState.FAILED)
         .filter(Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at")))
         .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
     )
-    count = failed.order_by().annotate(n=Func(F("id"), function="COUNT")).values("n")
+    count = failed.order_by().annotate(n=_COUNT_HOSTS).values("n")
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
@@ -429,11 +434,7 @@ def phase_successes() -> Coalesce:
     (a newer release that reached it supersedes the upgrade). A host that is out again since (drained
     for later work, broken) still counts: it succeeded, and the failure rate must not rise because a
     later visit drained the hosts that proved the upgrade (it offboarded good upgrades)."""
-    count = (
-        _phase_succeeded_tasks()
-        .annotate(n=Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)"))
-        .values("n")
-    )
+    count = _phase_succeeded_tasks().annotate(n=_COUNT_HOSTS).values("n")
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
