@@ -11,11 +11,21 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import Pool
+from fleet.services import installed_version_set
 from opsplanner import clock
-from tests.driving import drive_trains
-from tests.test_train_budget import SLO_S, TARGETS, WORK_S, create_upgrades, drains_per_host, four_components_fleet
+from tests.builders import make_fleet
+from tests.driving import drive, drive_trains, instant_simulator
+from tests.test_train_budget import (
+    SLO_S,
+    TARGETS,
+    WORK_S,
+    bmc,
+    create_upgrades,
+    drains_per_host,
+    four_components_fleet,
+)
 from tests.test_train_late_joiners import a_visit_draining
-from tests.trains_builders import make_train
+from tests.trains_builders import make_train, nic_firmware
 from trains.models import Cycle, Pace, Train, Visit, VisitOperation, VisitState
 from trains.selectors_forecast import ForecastCode, upgrades_forecasts
 from trains.services.budget import (
@@ -215,6 +225,39 @@ def test_a_cycle_budget_never_grows_a_visit_beyond_its_share_of_the_slo() -> Non
     assert sizing_within_cycle(sizing, train=train, seconds_left=-60, visits_left=2).budget_s == 0
     pair = Train(cycle_slo_s=SLO_S, visit_concurrency=2)  # two visits at once share the time left two by two
     assert sizing_within_cycle(sizing, train=pair, seconds_left=5000, visits_left=4).budget_s == 2500
+    # Three visits two at a time run as two in a row; the last, beside a free lane, has only the time left.
+    assert sizing_within_cycle(sizing, train=pair, seconds_left=5000, visits_left=3).budget_s == 2500
+    assert sizing_within_cycle(sizing, train=pair, seconds_left=2400, visits_left=1).budget_s == 2400
+
+
+def test_visits_that_do_not_divide_among_the_lanes_keep_a_cycle_at_its_lower_bound() -> None:
+    # Three domains, two at a time: two visits in a row, so each has half the SLO (the lower bound
+    # is two visit estimates); a share of SLO x 2 / 3 made the cycle 9600 s against 7200 s.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=3, hosts_per_domain=2, planned_buffer_hosts=4)
+    for host in hosts:
+        installed_version_set(host=host, version=nic_firmware()["22.1"])
+        installed_version_set(host=host, version=bmc()["1.0"])
+    start = timezone.now()
+    now = [start]
+    with clock.use_clock(lambda: now[0]):
+        train = make_train(pool, cycle_slo_s=SLO_S, visit_estimate_s=3600, visit_overhead_s=600, visit_concurrency=2)
+        for component, version in TARGETS:
+            upgrade_create(pool=pool, component=component, version=version, reason="rollout", duration_s=1400)
+        train_tick(train_id=train.pk)
+        cycle = Cycle.objects.get(train=train, number=1)
+        first = list(Visit.objects.filter(cycle=cycle, state=VisitState.RUNNING))
+        drive(pool)
+        # The first two visits took what they were given; the third starts with what is left.
+        now[0] = start + dt.timedelta(seconds=max(v.plan["estimate_s"] for v in first))
+        train_tick(train_id=train.pk)
+        last = Visit.objects.get(cycle=cycle, state=VisitState.RUNNING)
+
+    assert len(first) == 2
+    assert {v.plan["budget_s"] for v in first} == {SLO_S // 2}
+    assert all(v.plan["estimate_s"] <= SLO_S // 2 for v in first)
+    assert last.started_at is not None
+    assert last.plan["estimate_s"] <= (cycle.deadline_at - last.started_at).total_seconds()
 
 
 def test_a_late_upgrade_joins_a_visit_only_within_the_budget_the_visit_was_given() -> None:

@@ -174,6 +174,14 @@ MEASURED_FIELDS = (
 )  # fmt: skip
 
 
+def visit_rounds(visits: int, lanes: int) -> int:
+    """How many visits one after another a cycle of `visits` takes with `lanes` (visit_concurrency)
+    running at once: the one count behind a visit's share of the SLO and the SLO's lower bound. A
+    share of SLO x lanes / visits overran the cycle when the visits do not divide among the lanes
+    (3 domains, 2 at once: 2 visits in a row, not 1.5)."""
+    return max(1, math.ceil(visits / max(1, lanes)))
+
+
 def sizing_for(
     train: Train, *, domains: int, largest_domain: int, planned_buffer: int, correction: Correction
 ) -> VisitSizing:
@@ -181,7 +189,7 @@ def sizing_for(
     emergency train may take whole domains whatever the buffer, down to the hard floor)."""
     at_once = largest_domain if train.emergency else planned_buffer // train.visit_concurrency
     return VisitSizing(
-        budget_s=train.cycle_slo_s * train.visit_concurrency / max(1, domains),
+        budget_s=train.cycle_slo_s / visit_rounds(max(1, domains), train.visit_concurrency),
         overhead_s=train_overhead_s(train),
         hosts_at_once=max(1, at_once),
         factor=correction.factor,
@@ -354,14 +362,13 @@ def sizing_within_cycle(
     if visits_left <= 0:
         return sizing
     lanes = train.visit_concurrency
+    rounds = visit_rounds(visits_left, lanes)
     if train.emergency or seconds_left <= 0:
-        return replace(
-            sizing, budget_s=min(sizing.budget_s, max(0.0, seconds_left) * lanes / visits_left), stretch_s=None
-        )
+        return replace(sizing, budget_s=min(sizing.budget_s, max(0.0, seconds_left) / rounds), stretch_s=None)
     usable = max(0.0, seconds_left - in_flight_s)
     if train.pace == Pace.SLIDING and visits_left <= lanes:
         usable /= sizing.tail  # the last visits' slowest hosts end the cycle
-    budget = min(sizing.budget_s, usable * lanes / visits_left)
+    budget = min(sizing.budget_s, usable / rounds)
     # An upgrade too long for any visit's share runs where the rest of the cycle can give the time
     # (its other visits down to their overhead), and waits for a later cycle where it cannot: taken
     # anyway, it made every visit of a cycle overrun (25 domains of 5 h against a 72 h SLO).
@@ -496,7 +503,7 @@ def overrun_reason(train: Train, upgrade: Upgrade, sizing: VisitSizing) -> str:
         return ""
     waves = sizing.waves(hosts)
     per_wave = sizing.cost_s(min(hosts, sizing.hosts_at_once), [sizing.work_s(upgrade)])  # one wave
-    needed_slo = math.ceil(cost * sizing.domains / train.visit_concurrency)
+    needed_slo = math.ceil(cost * visit_rounds(sizing.domains, train.visit_concurrency))
     fixes = [f"a cycle SLO of at least {needed_slo} s (now {train.cycle_slo_s} s)"]
     if waves > 1 and per_wave <= sizing.budget_s:
         fits = max(1, int(sizing.budget_s // per_wave))  # waves that fit the budget

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -13,6 +11,7 @@ from opsplanner.adapters import POOLS_ADAPTER
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import Operation, OperationState
 from trains.models import STOPPED_TRAIN_STATES, Pace, Train, TrainState, TrainStop, VisitOperation, VisitState
+from trains.services.budget import visit_rounds
 
 SUBJECT = "trains.train"
 
@@ -46,7 +45,7 @@ def _check_pace(pace: str | None) -> None:
 def slo_shortfall(*, stops: int, concurrency: int, visit_estimate_s: int, cycle_slo_s: int) -> str:
     """Why a cycle of `stops` visits cannot meet the SLO even at the train's visit estimate; empty
     when it can."""
-    needed = math.ceil(stops / concurrency) * visit_estimate_s
+    needed = visit_rounds(stops, concurrency) * visit_estimate_s
     if cycle_slo_s >= needed:
         return ""
     return (
