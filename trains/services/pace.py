@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from django.db.models import Count, QuerySet
 
-from fleet.models import Host
+from fleet.models import Host, HostState
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask
@@ -103,21 +103,46 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
             plan = UpgradePlan(upgrade=known.upgrade, phase=known.phases[entry["phase"]], allowed=set())
             pending.append(Step(plan=plan, hosts=set(entry["hosts"]), work_s=entry["work_s"]))
     now, rest = split_release(pending, limit)
-    steps = [replace(s, hosts=s.hosts & now) for s in pending if s.hosts & now]
-    plan_record = {**visit.plan, "unreleased": rest, "released": int(visit.plan.get("released", 0)) + len(now)}
+    # Planned maybe hours ago: a host retired, moved to another pool or broken since then is left for
+    # its next visit (submitted anyway, the core refused a retired host and the tick rolled back at
+    # every run; a moved one was drained by the old pool's train, a broken one held the visit open).
+    ready = _releasable(visit, now)
+    steps = [replace(s, hosts=s.hosts & ready) for s in pending if s.hosts & ready]
+    plan_record = {**visit.plan, "unreleased": rest, "released": int(visit.plan.get("released", 0)) + len(ready)}
     if not Visit.objects.filter(pk=visit.pk, state=VisitState.RUNNING).update(plan=plan_record):
         return 0
     visit.plan = plan_record
     if steps:  # a target now incompatible is left out, and its hosts still to come no longer wait for it
         visit_plan_record_refused(visit, visit_steps_submit_compatible(train, visit, steps, joined=False))
     if now:
-        event_record(
-            kind="train.visit_released",
-            subject=visit,
-            actor=ACTOR,
-            pool_id=train.pool_id,
-            reason=f"{len(now)} more hosts of domain {visit.domain.name} released to the core as hosts came back; "
-            f"{len(unreleased_hosts(visit))} still to come",
-            data={"train": train.pk, "cycle": visit.cycle_id, "hosts": len(now), "left": len(unreleased_hosts(visit))},
-        )
-    return len(now)
+        _released_record(train, visit, released=len(ready), left_out=len(now - ready))
+    return len(ready)
+
+
+def _releasable(visit: Visit, host_ids: set[int]) -> set[int]:
+    """The hosts among `host_ids` still in the visit's domain and in service (what a visit starts with)."""
+    if not host_ids:
+        return set()
+    return set(
+        Host.objects.filter(pk__in=sorted(host_ids), domain_id=visit.domain_id, state=HostState.IN_SERVICE)
+        .order_by()
+        .values_list("id", flat=True)
+    )
+
+
+def _released_record(train: Train, visit: Visit, *, released: int, left_out: int) -> None:
+    left = len(unreleased_hosts(visit))
+    reason = (
+        f"{released} more hosts of domain {visit.domain.name} released to the core as hosts came back; "
+        f"{left} still to come"
+    )
+    if left_out:
+        reason += f"; {left_out} no longer in service in the domain, left for their next visit"
+    event_record(
+        kind="train.visit_released",
+        subject=visit,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=reason,
+        data={"train": train.pk, "cycle": visit.cycle_id, "hosts": released, "left": left, "left_out": left_out},
+    )
