@@ -9,10 +9,13 @@ import pytest
 from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner.models import HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import busy, drive_trains, instant_simulator
 from tests.trains_builders import FAILING_DRIVER, cycle_ended, drains_per_host, make_train
-from trains.models import Pace, Upgrade, UpgradeState, VisitOperation
+from trains.models import Pace, Upgrade, UpgradeState, Visit, VisitOperation
+from trains.services import catch_up
 from trains.services.upgrades import upgrade_create, upgrade_phase_failures
 
 pytestmark = pytest.mark.django_db
@@ -287,3 +290,31 @@ def test_a_host_that_fails_an_upgrade_again_in_its_catch_up_counts_once_against_
     assert upgrade_phase_failures(driver, driver.phases.get()) == 2
     driver.refresh_from_db()
     assert driver.state == UpgradeState.ACTIVE, driver.state_reason  # "4 hosts failed" of a 2-host pool, before
+
+
+def test_a_repair_applied_between_the_catch_ups_first_read_and_its_lock_gets_no_second_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Read committed: a pool tick commits between the train's read of the hosts in repair and its
+    # lock of the pool, applying a repair and sending the host to its checks.
+    instant_simulator(execute_by_kind=FAILING_DRIVER)
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2, planned_buffer_hosts=2, failure_buffer_hosts=3)
+    train = make_train(pool)
+    rollouts(pool)
+    first_read, raced = catch_up._repaired_now, []
+
+    def a_pool_tick_commits_after(running: list[Visit]) -> dict[int, set[int]]:
+        found = first_read(running)
+        if found and not raced:
+            simulated_work_step()
+            pool_tick(pool_id=pool.pk, kick=False)
+            hosts = {h for hs in found.values() for h in hs}
+            repairs = HostTask.objects.filter(host_id__in=hosts, operation__kind=OperationKind.REPAIR)
+            raced.append(set(repairs.values_list("state", flat=True)))
+        return found
+
+    monkeypatch.setattr(catch_up, "_repaired_now", a_pool_tick_commits_after)
+    drive_trains(pool, until=lambda: cycle_ended(train, 1), each_round=mend_once_a_repair_started)
+
+    assert raced == [{TaskState.VERIFYING}]  # the race happened: the repair is applied, its checks run
+    assert set(drains_per_host(pool).values()) == {1}

@@ -111,10 +111,14 @@ def visits_catch_up(
     missed that are still active; (visit, host) for each host that will catch up. Holds the pool row
     meanwhile, like a late join: a pool tick that holds it defers this to the next train tick, so a
     repair is never applied between the check and the write."""
-    found = _repaired_now(running)
-    if not found:
+    if not _repaired_now(running):  # the usual tick: nobody to catch up, and no lock taken
         return []
     if Pool.objects.select_for_update(no_key=True, skip_locked=True).filter(pk=train.pool_id).first() is None:
+        return []
+    # Read again under the lock: a pool tick that committed after the first read may have applied a
+    # repair and sent the host to its checks; work submitted for it then opened a second drain.
+    found = _repaired_now(running)
+    if not found:
         return []
     room = sliding_allowance(train) - train_hosts_out(train) if train_slides(train) else None
     missed = _missed(found)
