@@ -3,10 +3,11 @@ still drained or not yet started, in the same drain, when it fits the visit's bu
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
@@ -97,3 +98,50 @@ def test_a_late_upgrade_skips_hosts_of_the_visit_already_on_their_way_back() -> 
 
     link = VisitOperation.objects.get(visit=visit, upgrade=late)
     assert list(link.operation.tasks.values_list("host_id", flat=True)) == [staying]
+
+
+def test_a_multi_cycle_upgrade_that_joins_late_keeps_its_bound_of_hosts_per_visit() -> None:
+    pool, _, train, visit = a_visit_draining()
+
+    late = upgrade_create(
+        pool=pool, component="gpu-driver", version="560.35.03", reason="slow flash", multi_cycle=True, hosts_per_visit=1
+    )
+    report = train_tick(train_id=train.pk)
+
+    assert f"upgrade {late.pk} joined visit {visit.pk} on 1 hosts" in report.events
+    assert HostTask.objects.filter(operation__visit_link__upgrade=late).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_that_commits_while_a_visit_starts_joins_that_visit() -> None:
+    # upgrade_create stamps its row, then checks and forecasts before it commits; a train tick that
+    # starts a visit meanwhile cannot see it, though it was created before the visit started.
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+    created, commit = threading.Event(), threading.Event()
+
+    def an_operator_creates_an_upgrade() -> None:
+        try:
+            with transaction.atomic():
+                upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver fix")
+                created.set()
+                commit.wait(30)
+        finally:
+            connection.close()
+
+    operator = threading.Thread(target=an_operator_creates_an_upgrade)
+    operator.start()
+    assert created.wait(30)
+    train_tick(train_id=train.pk)  # starts the first visit with the bios alone
+    commit.set()
+    operator.join(30)
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    late = Upgrade.objects.get(pool=pool, component_version__component__name="gpu-driver")
+    pool_tick(pool_id=pool.pk, kick=False)
+    train_tick(train_id=train.pk)
+
+    assert late.created_at < visit.started_at  # stamped before the visit started, committed after
+    assert VisitOperation.objects.filter(visit=visit, upgrade=late).exists()
+    assert late.pk not in Visit.objects.get(pk=visit.pk).plan["considered"]

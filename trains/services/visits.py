@@ -130,14 +130,11 @@ def visit_start(
     in_service = set(
         Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
     )
-    steps = domain_steps(plans, in_service, sizing)
-    for step in steps:
-        bound = step.plan.upgrade.hosts_per_visit if step.plan.upgrade.multi_cycle else None
-        if bound:
-            step.hosts = set(sorted(step.hosts)[:bound])
+    steps = _within_hosts_per_visit(domain_steps(plans, in_service, sizing))
     selection = _select(steps, sizing)
     taken: list[Step] = selection.taken
     plan_record = _plan_record(selection, sizing)
+    plan_record[CONSIDERED_KEY] = sorted({p.upgrade.pk for p in plans})
     submit = taken
     if release is not None:
         now_hosts, plan_record["unreleased"] = split_release(taken, release)
@@ -163,6 +160,16 @@ def visit_start(
               "cost_s": round(selection.cost_s)},
     )  # fmt: skip
     return selection
+
+
+def _within_hosts_per_visit(steps: list[Step]) -> list[Step]:
+    """A multi-cycle upgrade takes at most its hosts_per_visit hosts of a visit (the first by id),
+    as the visit starts or as it joins late."""
+    for step in steps:
+        bound = step.plan.upgrade.hosts_per_visit if step.plan.upgrade.multi_cycle else None
+        if bound:
+            step.hosts = set(sorted(step.hosts)[:bound])
+    return steps
 
 
 def split_release(steps: list[Step], limit: int) -> tuple[set[int], list[dict]]:
@@ -346,13 +353,25 @@ def visit_plan_record_refused(visit: Visit, refused: set[int], *, cost: dict | N
 
 
 # --- late joiners -----------------------------------------------------------------------------------
+# A visit's plan: the upgrades it chose from as it started. One created as the visit started, but
+# committed after the train read its upgrades, is not among them, though it was created before the
+# visit started: told apart by time alone, it never joined and its hosts were drained again next cycle.
+CONSIDERED_KEY = "considered"
+
+
 def late_joiner_candidates(running: list[Visit], upgrades: list[Upgrade]) -> dict[int, list[Upgrade]]:
-    """Per running visit, the upgrades created after it started that it has not considered yet
-    (its plan records what it took and what it looked at): no query."""
+    """Per running visit, the upgrades it did not choose from as it started and has not considered
+    since (its plan records what it chose from, took and looked at): no query. A visit started before
+    its plan kept what it chose from takes those created after it started."""
     candidates: dict[int, list[Upgrade]] = {}
     for visit in running:
-        seen = {e["upgrade"] for e in visit.plan.get("upgrades", [])} | set(visit.plan.get("late_seen", []))
-        fresh = [u for u in upgrades if visit.started_at and u.created_at > visit.started_at and u.pk not in seen]
+        plan = visit.plan
+        seen = {e["upgrade"] for e in plan.get("upgrades", [])} | set(plan.get("late_seen", []))
+        if CONSIDERED_KEY in plan:
+            seen |= set(plan[CONSIDERED_KEY])
+            fresh = [u for u in upgrades if u.pk not in seen]
+        else:
+            fresh = [u for u in upgrades if visit.started_at and u.created_at > visit.started_at and u.pk not in seen]
         if fresh:
             candidates[visit.pk] = fresh
     return candidates
@@ -400,7 +419,7 @@ def _join_visit(
     budget = min(sizing.budget_s, float(plan_record.get("budget_s", sizing.budget_s)))
     joins = []
     waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
-    for step in domain_steps(plans, drained | waiting, sizing) if drained or waiting else []:
+    for step in _within_hosts_per_visit(domain_steps(plans, drained | waiting, sizing)) if drained or waiting else []:
         cost = sizing.cost_s(len(hosts | step.hosts), [*works, step.work_s])
         if cost > budget:
             continue  # it waits for the next cycle, like any work that does not fit
