@@ -9,6 +9,8 @@ import pytest
 from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner.models import HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.services.failures import host_failure_report
+from opsplanner.services.operations import operation_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
@@ -16,6 +18,7 @@ from tests.driving import busy, drive_trains, instant_simulator
 from tests.trains_builders import FAILING_DRIVER, cycle_ended, drains_per_host, make_train
 from trains.models import Pace, Upgrade, UpgradeState, Visit, VisitOperation
 from trains.services import catch_up
+from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create, upgrade_phase_failures
 
 pytestmark = pytest.mark.django_db
@@ -236,8 +239,6 @@ def test_a_train_tick_while_its_visit_runs_reads_the_visits_once_and_nothing_for
 
 
 def test_a_catch_up_held_by_a_pause_is_left_to_the_next_cycle_when_its_host_returns() -> None:
-    from opsplanner.services.simulator import simulated_work_step
-    from opsplanner.services.tick import pool_tick
     from trains.services.tick import trains_tick
     from trains.services.trains import train_pause, train_resume
 
@@ -318,3 +319,26 @@ def test_a_repair_applied_between_the_catch_ups_first_read_and_its_lock_gets_no_
 
     assert raced == [{TaskState.VERIFYING}]  # the race happened: the repair is applied, its checks run
     assert set(drains_per_host(pool).values()) == {1}
+
+
+def test_a_host_escalated_while_its_train_task_waits_leaves_the_work_to_the_next_cycle_and_the_visit_ends() -> None:
+    # Two hosts at a time in a domain of four: two tasks wait for room. A waiting host breaks, and its
+    # repair is cancelled: a human has it now, for as long as it takes.
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=4, planned_buffer_hosts=2)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+    train_tick(train_id=train.pk)
+    pool_tick(pool_id=pool.pk, kick=False)
+    waiting = sorted(HostTask.objects.filter(state=TaskState.PENDING).values_list("host_id", flat=True))
+    assert len(waiting) == 2
+    repair = host_failure_report(host_id=waiting[0], reason="psu dead")
+    operation_cancel(operation_id=repair.pk, reason="vendor RMA", actor=None)
+    assert Host.objects.get(pk=waiting[0]).state == HostState.ESCALATED
+
+    drive_trains(pool, until=lambda: cycle_ended(train, 1))
+
+    deferred = HostTask.objects.get(host_id=waiting[0], operation__visit_link__visit__train=train)
+    assert (deferred.state, deferred.failure_code) == (TaskState.CANCELLED, FailureCode.DEFERRED)
+    assert "escalated to a human" in deferred.failure_reason
+    assert HostTask.objects.get(host_id=waiting[1], operation__visit_link__visit__train=train).state == TaskState.DONE

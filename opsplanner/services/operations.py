@@ -35,6 +35,7 @@ from opsplanner.scopes import parse_scope, resolve_scope, versions_of
 from opsplanner.services.compatibility import targets_refusals, withdrawn_refusal
 from opsplanner.services.tick.admission import queue_reason
 from opsplanner.services.tick.context import SUBJECT_OPERATION
+from opsplanner.services.tick.repair import deferred_reason, pending_train_work
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -347,36 +348,18 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     _, actor_label = actor_fields(actor)
     now = clock.now()
     pending = list(
-        HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list("id", "host_id", "pool_id")
+        HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list(
+            "id", "host_id", "pool_id", "operation_id"
+        )
     )
-    cancelled = HostTask.objects.filter(pk__any=[row[0] for row in pending], state=TaskState.PENDING).update(
-        state=TaskState.CANCELLED,
-        failure_code=FailureCode.CANCELLED,
-        finished_at=now,
-        state_changed_at=now,
-        waiting_code="",
-        waiting_reason="",
-    )
-    if cancelled != len(pending):
-        raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
-    events_copy_rows(
-        [
-            event_row(
-                kind="task.state_changed",
-                subject_type=SUBJECT_TASK,
-                subject_id=task_id,
-                now=now,
-                actor=actor_label,
-                reason=reason,
-                pool_id=pool_id,
-                host_id=host_id,
-                data={"from": TaskState.PENDING, "to": TaskState.CANCELLED, "operation": operation_id},
-            )
-            for task_id, host_id, pool_id in pending
-        ]
-    )
+    cancelled = _pending_cancel(pending, code=FailureCode.CANCELLED, why="", reason=reason, now=now, actor=actor_label)
     if operation.source == OperationSource.REPAIR:
-        _escalate_unrepaired({host_id for _, host_id, _ in pending}, reason=reason, actor=actor)
+        escalated = _escalate_unrepaired({row[1] for row in pending}, reason=reason, actor=actor)
+        # A human has these hosts for as long as it takes: their train work waits for the next cycle
+        # (as when the tick escalates a host), or its visit, and the train's cycle, waited for them.
+        deferred = list(pending_train_work(escalated).values_list("id", "host_id", "pool_id", "operation_id"))
+        why = deferred_reason("its host is escalated to a human")
+        _pending_cancel(deferred, code=FailureCode.DEFERRED, why=why, reason=why, now=now, actor=actor_label)
     closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
     # With tasks still under way the operation stays open until they finish; then the tick closes it
     # cancelled, as its cancellation is dated (operations_close_finished). A second cancel keeps the first date.
@@ -394,9 +377,46 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     return cancelled
 
 
-def _escalate_unrepaired(host_ids: set[int], *, reason: str, actor: Actor) -> None:
+def _pending_cancel(
+    pending: list[tuple[int, int, int, int]], *, code: str, why: str, reason: str, now: dt.datetime, actor: str
+) -> int:
+    """Cancel these pending tasks (id, host, pool, operation) with `code` and `why` as their failure
+    reason, each with its event; how many. Any that changed meanwhile refuses the whole cancel."""
+    cancelled = HostTask.objects.filter(pk__any=[row[0] for row in pending], state=TaskState.PENDING).update(
+        state=TaskState.CANCELLED,
+        failure_code=code,
+        failure_reason=why,
+        finished_at=now,
+        state_changed_at=now,
+        waiting_code="",
+        waiting_reason="",
+    )
+    if cancelled != len(pending):
+        raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
+    events_copy_rows(
+        [
+            event_row(
+                kind="task.state_changed",
+                subject_type=SUBJECT_TASK,
+                subject_id=task_id,
+                now=now,
+                actor=actor,
+                reason=reason,
+                pool_id=pool_id,
+                host_id=host_id,
+                data={"from": TaskState.PENDING, "to": TaskState.CANCELLED, "operation": operation_id},
+            )
+            for task_id, host_id, pool_id, operation_id in pending
+        ]
+    )
+    return cancelled
+
+
+def _escalate_unrepaired(host_ids: set[int], *, reason: str, actor: Actor) -> set[int]:
     """A broken host whose repair was cancelled goes to a human (failed → escalated: retry or release
-    it, opsplanner.services.escalations) instead of staying failed with nothing left to repair it."""
+    it, opsplanner.services.escalations) instead of staying failed with nothing left to repair it.
+    The hosts escalated."""
+    escalated = set()
     repaired = HostTask.objects.filter(
         host_id__any=host_ids, state__in=OPEN_TASK_STATES, operation__source=OperationSource.REPAIR
     ).values_list("host_id", flat=True)
@@ -416,3 +436,5 @@ def _escalate_unrepaired(host_ids: set[int], *, reason: str, actor: Actor) -> No
             event_record(  # as the tick's escalation writes it (opsplanner/services/tick/repair.py)
                 kind="host.escalated", subject=host, actor=actor, reason=reason, pool_id=host.pool_id, host_id=host_id
             )
+            escalated.add(host_id)
+    return escalated

@@ -10,7 +10,7 @@ one more host out for planned work, the repair hands the host over instead of re
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Count, F
+from django.db.models import Count, F, QuerySet
 
 from fleet.models import Host, HostState
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Operation, OperationKind, OperationSource, TaskState
@@ -107,19 +107,30 @@ def defer_train_work(ctx: TickContext, host_ids: set[int], *, why: str = "the ho
     Ad-hoc and emergency work stays pending: somebody asked for it now."""
     if not host_ids:
         return
-    deferred = task_refs(
-        HostTask.objects.filter(host_id__any=host_ids, state=TaskState.PENDING, operation__source=OperationSource.TRAIN)
-    )
+    deferred = task_refs(pending_train_work(host_ids))
     ctx.move_tasks(
         deferred.values(),
         expected=TaskState.PENDING,
         new=TaskState.CANCELLED,
         failure_code=FailureCode.DEFERRED,
-        failure_reason=f"left for the train's next cycle: {why}"[:500],
+        failure_reason=deferred_reason(why),
         finished_at=ctx.now,
         waiting_code="",
         waiting_reason="",
     )
+
+
+def pending_train_work(host_ids: set[int]) -> QuerySet[HostTask]:
+    """The trains' pending tasks of these hosts: what one drain per host per cycle leaves to the next
+    cycle when the host is out broken (its drain failed, or a human has it)."""
+    return HostTask.objects.filter(
+        host_id__any=sorted(host_ids), state=TaskState.PENDING, operation__source=OperationSource.TRAIN
+    )
+
+
+def deferred_reason(why: str) -> str:
+    """The failure reason of a train task left to the next cycle (code FailureCode.DEFERRED)."""
+    return f"left for the train's next cycle: {why}"[:500]
 
 
 def _failed_repairs(failed: list[tuple[TaskRef, str]]) -> dict[int, int]:
