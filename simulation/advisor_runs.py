@@ -35,7 +35,14 @@ from opsplanner.models import AdvisorRun, AdvisorRunState
 from opsplanner.models.advisor import ACTIVE_ADVISOR_STATES, AdvisorRunKind
 from simulation.advisor import AdvisorRequest, advice
 from simulation.config import POLICIES, SimulationConfig
-from simulation.from_live import live_forecast, live_forecast_measures, live_pool_refusal
+from simulation.from_live import (
+    LiveConfigError,
+    LiveSnapshotError,
+    live_forecast,
+    live_forecast_check,
+    live_forecast_measures,
+    live_pool_refusal,
+)
 from simulation.runner import (
     default_lanes,
     jobs_run,
@@ -286,11 +293,36 @@ def live_forecast_params_validate(*, pool: str, days: int, policies: list[str] |
         problems["policies"] = f"Choose at least one policy of {', '.join(POLICIES)}."
     elif len(set(chosen)) != len(chosen):
         problems["policies"] = "Give each policy once."
-    if not _is_whole(seed) or seed < 0:
-        problems["seed"] = "The seed must be a whole number, 0 or more."
+    if not _is_whole(seed):
+        problems["seed"] = "The seed must be a whole number."
     if problems:
         raise ValidationError(problems)
-    return {"pool": pool.strip(), "days": days, "policies": [p for p in POLICIES if p in chosen], "seed": seed}
+    params = {"pool": pool.strip(), "days": days, "policies": [p for p in POLICIES if p in chosen], "seed": seed}
+    _live_forecast_check(params)
+    return params
+
+
+def _live_base(params: Mapping[str, Any]) -> SimulationConfig:
+    """The configuration a live forecast run starts from (the pool's own shape is added by from_live)."""
+    return SimulationConfig(
+        pools=1, days=float(params["days"]), policies=tuple(params["policies"]), seed=params["seed"]
+    )
+
+
+def _live_forecast_check(params: Mapping[str, Any]) -> None:
+    """Refuse, by field, what the worker's forecast would refuse (the same check: live_forecast_check):
+    a seed out of range, a pool whose shape the simulator cannot take."""
+    try:
+        live_forecast_check(_live_base(params), params["pool"])
+    except LiveConfigError as error:
+        problems: dict[str, str] = {}
+        for name, message in error.problems.items():
+            field = name if name in ("seed", "days", "policies") else "pool"
+            text = message if field != "pool" else f"Pool {error.pool!r} cannot be forecast: {message}"
+            problems[field] = " ".join(filter(None, [problems.get(field), text[0].upper() + text[1:]]))
+        raise ValidationError(problems) from None
+    except LiveSnapshotError as error:  # the pool changed since the cheap check above
+        raise ValidationError({"pool": f"{str(error)[0].upper()}{str(error)[1:]}."}) from None
 
 
 @transaction.atomic
@@ -334,9 +366,7 @@ def _sweep(run_id: int, request: AdvisorRequest) -> dict[str, Any]:
 
 def _live(run_id: int, params: Mapping[str, Any]) -> dict[str, Any]:
     """The live pool forecast, its measures per policy (from_live.py; reads the live database only)."""
-    base = SimulationConfig(
-        pools=1, days=float(params["days"]), policies=tuple(params["policies"]), seed=params["seed"]
-    )
+    base = _live_base(params)
     lanes = max(1, min(default_lanes(), len(base.policies)))
     forecast = live_forecast(base, params["pool"], lanes=lanes, tag=f"_advisor{run_id}", say=log.info)
     return {"pool": params["pool"], **live_forecast_measures(forecast)}

@@ -65,6 +65,8 @@ class SimulationConfig:
     # A what-if on the live fleet: the snapshot file the lanes build their world from, and when time starts.
     live_snapshot: str = ""
     start_at: str = ""  # ISO 8601; empty: EPOCH
+    # A live pool's planned buffer in hosts, which need not be whole domains; None: planned_buffer_domains domains.
+    planned_buffer_size: int | None = None
 
     @property
     def start(self) -> dt.datetime:
@@ -84,6 +86,8 @@ class SimulationConfig:
 
     @property
     def planned_buffer_hosts(self) -> int:
+        if self.planned_buffer_size is not None:
+            return self.planned_buffer_size
         return self.hosts_per_domain * self.planned_buffer_domains
 
     @property
@@ -97,9 +101,17 @@ class SimulationConfig:
 
     @property
     def cycle_lower_bound_hours(self) -> float:
-        """The shortest cycle the buffers and visit times allow: every visit at its best, as many at once
-        as the planned buffer holds (the same arithmetic train_create checks the SLO against)."""
-        visits = -(-self.domains_per_pool // self.planned_buffer_domains)
+        """The shortest cycle of a pool's domains (cycle_lower_bound_hours_of)."""
+        return self.cycle_lower_bound_hours_of(self.domains_per_pool)
+
+    def cycle_lower_bound_hours_of(self, domains: int) -> float:
+        """The shortest cycle of `domains` domains the buffers and visit times allow: every visit at its
+        best, as many at once as the planned buffer holds (the arithmetic train_create checks the SLO
+        against; the one definition: the run's refusal, the report and the missed cycles use it). A
+        buffer smaller than a domain visits it in waves of the buffer's size, one after another."""
+        visits = -(-domains // max(1, self.planned_buffer_domains))
+        if self.planned_buffer_hosts < self.hosts_per_domain:
+            visits *= -(-self.hosts_per_domain // max(1, self.planned_buffer_hosts))
         return visits * max(1, round(self.visit_minutes * 60)) / 3600
 
     def errors(self) -> dict[str, str]:
@@ -144,6 +156,8 @@ class SimulationConfig:
             at_least(name, 0, at_most=MAX_PER_WEEK)
         at_least("host_failures_per_day", 0, at_most=MAX_HOST_FAILURES_PER_DAY)
         at_least("upgrades_at_start", 0)
+        if self.planned_buffer_size is not None:
+            at_least("planned_buffer_size", 0, " hosts", at_most=MAX_HOSTS)
         for name in ("drain_minutes", "execute_minutes", "verify_minutes", "undrain_minutes"):
             at_least(name, 0, " minutes", at_most=WEEK_MINUTES)
         for name in ("upgrade_failure_rate", "verify_failure_rate", "failure_buffer_fraction"):
@@ -234,6 +248,9 @@ class Arrival:
     pool: int
     component: str
     version: str
+    # upgrade_create's arguments beyond the target (a live upgrade's scope, phases, priority, deadline,
+    # duration and failure policy: a what-if on the live fleet); empty: the simulator's own upgrade.
+    upgrade: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import random
 import tempfile
 from collections.abc import Callable
@@ -42,12 +43,26 @@ from opsplanner import clock
 from opsplanner.bulk import insert_missing
 from simulation.config import Arrival, Failure, SimulationConfig, Workload
 from simulation.report import Runs, summarise
-from simulation.runner import Job, jobs_run, scratch_databases, scratch_databases_drop
+from simulation.runner import (
+    Job,
+    jobs_run,
+    lanes_claimed,
+    scratch_databases,
+    scratch_databases_drop,
+    scratch_databases_swept,
+)
 from simulation.world import SimPool, World
 
 PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
 # Whatever a forecast is asked, its work is the live pending upgrades: no arrivals or windows are drawn.
 LIVE_FIXED: dict[str, Any] = {"upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
+# What live_config takes from the live pool, whatever the command line says: a problem with one of
+# these is the pool's, never an option's.
+LIVE_POOL_FIELDS = frozenset(
+    {"hosts", "pools", "hosts_per_domain", "planned_buffer_domains", "planned_buffer_size", "failure_buffer_fraction",
+     "components", "upgrades_at_start", "live_snapshot", "start_at", "cycle_slo_hours"}
+)  # fmt: skip
+LIVE_TAGS = r"_live\d+"  # the tags live_run_tag gives (as a regular expression)
 _NO_POOL = "there is no pool named {!r}"
 _NO_HOSTS = "pool {!r} has no hosts to forecast"
 
@@ -150,7 +165,8 @@ def _pool_snapshot(pool: Pool, now: dt.datetime) -> dict[str, Any]:
 
 
 def _catalogue_snapshot() -> dict[str, Any]:
-    """Every component, its versions still offered, and the compatibility rules between them."""
+    """Every component, its versions (the withdrawn ones too, withdrawn: a host may still run one, and
+    the lane must refuse to return it as the live pre-return check does), and the compatibility rules."""
     return {
         "components": list(
             Component.objects.order_by("name").values_list(
@@ -158,10 +174,12 @@ def _catalogue_snapshot() -> dict[str, Any]:
             )
         ),
         "versions": [
-            [name, version, _iso(released)]
-            for name, version, released in ComponentVersion.objects.filter(withdrawn_at__isnull=True)
-            .order_by("component__name", "sort_key")
-            .values_list("component__name", "version", "released_at")
+            [name, version, _iso(released), _iso(withdrawn), reason, by]
+            for name, version, released, withdrawn, reason, by in ComponentVersion.objects.order_by(
+                "component__name", "sort_key"
+            ).values_list(
+                "component__name", "version", "released_at", "withdrawn_at", "withdrawn_reason", "withdrawn_by"
+            )
         ],
         "rules": list(
             CompatibilityRule.objects.order_by("id").values_list(
@@ -221,11 +239,37 @@ def _trains_snapshot(pool: Pool) -> dict[str, Any]:
             }
             for train in trains
         ],
-        "upgrades": list(
-            upgrades.order_by("created_at", "id").values_list(
-                "component_version__component__name", "component_version__version"
-            )
-        ),
+        "upgrades": [
+            _upgrade_snapshot(upgrade)
+            for upgrade in upgrades.select_related("component_version__component")
+            .prefetch_related("phases__domain")
+            .order_by("created_at", "id")
+        ],
+    }
+
+
+def _upgrade_snapshot(upgrade: Any) -> dict[str, Any]:
+    """A pending upgrade as upgrade_create takes it: its target, scope and policy, and the phases it
+    has still to go through (a graduated phase's evidence is in: the lane does not wait for it again)."""
+    phases = [
+        {"name": p.name, "domain": p.domain.name if p.domain else "", "percent": p.percent,
+         "min_successes": p.min_successes, "soak_s": p.soak_s, "selection": p.selection}
+        for p in sorted(upgrade.phases.all(), key=lambda p: p.position)
+        if p.position >= upgrade.current_phase
+    ]  # fmt: skip
+    return {
+        "component": upgrade.component_version.component.name,
+        "version": upgrade.component_version.version,
+        "scope": upgrade.scope,
+        "phases": phases or None,
+        "max_failures": upgrade.max_failures,
+        "max_failure_rate": _decimal(upgrade.max_failure_rate),
+        "failure_rate_min_hosts": upgrade.failure_rate_min_hosts,
+        "multi_cycle": upgrade.multi_cycle,
+        "hosts_per_visit": upgrade.hosts_per_visit,
+        "priority": upgrade.priority,
+        "deadline": _iso(upgrade.deadline),
+        "duration_s": upgrade.duration_s,
     }
 
 
@@ -259,7 +303,10 @@ def live_config(base: SimulationConfig, snapshot: dict[str, Any], path: Path, no
         "hosts": hosts,
         "pools": 1,
         "hosts_per_domain": domain_size,
+        # The trains visit as many whole domains at once as the buffer holds (at least one, in waves
+        # when the buffer is smaller); the lane's pool keeps the live buffer itself, in hosts.
         "planned_buffer_domains": max(1, planned // domain_size),
+        "planned_buffer_size": planned,
         "failure_buffer_fraction": min(0.49, failure_fraction),
         "components": max(1, len(snapshot["components"])),
         "upgrades_at_start": 0,
@@ -274,7 +321,10 @@ def live_config(base: SimulationConfig, snapshot: dict[str, Any], path: Path, no
 def live_workload(config: SimulationConfig) -> Workload:
     """The pool's pending upgrades, all arriving when time starts; hosts break as the seed draws them."""
     snapshot = snapshot_read(config)
-    arrivals = [Arrival(at=config.start, pool=0, component=c, version=v) for c, v in snapshot["upgrades"]]
+    arrivals = [
+        Arrival(at=config.start, pool=0, component=u["component"], version=u["version"], upgrade=_as_created(u, config))
+        for u in snapshot["upgrades"]
+    ]
     seconds = config.days * 86_400
     failures: list[Failure] = []
     rng = random.Random(f"{config.seed}:failures")
@@ -288,6 +338,15 @@ def live_workload(config: SimulationConfig) -> Workload:
         )
         at += rng.expovariate(rate)
     return Workload(arrivals=arrivals, failures=failures)
+
+
+def _as_created(upgrade: dict[str, Any], config: SimulationConfig) -> dict[str, Any]:
+    """upgrade_create's arguments for a live upgrade but its target (Arrival.upgrade)."""
+    fields = {k: v for k, v in upgrade.items() if k not in ("component", "version")}
+    deadline = dt.datetime.fromisoformat(fields["deadline"]) if fields["deadline"] else None
+    # A deadline already missed live is not one the lane can be held to (upgrade_create refuses the past).
+    fields["deadline"] = deadline if deadline is not None and deadline > config.start else None
+    return fields
 
 
 def live_world_create(config: SimulationConfig, *, lockstep: bool = False) -> World:
@@ -349,10 +408,10 @@ def _catalogue(snapshot: dict[str, Any], now: dt.datetime) -> None:
     component_ids = dict(Component.objects.values_list("name", "id"))
     insert_missing(
         ComponentVersion,
-        ["component_id", "version", "sort_key", "released_at"],
+        ["component_id", "version", "sort_key", "released_at", "withdrawn_at", "withdrawn_reason", "withdrawn_by"],
         [
-            (component_ids[name], version, version_sort_key(version), released or now)
-            for name, version, released in snapshot["versions"]
+            (component_ids[name], version, version_sort_key(version), released or now, withdrawn, reason, by)
+            for name, version, released, withdrawn, reason, by in snapshot["versions"]
             if name in component_ids
         ],
     )
@@ -422,6 +481,39 @@ def _jobs(snapshot: dict[str, Any], host_ids: dict[str, int], pool_id: int, now:
     return jobs
 
 
+def live_run_tag() -> str:
+    """The tag of this run's scratch lanes: its process's id, so forecasts run at once never share (and
+    drop) a lane. One process runs one forecast at a time."""
+    return f"_live{os.getpid()}"
+
+
+def _forecast_now() -> dt.datetime:
+    """Whole seconds, rounded up: a window or reservation that began in the live second before the
+    snapshot is already under way at the forecast's start (rounding down made it start a moment later)."""
+    now = clock.now()
+    return now.replace(microsecond=0) + dt.timedelta(seconds=1) if now.microsecond else now
+
+
+def live_pool_config(
+    base: SimulationConfig, snapshot: dict[str, Any], path: Path, now: dt.datetime
+) -> SimulationConfig:
+    """live_config, or LiveConfigError when the simulator cannot take it (SimulationConfig.errors())."""
+    config = live_config(base.replace(**LIVE_FIXED), snapshot, path, now)
+    problems = config.errors()
+    if problems:
+        raise LiveConfigError(snapshot["pool"]["name"], problems)
+    return config
+
+
+def live_forecast_check(base: SimulationConfig, pool_name: str) -> None:
+    """Raise what live_forecast(base, pool_name) would raise before any lane starts (LiveSnapshotError,
+    LiveConfigError), reading the live database only: a request for a forecast is refused up front,
+    not by the worker after it took the advisor's one slot."""
+    now = _forecast_now()
+    for snapshot in live_snapshot(pool_name, now):
+        live_pool_config(base, snapshot, Path(f"live-{snapshot['pool']['name']}.json"), now)
+
+
 def live_jobs(configs: list[SimulationConfig]) -> list[Job]:
     """One shard per live pool and policy (each pool has its own size, so its own configuration)."""
     return [Job(policy=p, pools=(0,), config=c, key=p) for c in configs for p in c.policies]
@@ -432,18 +524,15 @@ def live_forecast(
     pool_name: str | None,
     *,
     lanes: int,
-    tag: str = "_live",
+    tag: str | None = None,
     keep_databases: bool = False,
     say: Callable[[str], None] = print,
 ) -> LiveForecast:
     """Forecast the live pool (or every pool) from now over `base.days`, each of `base.policies`, in
-    scratch lanes named with `tag`. Reads the live database once, writes nothing to it. Raises
-    LiveSnapshotError (LiveConfigError for a pool the simulator cannot take) before any lane starts."""
-    # Whole seconds, rounded up: a window or reservation that began in the live second before the
-    # snapshot is already under way at the forecast's start (rounding down made it start a moment later).
-    now = clock.now()
-    if now.microsecond:
-        now = now.replace(microsecond=0) + dt.timedelta(seconds=1)
+    scratch lanes named with `tag` (default live_run_tag(): this run's own). Reads the live database
+    once, writes nothing to it. Raises LiveSnapshotError (LiveConfigError for a pool the simulator
+    cannot take) before any lane starts."""
+    now = _forecast_now()
     snapshots = live_snapshot(pool_name, now)
     base = base.replace(**LIVE_FIXED)
     with tempfile.TemporaryDirectory(prefix="live-") as work:
@@ -451,21 +540,22 @@ def live_forecast(
         for snapshot in snapshots:
             path = Path(work) / f"live-{snapshot['pool']['name']}.json"
             snapshot_write(snapshot, path)
-            pool_config = live_config(base, snapshot, path, now)
-            problems = pool_config.errors()
-            if problems:
-                raise LiveConfigError(snapshot["pool"]["name"], problems)
-            configs.append(pool_config)
+            configs.append(live_pool_config(base, snapshot, path, now))
         jobs = live_jobs(configs)
         lanes = max(1, min(lanes, len(jobs)))
         say(f"simulate: forecast of {len(configs)} live pools from {now:%Y-%m-%d %H:%M} UTC, "
             f"{base.days:g} days, policies {', '.join(base.policies)}, {lanes} lanes")  # fmt: skip
-        urls = scratch_databases(lanes, tag=tag)
-        try:
-            runs = jobs_run(jobs, urls, Path(work), say=say)
-        finally:
-            if not keep_databases:
-                scratch_databases_drop(urls)
+        tag = tag or live_run_tag()
+        with lanes_claimed(tag):  # until the lanes are dropped: a run started meanwhile leaves them alone
+            swept = scratch_databases_swept(LIVE_TAGS)
+            if swept:
+                say(f"simulate: dropped the scratch databases of killed forecasts: {', '.join(swept)}")
+            urls = scratch_databases(lanes, tag=tag)
+            try:
+                runs = jobs_run(jobs, urls, Path(work), say=say)
+            finally:
+                if not keep_databases:
+                    scratch_databases_drop(urls)
     fleet = configs[0].replace(hosts=sum(c.hosts for c in configs), pools=len(configs), live_snapshot="")
     return LiveForecast(now=now, config=fleet, runs=runs)
 

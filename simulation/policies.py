@@ -22,6 +22,7 @@ from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner import clock
 from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind
 from opsplanner.prepared import IDS, PreparedQuery
+from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import operation_submit
 from simulation.config import Arrival, SimulationConfig
 from simulation.scenarios import (
@@ -61,6 +62,8 @@ class Rollout:
     # forecast's code (trains.selectors_forecast.ForecastCode).
     forecast_at: dt.datetime | None = None
     forecast_code: str = ""
+    # The hosts it covers when narrower than its pool (a live upgrade's scope; rolling and lock-step).
+    host_ids: list[int] | None = None
 
 
 class Policy:
@@ -126,16 +129,18 @@ class TrainsPolicy(Policy):
 
         duration_s = self.upgrade_known(arrival)
         pool = Pool.objects.get(pk=self.world.pool(arrival.pool).id)
+        # Offboard on a failure rate well above the simulated one, not on a handful of hosts.
+        own = {"max_failures": self.config.hosts_per_pool, "max_failure_rate": 0.1, "failure_rate_min_hosts": 50}
+        # A live upgrade is created as it was live (its scope, phases and policy); its announced
+        # duration, if it had one, is what the train sized its visits with.
+        created = {**own, **arrival.upgrade}
+        created["duration_s"] = created.get("duration_s") or duration_s
         upgrade_create(
             pool=pool,
             component=arrival.component,
             version=arrival.version,
             reason=f"simulated release of {arrival.component} {arrival.version}",
-            # Offboard on a failure rate well above the simulated one, not on a handful of hosts.
-            max_failures=self.config.hosts_per_pool,
-            max_failure_rate=0.1,
-            failure_rate_min_hosts=50,
-            duration_s=duration_s,
+            **created,
             actor=ACTOR,
         )
 
@@ -207,6 +212,9 @@ class RollingPolicy(Policy):
         duration_s = self.upgrade_known(arrival)
         queue = self.queues[arrival.pool]
         rollout = Rollout(pool=queue.name, component=arrival.component, version=arrival.version, arrived=clock.now())
+        scope = arrival.upgrade.get("scope")
+        if scope:  # a live upgrade: the controller rolls it over its scope only, as the train would
+            rollout.host_ids = resolve_scope(parse_scope(scope))
         queue.waiting.append(rollout)
         if duration_s is not None:
             self.durations[(rollout.component, rollout.version)] = duration_s
@@ -225,6 +233,8 @@ class RollingPolicy(Policy):
             queue.current, queue.operations = queue.waiting.popleft(), []
         rollout = queue.current
         hosts = Host.objects.filter(pool_id=queue.pool_id)
+        if rollout.host_ids is not None:
+            hosts = hosts.filter(pk__in=rollout.host_ids)
         behind = hosts.exclude(
             pk__in=InstalledVersion.objects.filter(
                 component__name=rollout.component, version__version=rollout.version

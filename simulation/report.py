@@ -8,7 +8,6 @@ A measure that does not apply (no cycles, no finished rollout, a policy that did
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -52,8 +51,8 @@ def _worst(values: list[float]) -> float | None:
 
 
 def cycle_lower_bound_hours(config: SimulationConfig, domains: int) -> float:
-    """The shortest possible cycle: every domain visited once, planned_buffer_domains at a time, each visit at best."""
-    return _r(math.ceil(domains / max(1, config.planned_buffer_domains)) * config.visit_minutes / 60) or 0.0
+    """The shortest possible cycle (SimulationConfig.cycle_lower_bound_hours_of), as the report rounds it."""
+    return _r(config.cycle_lower_bound_hours_of(domains)) or 0.0
 
 
 def _policy_names(config: SimulationConfig, runs: Runs) -> list[str]:

@@ -103,16 +103,10 @@ def rollout_measures_add(config: SimulationConfig, log: RunLog, pools: dict[int,
             pools[pool_id]["reach"] = rows
 
 
-def cycle_lower_bound_hours(config: SimulationConfig, domains: int) -> float:
-    """The shortest cycle of `domains` domains: every visit at its best, as many at once as the planned buffer holds."""
-    visits = -(-domains // max(1, config.planned_buffer_domains))
-    return visits * max(1, round(config.visit_minutes * 60)) / 3600
-
-
 def cycles_missed_keepable(config: SimulationConfig, pool: dict[str, Any]) -> int:
     """Cycles [number, start h, end h, deadline h] that missed a deadline at or above the lower bound."""
     end = config.days * 24
-    bound = cycle_lower_bound_hours(config, pool.get("domains") or config.domains_per_pool)
+    bound = config.cycle_lower_bound_hours_of(pool.get("domains") or config.domains_per_pool)
     missed = 0
     for _, started, ended, deadline in pool.get("cycles") or []:
         if started is None or deadline is None or deadline - started < bound - 1e-9:

@@ -18,11 +18,13 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 from django.conf import settings
@@ -44,14 +46,14 @@ class Job:
 
 
 class ShardFailed(RuntimeError):
-    """A shard's process ended with an error; it wrote its own message on the standard error it shares."""
+    """A shard's process ended with an error; it wrote its own message on the standard error it shares,
+    whose last line (`last_line`, empty if it wrote none) the message repeats, so a stored reason says why."""
 
-    def __init__(self, job: Job, returncode: int) -> None:
-        self.job, self.returncode = job, returncode
-        super().__init__(
-            f"the {job.key} shard ({job.policy}, pools {_pools_text(job)}) failed with exit {returncode}; "
-            "its own error is above, on the standard error"
-        )
+    def __init__(self, job: Job, returncode: int, last_line: str = "") -> None:
+        self.job, self.returncode, self.last_line = job, returncode, last_line
+        ended = f"was killed by signal {-returncode}" if returncode < 0 else f"failed with exit {returncode}"
+        why = f": {last_line}" if last_line else "; its own error is above, on the standard error"
+        super().__init__(f"the {job.key} shard ({job.policy}, pools {_pools_text(job)}) {ended}{why}")
 
 
 def default_lanes() -> int:
@@ -262,6 +264,48 @@ def scratch_databases_drop_tagged(tag: str) -> list[str]:
     return names
 
 
+_LANE_LOCK_SPACE = 0x4F50_4C4E  # the first key of the lane claims' advisory locks (the second: the tag's hash)
+
+
+def _own_connection() -> psycopg.Connection[Any]:
+    return psycopg.connect(**connection.get_connection_params(), autocommit=True)
+
+
+@contextmanager
+def lanes_claimed(tag: str) -> Iterator[None]:
+    """Claim the scratch databases tagged `tag` while the block runs: a PostgreSQL session advisory lock
+    on a connection of its own, which dies with the process, so `scratch_databases_swept` tells the
+    lanes of a killed run (nobody claims them) from those of a live one. Nothing to claim under SQLite."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with _own_connection() as claim:
+        claim.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [_LANE_LOCK_SPACE, tag])
+        yield  # closing the connection releases the claim
+
+
+def scratch_databases_swept(tag_pattern: str) -> list[str]:
+    """Drop the scratch databases whose tag matches `tag_pattern` (a regular expression) that no live
+    run claims (lanes_claimed): what killed runs left behind. Their names. PostgreSQL only."""
+    if connection.vendor != "postgresql":
+        return []
+    lane = re.compile(rf"{re.escape(str(settings.DATABASES['default']['NAME']))}({tag_pattern})_\d+_sim")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database")
+        tags = sorted({m.group(1) for (name,) in cursor.fetchall() if (m := lane.fullmatch(name))})
+    dropped: list[str] = []
+    with _own_connection() as probe:
+        for tag in tags:
+            row = probe.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [_LANE_LOCK_SPACE, tag]).fetchone()
+            if not (row and row[0]):
+                continue  # a live run's
+            try:
+                dropped += scratch_databases_drop_tagged(tag)
+            finally:
+                probe.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [_LANE_LOCK_SPACE, tag])
+    return dropped
+
+
 def _child_env(database_url: str) -> dict[str, str]:
     # DEBUG off: Django would otherwise keep every query of a month-long run in memory.
     return dict(
@@ -349,7 +393,7 @@ def jobs_run(
             say(f"simulate: {job.key} ({job.policy}), pools {_pools_text(job)}: kept from an earlier run")
     if pending and not lanes:
         raise ValueError("jobs to run but no lane to run them in")
-    running: dict[int, tuple[subprocess.Popen[bytes], int, Job, Path, float]] = {}
+    running: dict[int, tuple[subprocess.Popen[bytes], int, Job, Path, float, _StderrRelay]] = {}
     try:
         while pending or running:
             free = [lane for lane in range(len(lanes)) if lane not in running]
@@ -362,24 +406,50 @@ def jobs_run(
                     "--result", str(result_path),
                 ]  # fmt: skip
                 say(f"simulate: lane {lane}: {job.key} ({job.policy}), pools {_pools_text(job)}")
-                process = subprocess.Popen(command, cwd=ROOT, env=_child_env(lanes[lane]))
-                running[lane] = (process, number, job, result_path, time.monotonic())
+                process = subprocess.Popen(command, cwd=ROOT, env=_child_env(lanes[lane]), stderr=subprocess.PIPE)
+                running[lane] = (process, number, job, result_path, time.monotonic(), _StderrRelay(process))
             time.sleep(0.2)
-            for lane, (process, number, job, result_path, started) in list(running.items()):
+            for lane, (process, number, job, result_path, started, relay) in list(running.items()):
                 if process.poll() is None:
                     continue
                 del running[lane]
                 if process.returncode != 0:
-                    raise ShardFailed(job, process.returncode)
+                    raise ShardFailed(job, process.returncode, relay.last_line())
                 done[number] = json.loads(result_path.read_text())
                 say(f"simulate: lane {lane}: {job.key} done in {time.monotonic() - started:.0f} s")
-    finally:
+    finally:  # a failed shard, an interrupt, a SIGTERM (the command makes it SystemExit): no shard outlives the run
         for process, *_ in running.values():
             process.kill()
+        for process, *_ in running.values():
+            process.wait()
     results: dict[str, list[dict[str, Any]]] = {}
     for number, job in enumerate(jobs):
         results.setdefault(job.key, []).append(done[number])
     return results
+
+
+class _StderrRelay:
+    """Passes a shard's standard error on to ours as it comes (its progress and its error stay where
+    they were), keeping its last line for ShardFailed."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._last = ""
+        self._thread = threading.Thread(target=self._relay, args=(process.stderr,), daemon=True)
+        self._thread.start()
+
+    def _relay(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.strip():
+                self._last = line.strip()
+
+    def last_line(self) -> str:
+        self._thread.join(timeout=5)  # the process has ended: what is left in the pipe comes at once
+        return self._last[:500]
 
 
 def _pools_text(job: Job) -> str:

@@ -15,7 +15,8 @@ from simulation import advisor_runs
 from simulation.advisor_runs import advisor_live_forecast_request, advisor_run_execute
 from tests.advisor_helpers import client_for, run_section
 from tests.api_helpers import role_client
-from tests.test_simulation_from_live import live_pool, table_counts
+from tests.builders import make_fleet
+from tests.test_simulation_from_live import live_pool, shards_that_fail, table_counts
 from tests.trains_builders import make_user
 
 URL = "/api/advisor-runs/"
@@ -55,6 +56,8 @@ def events_checksum_without_run(run_id: int | None) -> str:
         ({**LIVE, "policies": ["rolling", "rolling"]}, "policies", "each policy once"),
         ({**LIVE, "kind": "horoscope"}, "kind", "not a valid choice"),
         ({"kind": "live_forecast", "days": 2}, "pool", "required"),
+        ({**LIVE, "seed": 2**31}, "seed", "Seed must be a number from 0 to 2,147,483,647."),
+        ({**LIVE, "seed": -1}, "seed", "Seed must be a number from 0 to 2,147,483,647."),
     ],
 )
 def test_the_api_refuses_a_bad_live_forecast_by_field_and_writes_nothing(body, field, words, enqueued) -> None:
@@ -66,6 +69,36 @@ def test_the_api_refuses_a_bad_live_forecast_by_field_and_writes_nothing(body, f
     assert words in " ".join(m for key, ms in errors.items() if key.split(".")[0] == field for m in ms), errors
     assert not AdvisorRun.objects.exists()
     assert Event.objects.count() == events
+    assert enqueued == []
+
+
+def too_fast_a_train(name: str = "live-fast") -> str:
+    """A pool whose train promises a cycle (30 minutes) shorter than its 4 racks can take."""
+    from trains.services.trains import train_create
+
+    pool, _ = make_fleet(domains=4, hosts_per_domain=5, failure_buffer_hosts=1, pool_name=name)
+    train_create(pool=pool, name=f"train-{name}", cycle_slo_s=1800, visit_estimate_s=450, actor="test")
+    return name
+
+
+@pytest.mark.django_db
+def test_the_api_and_the_form_refuse_a_pool_whose_train_the_forecast_cannot_simulate(enqueued) -> None:
+    name = too_fast_a_train()
+
+    response = role_client(Role.OPERATOR).post(URL, {**LIVE, "pool": name}, format="json")
+    form = client_for(make_user(Role.OPERATOR)).post(
+        PAGE, {"kind": "live_forecast", "live-pool": name, "live-days": 1, "live-policies": ["trains"]}
+    )
+
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["errors"]["pool"]
+    assert message.startswith(f"Pool '{name}' cannot be forecast: A cycle of 4 domains")
+    assert "cannot be met" in message
+    assert form.status_code == 400
+    field = re.search(r'data-field="live-pool">.*?data-field="live-days"', form.content.decode(), re.S)
+    assert field
+    assert "cannot be met" in field.group(0)
+    assert not AdvisorRun.objects.exists()
     assert enqueued == []
 
 
@@ -188,6 +221,22 @@ def test_a_live_forecast_of_a_pool_gone_since_the_request_fails_with_the_reason(
     assert run.failure_reason == "LiveSnapshotError: there is no pool named 'renamed'"
     html = client_for(make_user(Role.VIEWER)).get(PAGE).content.decode()
     assert "Failed: LiveSnapshotError: there is no pool named" in run_section(html, run)
+
+
+@pytest.mark.django_db
+def test_a_live_forecast_whose_shard_fails_stores_the_shards_own_error_as_the_reason(
+    enqueued, monkeypatch, tmp_path
+) -> None:
+    name = live_pool()
+    run = advisor_live_forecast_request(pool=name, days=1, policies=["trains"], actor=make_user(Role.OPERATOR))
+    shards_that_fail(monkeypatch, tmp_path, "ValidationError: the lane refused the upgrade")
+
+    advisor_run_execute(run_id=run.pk)
+
+    run.refresh_from_db()
+    assert run.state == AdvisorRunState.FAILED
+    assert run.failure_reason.startswith("ShardFailed: the trains shard (trains, pools 0) failed with exit 3")
+    assert run.failure_reason.endswith(": ValidationError: the lane refused the upgrade")
 
 
 # The page -------------------------------------------------------------------------------------------

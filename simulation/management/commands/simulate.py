@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +41,7 @@ from simulation.runner import (
 from simulation.scenarios import SCENARIOS, scenario_config, scenario_describe
 
 # Set by the what-if on the live fleet, never on the command line.
-INTERNAL_FIELDS = ("live_snapshot", "start_at")
+INTERNAL_FIELDS = ("live_snapshot", "start_at", "planned_buffer_size")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -105,11 +107,12 @@ class Command(BaseCommand):
         for option in ("work_dir", "out"):
             if options[option] is not None:
                 _directory_made(f"--{option.replace('_', '-')}", options[option])
-        if options["advise"]:
-            return self._advise(config, options, lanes, out)
-        if options.get("from_live"):
-            return self._from_live(config, options, lanes, out)
-        return self._simulate(config, options, lanes, out)
+        with sigterm_exits():
+            if options["advise"]:
+                return self._advise(config, options, lanes, out)
+            if options.get("from_live"):
+                return self._from_live(config, options, lanes, out)
+            return self._simulate(config, options, lanes, out)
 
     def _config(self, options: dict[str, Any]) -> SimulationConfig:
         values: dict[str, Any] = {}
@@ -177,7 +180,7 @@ class Command(BaseCommand):
                 scratch_databases_drop(urls)
 
     def _from_live(self, config: SimulationConfig, options: dict[str, Any], lanes: int, out: Path) -> None:
-        from simulation.from_live import LiveConfigError, LiveSnapshotError, live_forecast
+        from simulation.from_live import LIVE_POOL_FIELDS, LiveConfigError, LiveSnapshotError, live_forecast
         from simulation.report import report_text, report_write
 
         started = time.monotonic()
@@ -185,12 +188,15 @@ class Command(BaseCommand):
             forecast = live_forecast(
                 config, options.get("pool"), lanes=lanes, keep_databases=options["keep_databases"], say=self._say
             )
-        except LiveConfigError as error:
+        except LiveConfigError as error:  # an option named only where the user gave it and the pool did not
+            given = {k for k in error.problems if options.get(k) is not None and k not in LIVE_POOL_FIELDS}
+            names = {k: "--" + k.replace("_", "-") if k in given else k.replace("_", " ") for k in error.problems}
             raise CommandError(
-                f"--from-live: pool {error.pool}: "
-                + "; ".join(f"--{k.replace('_', '-')}: {v}" for k, v in error.problems.items())
+                f"--from-live: pool {error.pool}: " + "; ".join(f"{names[k]}: {v}" for k, v in error.problems.items())
             ) from None
         except LiveSnapshotError as error:
+            raise CommandError(f"--from-live: {error}") from None
+        except ShardFailed as error:  # its own error is on the standard error; one line here says which and why
             raise CommandError(f"--from-live: {error}") from None
         paths = report_write(out, forecast.config, forecast.runs)
         summary = json.loads(paths["summary.json"].read_text())
@@ -250,6 +256,25 @@ def _directory_made(option: str, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # a file of that name, no permission, ...
         raise CommandError(f"{option}: cannot use {path}: {error.strerror}") from None
+
+
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM (a service manager stopping the run, a timeout's kill) ends the run as Ctrl-C would: by an
+    exception, so the `finally` blocks stop the shards and drop the scratch lanes. Python's default
+    ends the process at once, leaving both behind. Only the main thread can take a signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
