@@ -16,10 +16,10 @@ NOW = dt.datetime(2030, 1, 7, tzinfo=dt.UTC)
 DOMAIN = 7
 
 
-def upgrade(pk: int, component_id: int, duration_s: int) -> Upgrade:
-    version = ComponentVersion(pk=100 + pk, component_id=component_id, version="2.0", sort_key="2.0")
+def upgrade(pk: int, component_id: int, duration_s: int, version: str = "2.0") -> Upgrade:
+    target = ComponentVersion(pk=100 + pk, component_id=component_id, version=version, sort_key=version)
     return Upgrade(
-        pk=pk, priority=100, created_at=NOW + dt.timedelta(hours=pk), duration_s=duration_s, component_version=version
+        pk=pk, priority=100, created_at=NOW + dt.timedelta(hours=pk), duration_s=duration_s, component_version=target
     )
 
 
@@ -50,3 +50,19 @@ def test_beside_a_long_upgrade_left_on_one_host_a_forecast_visit_takes_the_other
         # the other host takes it now, as the tick's visit would. Unnarrowed, both waited a cycle.
         assert state.remaining == {kernel.pk: {DOMAIN: 0}, bios.pk: {DOMAIN: 1}}, pace
         assert cost == 2100
+
+
+def test_an_older_release_a_narrower_hotfix_supersedes_on_one_host_is_taken_on_the_others_in_the_same_visit() -> None:
+    # bios 2.0 is pending on both hosts of the domain; the hotfix 2.1 only on one (its scope).
+    release, hotfix = (
+        upgrade(1, component_id=1, duration_s=300),
+        upgrade(2, component_id=1, duration_s=300, version="2.1"),
+    )
+    visit = _Visit(domain_id=DOMAIN, cycle=1, starts_at=NOW, deadline=NOW + dt.timedelta(days=1), visits_left=1)
+    state = _State(remaining={release.pk: {DOMAIN: 2}, hotfix.pk: {DOMAIN: 1}})
+
+    _visit_takes(backlog(Pace.DOMAIN), state, [release, hotfix], visit)
+
+    # As the tick's visit: the hotfix on its host, the release on the other. With the newest release
+    # standing in for the older on every host, the release waited a whole cycle for its other host.
+    assert state.remaining == {release.pk: {DOMAIN: 0}, hotfix.pk: {DOMAIN: 0}}

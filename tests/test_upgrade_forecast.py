@@ -10,13 +10,15 @@ import pytest
 from rest_framework.test import APIClient
 
 from fleet.models import Pool
+from fleet.services import installed_version_set
+from fleet.services.inventory import domain_create
 from opsplanner import clock
 from opsplanner.models import Event
 from opsplanner.roles import Role
-from tests.builders import make_fleet
-from tests.driving import instant_simulator
+from tests.builders import _catalogue, make_fleet, make_host
+from tests.driving import drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user
-from trains.models import Cycle, Train, Upgrade, Visit, VisitState
+from trains.models import Cycle, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors_forecast import (
     FORECAST_QUERIES,
     ForecastCode,
@@ -473,3 +475,27 @@ def test_the_api_and_the_upgrades_page_show_each_upgrades_promise() -> None:
     made_at = promise_of(upgrade).made_at
     assert made_at is not None
     assert f'On <time datetime="{made_at.isoformat()}">{made_at:%Y-%m-%d %H:%M} UTC</time> its train' in page
+
+
+def test_an_upgrade_pending_on_a_rack_onboarded_after_the_train_is_forecast_where_the_train_visits_it() -> None:
+    # The rack's hosts came after the train: its next cycle adds the rack as its last stop
+    # (trains.selectors.stops_to_add); played on the train's stops alone, the forecast never reached
+    # them, promised nothing within its horizon and raised a deadline alert with the wrong advice.
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    rack = domain_create(pool=pool, name="rack-0003", position=3)
+    catalogue = _catalogue()
+    for host in (make_host(rack), make_host(rack)):
+        for name, version in (("cuda-runtime", "12.4.1"), ("gpu-driver", "550.127.05"), ("bios", "2.14.0")):
+            installed_version_set(host=host, version=catalogue[name][version])
+    upgrade = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="rollout", deadline=clock.now() + dt.timedelta(days=2)
+    )
+
+    forecast = upgrades_forecasts([upgrade])[upgrade.pk]
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.COMPLETED)
+
+    assert Cycle.objects.filter(train=train).count() == 1  # the first cycle took the rack
+    assert (forecast.code, forecast.cycle) == (ForecastCode.SCHEDULED, 1)
+    assert not Event.objects.filter(kind="alert.upgrade_deadline_at_risk", subject_id=upgrade.pk).exists()

@@ -4,8 +4,13 @@ meets its SLO (data the API and the Gantt show)."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from django.db.models import Count, Min
+
+from fleet.models import Host
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 from trains.services.budget import Correction
 
@@ -111,3 +116,41 @@ def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.ti
     if seconds > train.visit_estimate_s:
         causes.append(f"visits take {seconds:.0f} s against {train.visit_estimate_s} s planned")
     return "; ".join(causes) or "the remaining visits do not fit before the deadline"
+
+
+class DomainHosts(NamedTuple):
+    """A domain of a pool as its live hosts make it: how many, and when the first of them came."""
+
+    pool_id: int
+    domain_id: int
+    position: int
+    name: str
+    hosts: int
+    first_host_at: dt.datetime
+
+
+def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
+    """Every domain of these pools with live hosts (one query)."""
+    return [
+        DomainHosts(*row)
+        for row in Host.objects.filter(pool_id__in=sorted(pool_ids))
+        .values_list("pool_id", "domain_id", "domain__position", "domain__name")
+        .annotate(n=Count("id"), first=Min("created_at"))
+        .order_by()
+    ]
+
+
+def stops_to_add(train: Train, stop_ids: Collection[int], domains: Iterable[DomainHosts]) -> list[int]:
+    """Invariant 6, every domain of the pool visited: the domains of the train's pool (`domains`) that
+    are not among its stops and whose hosts all came after the train was created (a rack onboarded,
+    or one empty then), in the order they become its last stops as its next cycle opens. A domain
+    that had hosts then and is not a stop was left out by the operator's order; an emergency train
+    keeps the domains it was approved for. The one rule: the cycle adds these, the forecast plays them."""
+    if train.emergency:
+        return []
+    fresh = [
+        d
+        for d in domains
+        if d.pool_id == train.pool_id and d.domain_id not in stop_ids and d.first_host_at > train.created_at
+    ]
+    return [d.domain_id for d in sorted(fresh, key=lambda d: (d.position, d.name))]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -30,13 +30,13 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Count, Q
 
-from fleet.models import Host, InstalledVersion
+from fleet.models import InstalledVersion
 from fleet.models.hosts import RETIRED
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
-from trains.selectors import TrainForecast
+from trains.selectors import DomainHosts, TrainForecast, pools_domain_hosts, stops_to_add
 from trains.services.budget import (
     VisitSizing,
     select_within_budget,
@@ -99,6 +99,14 @@ class PoolBacklog:
     pending: dict[int, dict[int, int]]  # upgrade -> domain -> hosts below target
     cycle_number: int
     missed_share: float = 0.0  # of the hosts its recent visits took, the share they missed (trains_missed_share)
+    # Domains the train's next cycle adds as its last stops (trains.selectors.stops_to_add: racks
+    # onboarded since the train was made); played from the next cycle on, as the tick visits them.
+    added_stops: list[int] = field(default_factory=list)
+
+    @property
+    def next_cycles_stops(self) -> list[int]:
+        """The domains every cycle after the open one visits, in order."""
+        return [d.domain_id for d in sorted(self.forecast.domains, key=lambda d: d.position)] + self.added_stops
 
 
 @dataclass
@@ -140,7 +148,8 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     if not trains:
         return {}, upgrades
     forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
-    pending, sizes, totals = _pending_by_domain(upgrades, [t.pool_id for t in trains])
+    domains = pools_domain_hosts([t.pool_id for t in trains])
+    pending, sizes, totals = _pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
     backlogs = {}
     for train in trains:
@@ -163,6 +172,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             pending={u.pk: pending.get(u.pk, {}) for u in upgrades if u.pool_id == train.pool_id},
             cycle_number=forecast.last_cycle_number,
             missed_share=missed.get(train.pk, 0.0),
+            added_stops=stops_to_add(train, set(domain_ids), domains),
         )
     return backlogs, upgrades
 
@@ -202,7 +212,7 @@ def hosts_missed(share: float, hosts: int) -> int:
 
 
 def _pending_by_domain(
-    upgrades: list[Upgrade], pool_ids: list[int]
+    upgrades: list[Upgrade], domains: list[DomainHosts]
 ) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int]]:
     """Hosts below each upgrade's target per domain, each domain's size and each pool's: two queries
     whatever the backlog (plus two per upgrade whose scope is narrower than its pool).
@@ -211,16 +221,15 @@ def _pending_by_domain(
     components the upgrades touch, per domain; the rest of the domain is pending. Counting each
     upgrade's hosts in SQL instead (a filtered count per upgrade, each probing every host) grew with
     upgrades times hosts: 0.7 s for 32 upgrades on 1,000 hosts, against 30 ms for this."""
-    ours = [u for u in upgrades if u.pool_id in pool_ids]
     sizes: dict[int, int] = {}
     totals: dict[int, int] = defaultdict(int)
     domains_of: dict[int, list[int]] = defaultdict(list)
-    for pool_id, domain_id, n in (
-        Host.objects.filter(pool_id__in=pool_ids).values_list("pool_id", "domain_id").annotate(n=Count("id")).order_by()
-    ):
-        sizes[domain_id] = n
-        totals[pool_id] += n
-        domains_of[pool_id].append(domain_id)
+    for domain in domains:
+        sizes[domain.domain_id] = domain.hosts
+        totals[domain.pool_id] += domain.hosts
+        domains_of[domain.pool_id].append(domain.domain_id)
+    pool_ids = list(domains_of)
+    ours = [u for u in upgrades if u.pool_id in domains_of]
     scoped, unreadable = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
     whole_pool = [u for u in ours if _scope_is_pool(u)] + unreadable
     pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
@@ -322,7 +331,7 @@ def _coming_visits(
         lanes = [ends for _, ends in sorted(running)[:lanes_n]] + [now] * max(0, lanes_n - len(running))
         yield from _cycle_visits(planned, number, lanes, forecast.cycle.deadline_at)
         start = max([now, *lanes, *(ends for _, ends in running)])
-    stops = [d.domain_id for d in sorted(forecast.domains, key=lambda d: d.position)]
+    stops = backlog.next_cycles_stops
     slo = dt.timedelta(seconds=backlog.train.cycle_slo_s)
     for cycle in range(number + 1, number + 1 + MAX_CYCLES):
         lanes = [start] * lanes_n
@@ -396,39 +405,49 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
         backlog.sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left
     )
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
-    newest: dict[int, Upgrade] = {}
-    best_key: dict[int, tuple] = {}
-    for upgrade in waiting:  # the newest release per component stands in for the older ones
-        component = upgrade.component_version.component_id
-        current = newest.get(component)
-        if current is None or upgrade.component_version.sort_key > current.component_version.sort_key:
-            newest[component] = upgrade
-        best_key[component] = min(best_key.get(component, upgrade_order_key(upgrade)), upgrade_order_key(upgrade))
-    candidates = sorted(newest.values(), key=lambda u: best_key[u.component_version.component_id])
-
-    def hosts(upgrade: Upgrade) -> frozenset[int]:
-        count = state.remaining[upgrade.pk][domain_id]
-        if upgrade.multi_cycle and upgrade.hosts_per_visit:
-            count = min(count, upgrade.hosts_per_visit)
-        return frozenset(range(count))
-
+    counts = {u.pk: state.remaining[u.pk][domain_id] for u in waiting}
+    by_component: dict[int, list[Upgrade]] = defaultdict(list)
+    for upgrade in waiting:
+        by_component[upgrade.component_version.component_id].append(upgrade)
+    candidates = _newest_first_takes(by_component.values(), counts)
     # As the tick does (visits.domain_steps): an upgrade that does not fit every host is taken on
     # those where it fits, the rest left for the next cycle.
     selection = select_within_budget(
-        [_Take(upgrade, hosts(upgrade)) for upgrade in candidates],
+        candidates,
         sizing=sizing,
         hosts_of=lambda take: set(take.hosts),
         work_of=lambda take: sizing.work_s(take.upgrade),
         restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
     )
-    for upgrade, its_hosts in selection.taken:
-        taken = len(its_hosts)
-        state.remaining[upgrade.pk][domain_id] -= taken
-        component = upgrade.component_version.component_id
-        for older in waiting:  # superseded where the newest went
-            if older.component_version.component_id == component and older.pk != upgrade.pk:
-                state.remaining[older.pk][domain_id] = max(0, state.remaining[older.pk][domain_id] - taken)
+    for upgrade, its_hosts in selection.taken:  # its own hosts, and as many of each older release's
+        version = upgrade.component_version
+        for other in by_component[version.component_id]:
+            if other.pk == upgrade.pk or other.component_version.sort_key < version.sort_key:
+                state.remaining[other.pk][domain_id] = max(0, state.remaining[other.pk][domain_id] - len(its_hosts))
     return selection.cost_s
+
+
+def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, int]) -> list[_Take]:
+    """The takes of a visit, as the tick's visits.domain_steps makes its steps: per component, the
+    newest release on its pending hosts, each older one on those of its hosts no newer release
+    claims (a narrower hotfix leaves the rest to the release it supersedes), each taking the best
+    queue place of what it supersedes. Hosts are numbered from 0 for every upgrade: an older
+    release's pending hosts are taken to be the first ones a newer one has."""
+    keyed: list[tuple[tuple, _Take]] = []
+    for releases in components:
+        releases = sorted(releases, key=lambda u: u.component_version.sort_key, reverse=True)
+        claimed = 0
+        for i, upgrade in enumerate(releases):
+            count = counts[upgrade.pk]
+            if count <= claimed:
+                continue
+            own = range(claimed, count)
+            if upgrade.multi_cycle and upgrade.hosts_per_visit:
+                own = own[: upgrade.hosts_per_visit]
+            key = min(upgrade_order_key(u) for u in releases[i:] if counts[u.pk] > claimed)
+            keyed.append((key, _Take(upgrade, frozenset(own))))
+            claimed = count
+    return [take for _, take in sorted(keyed, key=lambda kt: kt[0])]
 
 
 def play_forward(
@@ -441,7 +460,7 @@ def play_forward(
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
         first={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
-        stops=[d.domain_id for d in sorted(backlog.forecast.domains, key=lambda d: d.position)],
+        stops=backlog.next_cycles_stops,
         missed_share=backlog.missed_share,
     )
     _note_done(state, by_id, backlog.cycle_number or 1, now)

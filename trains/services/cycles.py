@@ -9,10 +9,11 @@ import datetime as dt
 
 from django.db.models import Max
 
-from fleet.models import Host, MaintenanceDomain
+from fleet.models import MaintenanceDomain
 from opsplanner.events import event_record
 from opsplanner.services.optouts import optouts_by_domain
 from trains.models import Cycle, Train, TrainState, TrainStop, Visit, VisitOperation, VisitState
+from trains.selectors import pools_domain_hosts, stops_to_add
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     VisitSizing,
@@ -45,22 +46,14 @@ def _idle_after_empty_cycle(train: Train, now: dt.datetime) -> bool:
 
 
 def _stops_complete(train: Train) -> list[str]:
-    """Invariant 6, every domain of the pool visited: a domain whose hosts all came after the train
-    was created (a rack onboarded, or one empty then) becomes one of its last stops as the next cycle
-    opens, with an event; the names added. A domain that had hosts then and is not a stop was left
-    out by the operator's order; an emergency train keeps the domains it was approved for. The
+    """Invariant 6, every domain of the pool visited: the domains trains.selectors.stops_to_add names
+    become the train's last stops as the next cycle opens, with an event; the names added. The
     longer cycle is judged by the budget check at the visits' start (budget_code, with the numbers)."""
-    if train.emergency:
+    stop_ids = set(TrainStop.objects.filter(train=train).values_list("domain_id", flat=True))
+    added = stops_to_add(train, stop_ids, pools_domain_hosts([train.pool_id]))
+    if not added:
         return []
-    older = Host.objects.filter(pool_id=train.pool_id, created_at__lte=train.created_at).values("domain_id")
-    missing = list(
-        MaintenanceDomain.objects.filter(pk__in=Host.objects.filter(pool_id=train.pool_id).values("domain_id"))
-        .exclude(pk__in=TrainStop.objects.filter(train=train).values("domain_id"))
-        .exclude(pk__in=older)
-        .order_by("position", "name")
-    )
-    if not missing:
-        return []
+    missing = sorted(MaintenanceDomain.objects.filter(pk__in=added), key=lambda d: added.index(d.pk))
     last = TrainStop.objects.filter(train=train).aggregate(last=Max("position"))["last"]
     first = 0 if last is None else last + 1
     TrainStop.objects.bulk_create(
