@@ -153,10 +153,12 @@ class TrainsPolicy(Policy):
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState
         from trains.selectors_forecast import ForecastCode
+        from trains.services.upgrade_scopes import scope_is_pool, upgrade_scope_hosts
 
         names = {pool.id: pool.name for pool in self.world.pools}
         rollouts = []
-        for upgrade in Upgrade.objects.select_related("component_version__component").order_by("created_at", "id"):
+        upgrades = Upgrade.objects.select_related("component_version__component", "pool")
+        for upgrade in upgrades.order_by("created_at", "id"):
             promised = upgrade.promise_made_at is not None
             code = ForecastCode.SCHEDULED if upgrade.promised_at else ForecastCode.BEYOND_HORIZON if promised else ""
             rollouts.append(
@@ -169,6 +171,7 @@ class TrainsPolicy(Policy):
                     outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
                     forecast_at=upgrade.promised_at,
                     forecast_code=str(code),
+                    host_ids=None if scope_is_pool(upgrade) else upgrade_scope_hosts(upgrade),
                 )
             )
         return rollouts

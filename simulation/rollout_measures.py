@@ -90,7 +90,12 @@ def rollout_reach(config: SimulationConfig, log: RunLog) -> dict[int, list[list[
         pool = pool_by_name.get(rollout.pool)
         if pool is None:
             continue
-        shares = reach_shares(config, rollout, installs.get((pool.id, rollout.component), []), len(pool.host_ids))
+        rows = installs.get((pool.id, rollout.component), [])
+        hosts = len(pool.host_ids)
+        if rollout.host_ids is not None:  # an upgrade narrower than its pool reaches its own hosts
+            scope = set(rollout.host_ids)
+            rows, hosts = [row for row in rows if row[1] in scope], len(scope)
+        shares = reach_shares(config, rollout, rows, hosts)
         arrived = round((rollout.arrived - config.start).total_seconds() / 3600, 4)
         reach[pool.id].append([rollout.component, rollout.version, arrived, *shares])
     return reach

@@ -248,6 +248,7 @@ def test_a_forecast_of_an_upgrade_scoped_to_one_rack_drains_only_that_racks_host
         (forecast,) = [p for shard in runs[policy] for p in shard["pools"]]
         assert forecast["drains"] == in_scope < forecast["hosts"], policy
         assert forecast["rollouts"][0][3] is not None, policy  # the rack is done within the day
+        assert forecast["reach"][0][3] == 1.0, policy  # all of its own hosts (a quarter of the pool's)
 
 
 def shards_that_fail(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: str) -> None:

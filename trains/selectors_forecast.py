@@ -44,7 +44,7 @@ from trains.services.budget import (
     sizing_within_cycle,
     upgrade_order_key,
 )
-from trains.services.upgrade_scopes import scope_host_ids
+from trains.services.upgrade_scopes import scope_host_ids, scope_is_pool
 from trains.services.upgrades import hosts_below_target
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
@@ -230,8 +230,8 @@ def _pending_by_domain(
         domains_of[domain.pool_id].append(domain.domain_id)
     pool_ids = list(domains_of)
     ours = [u for u in upgrades if u.pool_id in domains_of]
-    scoped, unreadable = _scoped_pending([u for u in ours if not _scope_is_pool(u)])
-    whole_pool = [u for u in ours if _scope_is_pool(u)] + unreadable
+    scoped, unreadable = _scoped_pending([u for u in ours if not scope_is_pool(u)])
+    whole_pool = [u for u in ours if scope_is_pool(u)] + unreadable
     pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
     reached = _hosts_by_version(whole_pool, pool_ids)
     for upgrade in whole_pool:
@@ -294,10 +294,6 @@ def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]],
         )
         pending[upgrade.pk] = dict(rows)
     return pending, unreadable
-
-
-def _scope_is_pool(upgrade: Upgrade) -> bool:
-    return upgrade.scope.strip() == f"pool {upgrade.pool.name}"
 
 
 # --- playing the visits forward ---------------------------------------------------------------------

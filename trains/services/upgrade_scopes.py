@@ -49,6 +49,11 @@ def _named_hosts(hostnames: tuple[str, ...]) -> list[int]:
     return list(live.values())
 
 
+def scope_is_pool(upgrade: Upgrade) -> bool:
+    """Whether the upgrade's scope is its whole pool (the scope upgrade_create gives by default)."""
+    return upgrade.scope.strip() == f"pool {upgrade.pool.name}"
+
+
 def upgrade_scope_hosts(upgrade: Upgrade) -> list[int]:
     """The upgrade's live hosts in its pool, by id (the order percentage phases take them in)."""
     ids = scope_host_ids(upgrade)
