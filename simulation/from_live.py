@@ -235,6 +235,8 @@ def _trains_snapshot(pool: Pool) -> dict[str, Any]:
                 "cycle_slo_s": train.cycle_slo_s,
                 "visit_estimate_s": train.visit_estimate_s,
                 "visit_concurrency": train.visit_concurrency,
+                "priority": train.priority,
+                "visit_overhead_s": train.visit_overhead_s,
                 "domain_order": list(train.stops.order_by("position").values_list("domain__name", flat=True)) or None,
             }
             for train in trains

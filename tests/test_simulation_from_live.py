@@ -55,7 +55,10 @@ def live_pool() -> str:
         service=job, pool=pool, starts_at=now, ends_at=now + dt.timedelta(days=2), reason="launch",
         min_hosts_in_service=10,
     )  # fmt: skip
-    train_create(pool=pool, name="train-live-a", cycle_slo_s=24 * 3600, visit_estimate_s=3600, actor="test")
+    train_create(
+        pool=pool, name="train-live-a", cycle_slo_s=24 * 3600, visit_estimate_s=3600, visit_overhead_s=900,
+        priority=300, actor="test",
+    )  # fmt: skip
     upgrade_create(pool=pool, component="bios", version="2.16.0", reason="firmware fix", actor="test")
     services.pool_create(name="live-empty", workload_class="ai_training", planned_buffer_hosts=1,
                          failure_buffer_hosts=1)  # fmt: skip
@@ -150,6 +153,7 @@ def test_the_live_snapshot_holds_the_pools_hosts_versions_train_pending_upgrade_
     assert [d[0] for d in snapshot["domains"]] == ["rack-0001", "rack-0002", "rack-0003", "rack-0004"]
     assert [(u["component"], u["version"]) for u in snapshot["upgrades"]] == [("bios", "2.16.0")]
     assert snapshot["trains"][0]["cycle_slo_s"] == 24 * 3600
+    assert (snapshot["trains"][0]["priority"], snapshot["trains"][0]["visit_overhead_s"]) == (300, 900)
     assert snapshot["trains"][0]["domain_order"] == ["rack-0001", "rack-0002", "rack-0003", "rack-0004"]
     assert len(snapshot["installed"]) == 60  # three components on each host
     assert len(snapshot["placements"]) == 8
