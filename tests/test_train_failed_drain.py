@@ -86,3 +86,23 @@ def test_ad_hoc_work_pending_for_a_failed_host_stays_pending_and_runs_after_the_
 
     bios = HostTask.objects.get(operation__component_version__version="2.16.0")
     assert (bios.state, bios.failure_code) == (TaskState.DONE, "")
+
+
+def test_a_host_whose_drain_failed_is_not_drained_again_in_that_cycle() -> None:
+    # The drainer refuses every host: each drain fails and the host returns. Its visit's other
+    # upgrade, admitted after that, tried a second drain in the cycle.
+    instant_simulator(refusing_host_fraction=1)
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", max_failures=100)
+    bios = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
+
+    drive_trains(pool, until=lambda: cycle_ended(train, 1))
+
+    assert set(drains_per_host_cycle().values()) == {1}
+    # Its own hosts returning from the failed drains are not other work filling the buffer.
+    assert not Event.objects.filter(kind="train.autostopped").exists()
+    failed = HostTask.objects.filter(failure_code=FailureCode.DRAIN_FAILED)
+    assert set(failed.values_list("host_id", flat=True)) == {host.pk for host in hosts}
+    deferred = HostTask.objects.filter(operation__component_version=bios.component_version)
+    assert set(deferred.values_list("state", "failure_code")) == {(TaskState.CANCELLED, FailureCode.DEFERRED)}

@@ -26,7 +26,7 @@ from fleet.models import PLANNED_OUT_STATES, Host, HostState
 from fleet.selectors.capacity import PoolCapacity, pool_capacity
 from opsplanner import clock
 from opsplanner.events import event_record, rolled_back_tick_record
-from opsplanner.models import OPEN_TASK_STATES, HostTask, TaskState
+from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease, TaskState
 from opsplanner.prepared import PreparedModels, PreparedQuery
 from opsplanner.services.approvals import approvals_expire
 from trains.models import (
@@ -395,6 +395,9 @@ _OTHERS_OUT = PreparedQuery(  # the pool's hosts out for planned work other than
                 )
             )
         )
+        # A host whose drain failed returns with its task already failed, under that task's lease:
+        # still the train's (counted as other work, it autostopped the train for its own hosts).
+        .filter(~Exists(Lease.objects.filter(host_id=OuterRef("pk"), active=True, host_task__in=train_tasks(train_id))))
         .order_by()
         .values_list("id")
     ),

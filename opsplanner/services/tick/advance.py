@@ -42,7 +42,7 @@ from opsplanner.services.tick.context import (
     TickContext,
     task_refs_by_id,
 )
-from opsplanner.services.tick.repair import catch_up_repaired, send_to_repair
+from opsplanner.services.tick.repair import catch_up_repaired, defer_train_work, send_to_repair
 from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
 
 VERIFY_DEADLINE_S = 3600
@@ -187,7 +187,10 @@ def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
 
 
 def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]]) -> None:
-    """A drain that failed or timed out: the task fails with the reason and the host goes back."""
+    """A drain that failed or timed out: the task fails with the reason and the host goes back. The
+    host's other train work is left to the next cycle, as after any failed drain: admitted once the
+    host is back, it drained the host again in the cycle (and likely failed again)."""
+    defer_train_work(ctx, {task.host_id for task, _, _ in failed})
     for task, _, reason in failed:
         why = f"drain failed: {reason or 'no reason given'}"
         ctx.move_tasks(
