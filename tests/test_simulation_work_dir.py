@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from simulation.config import SimulationConfig
-from simulation.runner import Job, shard_jobs, shard_result_name
+from simulation.runner import Job, lanes_claimed, scratch_databases_drop, shard_jobs, shard_result_name
 
 TWO_POOLS = [
     "--hosts",
@@ -93,3 +94,25 @@ def test_a_work_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> Non
 
     with pytest.raises(CommandError, match=r"^--work-dir: cannot use .*taken/inside: Not a directory$"):
         call_command("simulate", *TWO_POOLS, "--work-dir", str(taken / "inside"))
+
+
+def databases_named(pattern: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s ORDER BY 1", [pattern])
+        return [name for (name,) in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)  # the run creates scratch databases: no enclosing transaction
+def test_a_run_uses_lanes_of_its_own_and_drops_those_a_killed_run_left_but_not_a_running_ones(tmp_path: Path) -> None:
+    # Two runs at once shared the same lane names, and the second dropped the first's lanes under it.
+    base = connection.settings_dict["NAME"]
+    killed, running = f"{base}_clirun999999991_0_sim", f"{base}_clirun999999992_0_sim"
+    with connection.cursor() as cursor:
+        for name in (killed, running):
+            cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        with lanes_claimed("_clirun999999992"):  # a run still going
+            call_command("simulate", *TWO_POOLS, "--policies", "rolling", "--lanes", "1", "--out", str(tmp_path))
+            assert databases_named(f"{base}_cli%_sim") == [running]  # its own lanes are gone too
+    finally:
+        scratch_databases_drop([f"postgresql:///{name}" for name in (killed, running)])

@@ -33,12 +33,16 @@ from simulation.runner import (
     ShardFailed,
     default_lanes,
     jobs_run,
+    lanes_claimed,
     scratch_databases,
     scratch_databases_drop,
+    scratch_databases_swept,
     shard_jobs,
     shards_missing,
 )
 from simulation.scenarios import SCENARIOS, scenario_config, scenario_describe
+
+CLI_TAGS = r"_cli(?:run|advise)\d+"  # the tags of the command line's own lanes (a regular expression)
 
 # Set by the what-if on the live fleet, never on the command line.
 INTERNAL_FIELDS = ("live_snapshot", "start_at", "planned_buffer_size")
@@ -158,10 +162,22 @@ class Command(BaseCommand):
         say(f"simulate: done in {time.monotonic() - started:.0f} s; report in {out}")
 
     def _jobs_run(
-        self, jobs: list[Job], options: dict[str, Any], lanes: int, *, tag: str = ""
+        self, jobs: list[Job], options: dict[str, Any], lanes: int, *, kind: str = "run"
     ) -> dict[str, list[dict[str, Any]]]:
         """Run the jobs on scratch lanes, in --work-dir if given (reusing the shards an earlier run
-        finished there), else in a directory that goes with the run."""
+        finished there), else in a directory that goes with the run. The lanes are this process's own
+        and claimed while it runs, as a what-if's are (a second run at once dropped the first's lanes
+        under it); the next run drops those a killed run left."""
+        tag = f"_cli{kind}{os.getpid()}"
+        with lanes_claimed(tag):
+            swept = scratch_databases_swept(CLI_TAGS)
+            if swept:
+                self._say(f"simulate: dropped the scratch databases of killed runs: {', '.join(swept)}")
+            return self._jobs_run_in_lanes(jobs, options, lanes, tag=tag)
+
+    def _jobs_run_in_lanes(
+        self, jobs: list[Job], options: dict[str, Any], lanes: int, *, tag: str
+    ) -> dict[str, list[dict[str, Any]]]:
         work_dir: Path | None = options["work_dir"]
         to_run = jobs if work_dir is None else shards_missing(jobs, work_dir)
         lanes = min(lanes, len(to_run))
@@ -214,7 +230,7 @@ class Command(BaseCommand):
         if problems:
             raise CommandError("; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items()))
         started = time.monotonic()
-        results = self._jobs_run(request.jobs(), options, lanes, tag="_advisor")
+        results = self._jobs_run(request.jobs(), options, lanes, kind="advise")
         result = advice(request, results)
         out.mkdir(parents=True, exist_ok=True)
         (out / "advice.json").write_text(json.dumps(result, indent=1, sort_keys=True))
