@@ -551,7 +551,7 @@ def live_forecast(
         with lanes_claimed(tag):  # until the lanes are dropped: a run started meanwhile leaves them alone
             swept = scratch_databases_swept(LIVE_TAGS)
             if swept:
-                say(f"simulate: dropped the scratch databases of killed forecasts: {', '.join(swept)}")
+                say(f"simulate: dropped the lanes no forecast holds (killed or kept): {', '.join(swept)}")
             urls = scratch_databases(lanes, tag=tag)
             try:
                 runs = jobs_run(jobs, urls, Path(work), say=say)

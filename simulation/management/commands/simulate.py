@@ -76,7 +76,11 @@ class Command(BaseCommand):
                 parser.add_argument(option, type=type(default), default=None, help=f"default {default}")
         parser.add_argument("--lanes", type=int, default=default_lanes(), help="processes in parallel")
         parser.add_argument("--out", type=Path, default=None, help="report directory (default var/simulations/…)")
-        parser.add_argument("--keep-databases", action="store_true", help="keep the scratch databases afterwards")
+        parser.add_argument(
+            "--keep-databases",
+            action="store_true",
+            help="keep the scratch databases afterwards (until the next run of the same kind drops them)",
+        )
         parser.add_argument(
             "--work-dir",
             type=Path,
@@ -172,7 +176,7 @@ class Command(BaseCommand):
         with lanes_claimed(tag):
             swept = scratch_databases_swept(CLI_TAGS)
             if swept:
-                self._say(f"simulate: dropped the scratch databases of killed runs: {', '.join(swept)}")
+                self._say(f"simulate: dropped the lanes no run holds (killed or kept): {', '.join(swept)}")
             return self._jobs_run_in_lanes(jobs, options, lanes, tag=tag)
 
     def _jobs_run_in_lanes(
