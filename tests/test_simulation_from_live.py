@@ -129,6 +129,10 @@ def test_a_forecast_of_a_pool_that_does_not_exist_or_has_no_hosts_is_refused_in_
         call_command("simulate", "--pool", "live-a")
     with pytest.raises(CommandError, match="new arrivals do not apply"):
         call_command("simulate", "--from-live", "--upgrades-per-week", "3")
+    with pytest.raises(CommandError, match=r"^--work-dir: not with --from-live"):
+        call_command("simulate", "--from-live", "--work-dir", "var/simulations/resume")
+    with pytest.raises(CommandError, match=r"^--from-live: there is no pool named 'nope'$"):
+        call_command("simulate", "--from-live", "--pool", " nope ")  # spaces around the name, as a form has them
 
 
 @pytest.mark.django_db

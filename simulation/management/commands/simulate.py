@@ -139,6 +139,12 @@ class Command(BaseCommand):
                 raise CommandError("--from-live: not with --advise")
             if options.get("upgrades_per_week") or options.get("upgrades_at_start"):
                 raise CommandError("--from-live forecasts the live pending upgrades; new arrivals do not apply")
+            if options.get("work_dir") is not None:  # a snapshot is of now: a later run resumes nothing
+                raise CommandError(
+                    "--work-dir: not with --from-live, whose forecast starts from the fleet as it is now"
+                )
+            if options.get("pool") is not None:
+                options["pool"] = options["pool"].strip() or None  # as the API and the form take it
             from simulation.from_live import LIVE_FIXED
 
             values = {"policies": POLICIES, **values, **LIVE_FIXED}
