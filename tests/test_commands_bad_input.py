@@ -187,7 +187,7 @@ def test_simulate_refuses_an_out_that_is_a_file_before_any_shard_starts(tmp_path
     assert message == f"--out: cannot use {taken}: File exists"
 
 
-def test_a_failed_shard_is_one_line_naming_the_shard_and_where_its_error_went(tmp_path: Path, monkeypatch) -> None:
+def test_a_failed_shard_is_one_line_naming_the_shard_and_its_own_error(tmp_path: Path, monkeypatch) -> None:
     # A lane whose database cannot be reached: the shard's process starts, then fails at once.
     monkeypatch.setattr(simulate, "scratch_databases", lambda *a, **k: ["postgresql://nobody@127.0.0.1:1/nowhere"])
     monkeypatch.setattr(simulate, "scratch_databases_drop", lambda urls: None)
@@ -195,5 +195,9 @@ def test_a_failed_shard_is_one_line_naming_the_shard_and_where_its_error_went(tm
     message, _ = refusal("simulate", *SMALL, "--policies", "rolling", "--out", str(tmp_path / "out"))
 
     assert message.startswith("simulate: the rolling shard (rolling, pools 0) failed with exit ")
-    assert message.endswith("its own error is above, on the standard error")
+    assert message.endswith(
+        ": CommandError: database 'nowhere' is not a simulation scratch database (its name must "
+        "end in _sim); `manage.py simulate` creates one for you"
+    )  # the shard's last line
+    assert "\n" not in message
     assert not list((tmp_path / "out").iterdir())  # no report
