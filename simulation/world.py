@@ -113,7 +113,7 @@ def world_create(
     planned buffer hold the whole pool (that is what lock-step means); every other policy gets the
     buffers of the configuration. A what-if on the live fleet writes its snapshot instead."""
     if config.live_snapshot:
-        from simulation.from_live import live_world_create
+        from simulation.from_live_lane import live_world_create
 
         return live_world_create(config, lockstep=lockstep)
     now = config.start

@@ -28,7 +28,7 @@ from fleet.models import (
     ServicePlacement,
 )
 from opsplanner import clock
-from simulation import from_live, runner
+from simulation import from_live, from_live_lane, runner
 from simulation.config import Arrival, SimulationConfig
 from simulation.from_live import live_config, live_snapshot, live_workload, snapshot_write
 from simulation.management.commands.simulate import sigterm_exits
@@ -358,8 +358,8 @@ def test_the_lane_writes_a_withdrawn_version_withdrawn_and_the_hosts_running_it(
         "installed": [["lane-w-1", "fw-w", "1.0.0"]],
     }
 
-    from_live._catalogue(snapshot, clock.now())
-    from_live._installed(snapshot, {"lane-w-1": host.pk}, clock.now())
+    from_live_lane._catalogue(snapshot, clock.now())
+    from_live_lane._installed(snapshot, {"lane-w-1": host.pk}, clock.now())
 
     version = ComponentVersion.objects.get(component__name="fw-w")
     assert (version.withdrawn_at, version.withdrawn_reason, version.withdrawn_by) == (

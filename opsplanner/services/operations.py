@@ -355,11 +355,12 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     cancelled = _pending_cancel(pending, code=FailureCode.CANCELLED, why="", reason=reason, now=now, actor=actor_label)
     if operation.source == OperationSource.REPAIR:
         escalated = _escalate_unrepaired({row[1] for row in pending}, reason=reason, actor=actor)
-        # A human has these hosts for as long as it takes: their train work waits for the next cycle
-        # (as when the tick escalates a host), or its visit, and the train's cycle, waited for them.
-        deferred = list(pending_train_work(escalated).values_list("id", "host_id", "pool_id", "operation_id"))
-        why = deferred_reason("its host is escalated to a human")
-        _pending_cancel(deferred, code=FailureCode.DEFERRED, why=why, reason=why, now=now, actor=actor_label)
+        if escalated:
+            # A human has these hosts for as long as it takes: their train work waits for the next cycle
+            # (as when the tick escalates a host), or its visit, and the train's cycle, waited for them.
+            deferred = list(pending_train_work(escalated).values_list("id", "host_id", "pool_id", "operation_id"))
+            why = deferred_reason("its host is escalated to a human")
+            _pending_cancel(deferred, code=FailureCode.DEFERRED, why=why, reason=why, now=now, actor=actor_label)
     closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
     # With tasks still under way the operation stays open until they finish; then the tick closes it
     # cancelled, as its cancellation is dated (operations_close_finished). A second cancel keeps the first date.
