@@ -499,3 +499,62 @@ def test_an_upgrade_pending_on_a_rack_onboarded_after_the_train_is_forecast_wher
     assert Cycle.objects.filter(train=train).count() == 1  # the first cycle took the rack
     assert (forecast.code, forecast.cycle) == (ForecastCode.SCHEDULED, 1)
     assert not Event.objects.filter(kind="alert.upgrade_deadline_at_risk", subject_id=upgrade.pk).exists()
+
+
+def test_hosts_escalated_to_a_human_below_a_target_are_counted_apart_and_never_played() -> None:
+    from fleet.models import ComponentVersion, Host, HostState
+    from tests.trains_builders import nic_firmware
+
+    pool, _ = one_upgrade_per_visit()  # racks 1-3 of 2 hosts, each running bios 2.14.0 and driver 550
+    racks = [list(pool.hosts.filter(domain__position=n).order_by("id")) for n in (1, 2, 3)]
+    installed_version_set(
+        host=racks[0][0], version=ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    )
+    installed_version_set(host=racks[1][0], version=ComponentVersion.objects.get(version="560.35.03"))
+    nic_firmware()
+    # A visit takes hosts in service: these two wait for a human however many visits pass.
+    Host.objects.filter(pk__in=[racks[0][0].pk, racks[1][1].pk]).update(state=HostState.ESCALATED)
+
+    pool_wide = create(pool, "bios", "2.16.0")
+    driver = create(pool, "gpu-driver", "560.35.03")
+    nic = create(pool, "nic-firmware", "22.4")
+    rack_2 = create(pool, "bios", "2.16.0", scope=f"domain {pool.name}/rack-0002")
+    racks_of = {rack[0].domain_id: n for n, rack in enumerate(racks, start=1)}
+
+    backlog = pool_backlogs([pool.pk], now=clock.now())[0][pool.pk]
+
+    pending = {u: {racks_of[d]: n for d, n in by_domain.items()} for u, by_domain in backlog.pending.items()}
+    assert pending[pool_wide.pk] == {1: 1, 2: 1, 3: 2}  # rack 1's escalated host already runs the target
+    assert pending[driver.pk] == {1: 1, 3: 2}
+    assert pending[nic.pk] == {1: 1, 2: 1, 3: 2}
+    assert pending[rack_2.pk] == {2: 1}
+    assert backlog.escalated == {pool_wide.pk: 1, driver.pk: 2, nic.pk: 2, rack_2.pk: 1}
+    forecast = forecast_of(driver)
+    assert (forecast.code, forecast.hosts_escalated) == (ForecastCode.SCHEDULED, 2)
+    assert forecast.text.startswith(f"reaches every host but the 2 escalated to a human by cycle {forecast.cycle}, ")
+    assert forecast.text.endswith(
+        "the 2 hosts escalated to a human get it at their domain's first visit after they return"
+    )
+
+
+def test_an_upgrade_left_only_on_escalated_hosts_waits_for_a_human_and_its_deadline_alert_says_so() -> None:
+    from fleet.models import ComponentVersion, Host, HostState
+
+    pool, train = one_upgrade_per_visit()
+    escalated, *others = list(pool.hosts.order_by("id"))
+    for host in others:
+        installed_version_set(host=host, version=ComponentVersion.objects.get(component__name="bios", version="2.16.0"))
+    Host.objects.filter(pk=escalated.pk).update(state=HostState.ESCALATED)
+
+    bios = create(pool, "bios", "2.16.0", deadline=clock.now() + dt.timedelta(days=2))
+    train_tick(train_id=train.pk)
+
+    forecast = forecast_of(bios)
+    assert (forecast.code, forecast.cycle, forecast.at) == (ForecastCode.WAITS_FOR_HUMAN, None, None)
+    assert (forecast.deadline_met, forecast.hosts_escalated) == (False, 1)
+    assert Upgrade.objects.get(pk=bios.pk).state == UpgradeState.ACTIVE  # the escalated host still runs 2.14.0
+    alert = Event.objects.get(kind="alert.upgrade_deadline_at_risk", subject_id=bios.pk)
+    assert alert.data["fix"] == DeadlineFix.RETURN_HOSTS
+    assert alert.data["hosts_escalated"] == 1
+    assert "the 1 escalated to a human keep it from every host" in alert.reason
+    assert Upgrade.objects.get(pk=bios.pk).promise_made_at is None  # nothing a train could promise

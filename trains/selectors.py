@@ -8,9 +8,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 
-from fleet.models import Host
+from fleet.models import Host, HostState
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 from trains.services.budget import Correction
 
@@ -119,7 +119,8 @@ def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.ti
 
 
 class DomainHosts(NamedTuple):
-    """A domain of a pool as its live hosts make it: how many, and when the first of them came."""
+    """A domain of a pool as its live hosts make it: how many, when the first of them came, and how
+    many of them wait for a human (escalated: no visit takes them until they return)."""
 
     pool_id: int
     domain_id: int
@@ -127,6 +128,7 @@ class DomainHosts(NamedTuple):
     name: str
     hosts: int
     first_host_at: dt.datetime
+    escalated: int
 
 
 def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
@@ -135,7 +137,7 @@ def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
         DomainHosts(*row)
         for row in Host.objects.filter(pool_id__in=sorted(pool_ids))
         .values_list("pool_id", "domain_id", "domain__position", "domain__name")
-        .annotate(n=Count("id"), first=Min("created_at"))
+        .annotate(n=Count("id"), first=Min("created_at"), escalated=Count("id", filter=Q(state=HostState.ESCALATED)))
         .order_by()
     ]
 

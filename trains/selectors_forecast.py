@@ -30,7 +30,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Count, Q
 
-from fleet.models import InstalledVersion
+from fleet.models import HostState, InstalledVersion
 from fleet.models.hosts import RETIRED
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
@@ -70,6 +70,7 @@ _CATCH_UP = Q(operation__visit_link__catch_up=True)
 
 class ForecastCode(models.TextChoices):
     SCHEDULED = "scheduled", "Reaches every host by a forecast cycle"
+    WAITS_FOR_HUMAN = "waits_for_human", "On every host a visit can take; the rest are escalated to a human"
     BEYOND_HORIZON = "beyond_horizon", f"Not within {MAX_CYCLES} cycles"
     NO_TRAIN = "no_train", "No running train in the pool"
     EMERGENCY = "emergency", "Applied by its emergency train"
@@ -84,6 +85,9 @@ class UpgradeForecast:
     at: dt.datetime | None = None
     deadline_met: bool | None = None  # None: no deadline
     text: str = ""
+    # Hosts below its target escalated to a human: not in the forecast (no visit takes them until a
+    # human returns them; each is then reached at its domain's next visit).
+    hosts_escalated: int = 0
 
 
 @dataclass
@@ -96,12 +100,15 @@ class PoolBacklog:
     visits: dict[int, Visit]
     sizing: VisitSizing
     upgrades: list[Upgrade]
-    pending: dict[int, dict[int, int]]  # upgrade -> domain -> hosts below target
+    pending: dict[int, dict[int, int]]  # upgrade -> domain -> hosts below target a visit can take
     cycle_number: int
     missed_share: float = 0.0  # of the hosts its recent visits took, the share they missed (trains_missed_share)
     # Domains the train's next cycle adds as its last stops (trains.selectors.stops_to_add: racks
     # onboarded since the train was made); played from the next cycle on, as the tick visits them.
     added_stops: list[int] = field(default_factory=list)
+    # upgrade -> hosts below target escalated to a human: no visit takes them (a visit takes hosts in
+    # service) until a human returns them, so they are not played and the forecast names them.
+    escalated: dict[int, int] = field(default_factory=dict)
 
     @property
     def next_cycles_stops(self) -> list[int]:
@@ -149,7 +156,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
         return {}, upgrades
     forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
     domains = pools_domain_hosts([t.pool_id for t in trains])
-    pending, sizes, totals = _pending_by_domain(upgrades, domains)
+    pending, escalated, sizes, totals = _pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
     backlogs = {}
     for train in trains:
@@ -173,6 +180,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             cycle_number=forecast.last_cycle_number,
             missed_share=missed.get(train.pk, 0.0),
             added_stops=stops_to_add(train, set(domain_ids), domains),
+            escalated={u.pk: escalated[u.pk] for u in upgrades if u.pool_id == train.pool_id and escalated.get(u.pk)},
         )
     return backlogs, upgrades
 
@@ -211,50 +219,71 @@ def hosts_missed(share: float, hosts: int) -> int:
     return 0 if expected < 0.5 else min(hosts, max(1, round(expected)))
 
 
+class _Pending(NamedTuple):
+    """Per upgrade: the hosts below its target per domain that a visit can take, and how many of
+    those below it are escalated to a human (a visit takes hosts in service: none of them)."""
+
+    played: dict[int, dict[int, int]]
+    escalated: dict[int, int]
+
+
 def _pending_by_domain(
     upgrades: list[Upgrade], domains: list[DomainHosts]
-) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int]]:
-    """Hosts below each upgrade's target per domain, each domain's size and each pool's: two queries
-    whatever the backlog (plus two per upgrade whose scope is narrower than its pool).
+) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int], dict[int, int]]:
+    """Hosts below each upgrade's target per domain that a visit can take, its escalated hosts below
+    it (not played), each domain's size and each pool's: two queries whatever the backlog (plus two
+    per upgrade whose scope is narrower than its pool).
 
     The hosts at or beyond a target are counted from one histogram of the installed versions of the
     components the upgrades touch, per domain; the rest of the domain is pending. Counting each
     upgrade's hosts in SQL instead (a filtered count per upgrade, each probing every host) grew with
     upgrades times hosts: 0.7 s for 32 upgrades on 1,000 hosts, against 30 ms for this."""
     sizes: dict[int, int] = {}
+    escalated_in: dict[int, int] = {}
     totals: dict[int, int] = defaultdict(int)
     domains_of: dict[int, list[int]] = defaultdict(list)
     for domain in domains:
         sizes[domain.domain_id] = domain.hosts
+        escalated_in[domain.domain_id] = domain.escalated
         totals[domain.pool_id] += domain.hosts
         domains_of[domain.pool_id].append(domain.domain_id)
     pool_ids = list(domains_of)
     ours = [u for u in upgrades if u.pool_id in domains_of]
     scoped, unreadable = _scoped_pending([u for u in ours if not scope_is_pool(u)])
     whole_pool = [u for u in ours if scope_is_pool(u)] + unreadable
-    pending: dict[int, dict[int, int]] = defaultdict(dict, scoped)
+    pending: dict[int, dict[int, int]] = defaultdict(dict, scoped.played)
+    escalated: dict[int, int] = defaultdict(int, scoped.escalated)
     reached = _hosts_by_version(whole_pool, pool_ids)
     for upgrade in whole_pool:
         target = upgrade.component_version
         at_or_beyond: dict[int, int] = defaultdict(int)
+        escalated_beyond: dict[int, int] = defaultdict(int)
         # The sort keys order as plain strings (fleet/versions.py), in Python as in SQL.
-        for domain_id, sort_key, n in reached.get((upgrade.pool_id, target.component_id), ()):
-            if sort_key >= target.sort_key:
-                at_or_beyond[domain_id] += n
+        for version in reached.get((upgrade.pool_id, target.component_id), ()):
+            if version.sort_key >= target.sort_key:
+                at_or_beyond[version.domain_id] += version.hosts
+                escalated_beyond[version.domain_id] += version.escalated
         for domain_id in domains_of[upgrade.pool_id]:
             # Both counts are of live hosts; never below zero, which would cancel another domain's.
-            below = max(0, sizes[domain_id] - at_or_beyond[domain_id])
+            waiting = max(0, escalated_in[domain_id] - escalated_beyond[domain_id])
+            below = max(0, sizes[domain_id] - at_or_beyond[domain_id] - waiting)
             if below:
                 pending[upgrade.pk][domain_id] = below
-    return pending, sizes, totals
+            if waiting:
+                escalated[upgrade.pk] += waiting
+    return pending, escalated, sizes, totals
 
 
-def _hosts_by_version(
-    upgrades: list[Upgrade], pool_ids: list[int]
-) -> dict[tuple[int, int], list[tuple[int, str, int]]]:
-    """{(pool, component): [(domain, sort key of the installed version, hosts)]} for the components
-    of these upgrades, on live hosts only, as the domains' sizes count them (one query; none
-    without upgrades)."""
+class _Installed(NamedTuple):
+    domain_id: int
+    sort_key: str
+    hosts: int
+    escalated: int  # of those hosts
+
+
+def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tuple[int, int], list[_Installed]]:
+    """{(pool, component): [hosts per domain and installed version]} for the components of these
+    upgrades, on live hosts only, as the domains' sizes count them (one query; none without upgrades)."""
     components = sorted({u.component_version.component_id for u in upgrades})
     if not components:
         return {}
@@ -262,37 +291,41 @@ def _hosts_by_version(
         InstalledVersion.objects.filter(host__pool_id__in=pool_ids, component_id__in=components)
         .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
         .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("id"), escalated=Count("id", filter=Q(host__state=HostState.ESCALATED)))
         .order_by()
     )
-    histogram: dict[tuple[int, int], list[tuple[int, str, int]]] = defaultdict(list)
-    for pool_id, component_id, domain_id, sort_key, n in rows:
-        histogram[(pool_id, component_id)].append((domain_id, sort_key, n))
+    histogram: dict[tuple[int, int], list[_Installed]] = defaultdict(list)
+    for pool_id, component_id, domain_id, sort_key, n, escalated in rows:
+        histogram[(pool_id, component_id)].append(_Installed(domain_id, sort_key, n, escalated))
     return histogram
 
 
-def _scoped_pending(upgrades: list[Upgrade]) -> tuple[dict[int, dict[int, int]], list[Upgrade]]:
+def _scoped_pending(upgrades: list[Upgrade]) -> tuple[_Pending, list[Upgrade]]:
     """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
     queries each: such scopes are few), by hosts_below_target, over the hosts their scope names now
     as the train tick reads it (scope_host_ids: none left, nothing pending); and the upgrades whose
     stored scope does not even parse (a row older than the scope rules), which a read shows as
     their whole pool rather than fail (the tick refuses them, and says so)."""
-    pending: dict[int, dict[int, int]] = {}
+    pending = _Pending({}, {})
     unreadable = []
+    escalated = Q(state=HostState.ESCALATED)
     for upgrade in upgrades:
         try:
             scope = scope_host_ids(upgrade)
         except ValidationError:
             unreadable.append(upgrade)
             continue
-        rows = (
+        rows = list(
             hosts_below_target(upgrade, scope)
             .filter(pool_id=upgrade.pool_id)
             .values_list("domain_id")
-            .annotate(n=Count("id"))
+            .annotate(n=Count("id", filter=~escalated), waiting=Count("id", filter=escalated))
             .order_by()
         )
-        pending[upgrade.pk] = dict(rows)
+        pending.played[upgrade.pk] = {domain_id: n for domain_id, n, _ in rows if n}
+        waiting = sum(w for _, _, w in rows)
+        if waiting:
+            pending.escalated[upgrade.pk] = waiting
     return pending, unreadable
 
 
@@ -501,16 +534,27 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
         return UpgradeForecast(upgrade.pk, ForecastCode.EMERGENCY, text="applied by its emergency train")
     if backlog is None:
         return UpgradeForecast(upgrade.pk, ForecastCode.NO_TRAIN, text="no running train in the pool: not scheduled")
+    escalated = backlog.escalated.get(upgrade.pk, 0)
     if upgrade.pk not in done:
         return UpgradeForecast(
             upgrade.pk,
             ForecastCode.BEYOND_HORIZON,
             deadline_met=None if upgrade.deadline is None else False,
             text=f"not every host within the next {MAX_CYCLES} cycles",
+            hosts_escalated=escalated,
+        )
+    if escalated and not backlog.pending.get(upgrade.pk):
+        return UpgradeForecast(
+            upgrade.pk,
+            ForecastCode.WAITS_FOR_HUMAN,
+            deadline_met=None if upgrade.deadline is None else False,  # no visit can meet it: a human can
+            text=f"on every host a visit can take; {_escalated_text(escalated)}",
+            hosts_escalated=escalated,
         )
     cycle, at = done[upgrade.pk]
     met = None if upgrade.deadline is None else at <= upgrade.deadline
-    text = f"reaches every host by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
+    every = f"every host but the {escalated} escalated to a human" if escalated else "every host"
+    text = f"reaches {every} by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
     missed = hosts_missed(backlog.missed_share, sum(backlog.pending.get(upgrade.pk, {}).values()))
     if missed:
         text += (
@@ -519,7 +563,22 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
         )
     if met is not None:
         text += f"; {'meets' if met else 'misses'} its deadline {upgrade.deadline:%Y-%m-%d %H:%M} UTC"
-    return UpgradeForecast(upgrade.pk, ForecastCode.SCHEDULED, cycle=cycle, at=at, deadline_met=met, text=text)
+    if escalated:
+        text += f"; {_escalated_text(escalated)}"
+    return UpgradeForecast(
+        upgrade.pk,
+        ForecastCode.SCHEDULED,
+        cycle=cycle,
+        at=at,
+        deadline_met=met,
+        text=text,
+        hosts_escalated=escalated,
+    )
+
+
+def _escalated_text(hosts: int) -> str:
+    those = "the host" if hosts == 1 else f"the {hosts} hosts"
+    return f"{those} escalated to a human get it at their domain's first visit after they return"
 
 
 def upgrades_forecasts(upgrades: list[Upgrade], *, now: dt.datetime | None = None) -> dict[int, UpgradeForecast]:

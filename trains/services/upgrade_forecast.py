@@ -14,7 +14,14 @@ from django.db.models import Q, TextChoices
 
 from opsplanner.events import event_record
 from trains.models import Upgrade, UpgradeState
-from trains.selectors_forecast import ForecastCode, PoolBacklog, play_forward, pool_backlogs, upgrade_forecast_of
+from trains.selectors_forecast import (
+    ForecastCode,
+    PoolBacklog,
+    UpgradeForecast,
+    play_forward,
+    pool_backlogs,
+    upgrade_forecast_of,
+)
 from trains.services.actor import ACTOR
 
 TOP_PRIORITY = 1000
@@ -24,6 +31,7 @@ class DeadlineFix(TextChoices):
     RAISE_PRIORITY = "raise_priority", "Raise its priority"
     LARGER_BUFFER = "larger_buffer", "A larger planned buffer"
     EMERGENCY_TRAIN = "emergency_train", "An emergency train"
+    RETURN_HOSTS = "return_hosts", "Repair and return the hosts escalated to a human"
 
 
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
@@ -44,12 +52,15 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     done = play_forward(backlog, now=now)
     _promises_make(backlog, [upgrade_id for upgrade_id, _, _, made in rows if made is None], done, now)
     alerted = []
+    by_id = {u.pk: u for u in backlog.upgrades}
     for upgrade_id, deadline, alerted_at, _ in rows:
-        reached = done.get(upgrade_id)
-        if deadline is None or alerted_at is not None or (reached is not None and reached[1] <= deadline):
+        if deadline is None or alerted_at is not None or upgrade_id not in by_id:
+            continue
+        forecast = upgrade_forecast_of(by_id[upgrade_id], backlog, done)
+        if forecast.deadline_met is not False:
             continue
         if Upgrade.objects.filter(pk=upgrade_id, deadline_alerted_at__isnull=True).update(deadline_alerted_at=now):
-            _alert(backlog, upgrade_id, deadline, reached, now)
+            _alert(backlog, by_id[upgrade_id], deadline, forecast, now)
             alerted.append(upgrade_id)
     return alerted
 
@@ -83,32 +94,46 @@ def _promises_make(backlog: PoolBacklog, upgrade_ids: list[int], done: dict, now
 
 
 def _alert(
-    backlog: PoolBacklog, upgrade_id: int, deadline: dt.datetime, reached: tuple | None, now: dt.datetime
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
 ) -> None:
-    upgrade = next(u for u in backlog.upgrades if u.pk == upgrade_id)
-    fix, advice = _what_would_meet(backlog, upgrade, deadline, now)
-    when = f"by cycle {reached[0]}, around {reached[1]:%Y-%m-%d %H:%M} UTC" if reached else "not within the forecast"
+    fix, advice = _what_would_meet(backlog, upgrade, deadline, forecast, now)
+    if forecast.hosts_escalated and fix != DeadlineFix.RETURN_HOSTS:
+        advice += f"; the {forecast.hosts_escalated} hosts escalated to a human must also be returned in time"
+    if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
+        reached = (
+            f"is on every host a visit can take; the {forecast.hosts_escalated} escalated to a human keep it from "
+            "every host"
+        )
+    else:
+        when = f"by cycle {forecast.cycle}, around {forecast.at:%Y-%m-%d %H:%M} UTC" if forecast.at else None
+        reached = f"reaches every host {when or 'not within the forecast'}"
     event_record(
         kind="alert.upgrade_deadline_at_risk",
         subject=upgrade,
         actor=ACTOR,
-        reason=f"upgrade #{upgrade.pk} ({upgrade.component_version}) reaches every host {when}, after its deadline "
+        reason=f"upgrade #{upgrade.pk} ({upgrade.component_version}) {reached}, after its deadline "
         f"{deadline:%Y-%m-%d %H:%M} UTC; {advice}",
         pool_id=upgrade.pool_id,
         data={
             "upgrade": upgrade.pk,
             "deadline": deadline.isoformat(),
-            "forecast_at": reached[1].isoformat() if reached else None,
-            "forecast_cycle": reached[0] if reached else None,
+            "forecast_at": forecast.at.isoformat() if forecast.at else None,
+            "forecast_cycle": forecast.cycle,
+            "hosts_escalated": forecast.hosts_escalated,
             "fix": fix,
         },
     )
 
 
 def _what_would_meet(
-    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
 ) -> tuple[str, str]:
     """The cheapest change the forecast says would meet the deadline, as (code, advice)."""
+    if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
+        return DeadlineFix.RETURN_HOSTS, (
+            f"only repairing and returning the {forecast.hosts_escalated} hosts escalated to a human would meet it: "
+            "each is reached at its domain's first visit after it returns"
+        )
     if upgrade.priority < TOP_PRIORITY:
         raised = play_forward(backlog, now=now, priorities={upgrade.pk: TOP_PRIORITY}).get(upgrade.pk)
         if raised is not None and raised[1] <= deadline:

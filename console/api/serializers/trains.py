@@ -155,6 +155,9 @@ class UpgradeForecastSerializer(serializers.Serializer):
     at = serializers.DateTimeField(allow_null=True, help_text="around when that cycle reaches its last host")
     deadline_met = serializers.BooleanField(allow_null=True, help_text="null: the upgrade has no deadline")
     text = serializers.CharField()
+    hosts_escalated = serializers.IntegerField(
+        help_text="hosts below its target escalated to a human: not forecast (no visit takes them until they return)"
+    )
 
 
 class UpgradePromiseSerializer(serializers.Serializer):
