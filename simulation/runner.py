@@ -45,6 +45,13 @@ class Job:
     key: str  # names the result (a policy, or a domain size for the advisor)
 
 
+POSTGRESQL_NAME_BYTES = 63  # PostgreSQL cuts longer names: two lanes' names would then collide
+
+
+class ScratchLaneError(RuntimeError):
+    """The scratch lanes cannot be made here; the message says why, in one line."""
+
+
 class ShardFailed(RuntimeError):
     """A shard's process ended with an error; it wrote its own message on the standard error it shares,
     whose last line (`last_line`, empty if it wrote none) the message repeats, so a stored reason says why."""
@@ -86,6 +93,14 @@ def scratch_databases(lanes: int, *, tag: str = "") -> list[str]:
     sqlite = db["ENGINE"].endswith("sqlite3")
     base = Path(str(db["NAME"])).stem if sqlite else str(db["NAME"])
     names = [f"{base}{tag}_{lane}_sim" for lane in range(lanes)]
+    longest = max(names, key=lambda name: len(name.encode()), default="")
+    if not sqlite and len(longest.encode()) > POSTGRESQL_NAME_BYTES:
+        room = POSTGRESQL_NAME_BYTES - (len(longest.encode()) - len(base.encode()))
+        raise ScratchLaneError(
+            f"the database name {base!r} is too long for the simulator's scratch lanes: {longest!r} would be "
+            f"{len(longest.encode())} bytes, PostgreSQL keeps {POSTGRESQL_NAME_BYTES} (a name of at most {room} "
+            "bytes leaves room)"
+        )
     if sqlite:
         names = [str(Path(settings.VAR_DIR) / "sim" / f"{name}.sqlite3") for name in names]
     urls = [sibling_database_url(name) for name in names]

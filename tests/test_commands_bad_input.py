@@ -201,3 +201,32 @@ def test_a_failed_shard_is_one_line_naming_the_shard_and_its_own_error(tmp_path:
     )  # the shard's last line
     assert "\n" not in message
     assert not list((tmp_path / "out").iterdir())  # no report
+
+
+def test_simulate_on_a_database_name_too_long_for_its_lanes_is_one_line_and_makes_no_lane(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from django.conf import settings
+    from django.db import connection
+
+    from simulation import runner
+
+    # PostgreSQL cuts names at 63 bytes: the lanes of two runs, or two lanes of one, would collide.
+    long_name = "opsplanner_" + "x" * 45
+    database = {**settings.DATABASES["default"], "NAME": long_name}
+    monkeypatch.setattr(runner, "settings", SimpleNamespace(DATABASES={"default": database}, VAR_DIR=settings.VAR_DIR))
+    with pytest.raises(runner.ScratchLaneError) as refused:
+        runner.scratch_databases(2, tag="_clirun4194304")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_database WHERE datname LIKE %s", [long_name + "%"])
+        assert cursor.fetchone() == (0,)
+
+    monkeypatch.setattr(simulate, "scratch_databases", lambda *a, **k: runner.scratch_databases(*a, **k))
+    message, _ = refusal("simulate", *SMALL, "--policies", "rolling")
+
+    assert "would be 76 bytes, PostgreSQL keeps 63 (a name of at most 43 bytes leaves room)" in str(refused.value)
+    assert message.startswith(
+        f"simulate: the database name '{long_name}' is too long for the simulator's scratch lanes: "
+    )
+    assert "_clirun" in message
+    assert "PostgreSQL keeps 63" in message

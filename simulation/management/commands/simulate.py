@@ -30,6 +30,7 @@ from simulation.advisor import AdvisorRequest, advice, advice_svg
 from simulation.config import POLICIES, SimulationConfig, config_fields
 from simulation.runner import (
     Job,
+    ScratchLaneError,
     ShardFailed,
     default_lanes,
     jobs_run,
@@ -195,7 +196,10 @@ class Command(BaseCommand):
             self._say(f"simulate: {len(jobs) - len(to_run)} of {len(jobs)} shards kept in {work_dir}")
         if to_run:
             self._say(f"simulate: {len(to_run)} shards to run, {lanes} at a time")
-        urls = scratch_databases(lanes, tag=tag) if lanes else []
+        try:
+            urls = scratch_databases(lanes, tag=tag) if lanes else []
+        except ScratchLaneError as error:
+            raise CommandError(f"simulate: {error}") from None
         try:
             with _work_directory(work_dir) as work:
                 return jobs_run(jobs, urls, work, reuse=work_dir is not None, say=self._say)
@@ -222,7 +226,7 @@ class Command(BaseCommand):
             ) from None
         except LiveSnapshotError as error:
             raise CommandError(f"--from-live: {error}") from None
-        except ShardFailed as error:  # its own error is on the standard error; one line here says which and why
+        except (ShardFailed, ScratchLaneError) as error:  # a shard's own error is on the standard error
             raise CommandError(f"--from-live: {error}") from None
         paths = report_write(out, forecast.config, forecast.runs)
         summary = json.loads(paths["summary.json"].read_text())
