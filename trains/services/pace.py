@@ -4,8 +4,10 @@ A domain-paced train (`pace = "domain"`) hands a whole visit to the core at once
 domain when the visit's last host is back. A sliding train (`pace = "sliding"`) plans each visit the
 same way (budget, newest version per component, phases) but releases the visit's hosts to the core a
 few at a time: each train tick it releases as many hosts as the visit's worth allows, counting the
-hosts it already has out (an open task of its visits, pending ones included), first the not yet
-released hosts of its running visits (in the train's order), then the hosts of the next domains.
+hosts it already has out (an open task of its visits, pending ones included, or the lease of one
+whose drain failed), first the not yet released hosts of its running visits (in the train's order),
+then the hosts of the next domains. A host drained since its visit started (a repair, other work)
+had its drain of the cycle: it is left for its next visit, as a domain-paced visit defers its task.
 
 The allowance is the visit's worth: the largest domain x visit_concurrency, or the planned buffer if
 that is smaller. The core's admission keeps the hard limits (the planned buffer, the floor, the
@@ -18,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, QuerySet
 
 from fleet.models import Host, HostState
 from fleet.selectors.capacity import pool_capacity
 from opsplanner.events import event_record
-from opsplanner.models import OPEN_TASK_STATES, HostTask
+from opsplanner.models import OPEN_TASK_STATES, HostTask, Lease
 from opsplanner.prepared import PreparedQuery
 from trains.models import Pace, Train, TrainStop, Upgrade, UpgradePhase, Visit, VisitState
 from trains.services.actor import ACTOR
@@ -72,15 +74,21 @@ def train_tasks(train_id: int) -> QuerySet[HostTask]:
 
 _HOSTS_OUT = PreparedQuery(
     lambda *, train_id: (
-        train_tasks(train_id).filter(state__in=OPEN_TASK_STATES).order_by().values_list("host_id").distinct()
+        train_tasks(train_id)
+        .filter(state__in=OPEN_TASK_STATES)
+        .order_by()
+        .values_list("host_id")
+        # A host whose drain failed returns with its task already failed, under that task's lease:
+        # still out for the train until its undrain is done (uncounted, the next hosts went out too).
+        .union(Lease.objects.filter(active=True, host_task__in=train_tasks(train_id)).order_by().values_list("host_id"))
     ),
     train_id=int,
 )
 
 
 def train_hosts_out(train: Train) -> int:
-    """The hosts a train has out or released to the core: an open task of one of its visits (one
-    query, at most a visit's worth of rows)."""
+    """The hosts a train has out or released to the core: an open task of one of its visits, or the
+    active lease of one (one query, at most a visit's worth of rows)."""
     return len(_HOSTS_OUT.rows(train_id=train.pk))
 
 
@@ -120,14 +128,17 @@ def visit_release(*, train: Train, visit: Visit, active: Mapping[int, ActiveUpgr
 
 
 def _releasable(visit: Visit, host_ids: set[int]) -> set[int]:
-    """The hosts among `host_ids` still in the visit's domain and in service (what a visit starts with)."""
+    """The hosts among `host_ids` still in the visit's domain and in service (what a visit starts with),
+    and not drained since the visit started. A drain since (a repair's, or other work's, failed or
+    not) is the host's drain of this cycle: a domain-paced visit's task would have been handed over
+    to it or deferred; released now, the host went out a second time in the cycle."""
     if not host_ids:
         return set()
-    return set(
-        Host.objects.filter(pk__in=sorted(host_ids), domain_id=visit.domain_id, state=HostState.IN_SERVICE)
-        .order_by()
-        .values_list("id", flat=True)
-    )
+    hosts = Host.objects.filter(pk__in=sorted(host_ids), domain_id=visit.domain_id, state=HostState.IN_SERVICE)
+    if visit.started_at is not None:
+        since = HostTask.objects.filter(host_id=OuterRef("pk"), drain_key=F("id"), admitted_at__gte=visit.started_at)
+        hosts = hosts.filter(~Exists(since))
+    return set(hosts.order_by().values_list("id", flat=True))
 
 
 def _released_record(train: Train, visit: Visit, *, released: int, left_out: int) -> None:
@@ -137,7 +148,10 @@ def _released_record(train: Train, visit: Visit, *, released: int, left_out: int
         f"{left} still to come"
     )
     if left_out:
-        reason += f"; {left_out} no longer in service in the domain, left for their next visit"
+        reason += (
+            f"; {left_out} no longer in service in the domain, or drained since the visit started, left for their "
+            "next visit"
+        )
     event_record(
         kind="train.visit_released",
         subject=visit,
