@@ -195,3 +195,56 @@ def test_the_trains_page_shows_why_the_visits_cannot_keep_the_cycle() -> None:
 
     assert f'data-budget="{BudgetCode.UPGRADE_TOO_LONG}"' in page
     assert "budget of 3600 s" in page
+
+
+def test_a_multi_cycle_upgrade_that_fits_its_hosts_per_visit_is_not_said_to_overrun() -> None:
+    instant_simulator()
+    # Budget 7200 s / 2 domains = 3600 s, 2 hosts at once: one wave of 600 + 2400 s fits, two do not.
+    pool, _ = make_fleet(domains=2, hosts_per_domain=4, planned_buffer_hosts=2)
+    train = make_train(pool, cycle_slo_s=7200, visit_overhead_s=600)
+    upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="slow flash", duration_s=2400,
+        multi_cycle=True, hosts_per_visit=2,
+    )  # fmt: skip
+    train_tick(train_id=train.pk)
+
+    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    assert len(visit.plan["hosts"]) == 2
+    assert visit.plan["estimate_s"] <= visit.plan["budget_s"] == 3600
+    train.refresh_from_db()
+    assert (train.budget_code, train.budget_reason) == (BudgetCode.NONE, "")
+    assert not Event.objects.filter(kind="alert.train_visit_over_budget").exists()
+
+
+def test_the_overrun_names_the_visits_in_a_row_its_budget_divides_the_slo_by() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=4, hosts_per_domain=2, planned_buffer_hosts=4)
+    train = make_train(pool, cycle_slo_s=7200, visit_overhead_s=600, visit_concurrency=2)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="slow flash", duration_s=5400)
+
+    train.refresh_from_db()
+    assert "against a budget of 3600 s (7200 s over 2 visits in a row: 4 domains, 2 at once)" in train.budget_reason
+
+
+def test_a_lower_slo_no_active_upgrade_fits_is_said_as_it_is_set_and_cleared_as_it_is_raised() -> None:
+    from tests.trains_builders import make_user
+    from trains.services.trains import train_update
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2)
+    train = make_train(pool, cycle_slo_s=7200, visit_overhead_s=600)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=2400)
+    assert Train.objects.get(pk=train.pk).budget_code == BudgetCode.NONE  # 3000 s fits 3600 s
+
+    train_update(train_id=train.pk, cycle_slo_s=4000, actor=make_user())  # 2000 s a visit
+
+    train.refresh_from_db()
+    assert train.budget_code == BudgetCode.UPGRADE_TOO_LONG
+    assert "against a budget of 2000 s (4000 s over 2 domains)" in train.budget_reason
+    assert Event.objects.filter(kind="alert.train_visit_over_budget", subject_id=train.pk).count() == 1
+
+    train_update(train_id=train.pk, cycle_slo_s=7200, actor=make_user())
+
+    train.refresh_from_db()
+    assert (train.budget_code, train.budget_reason) == (BudgetCode.NONE, "")
+    assert Event.objects.filter(kind="train.visit_budget_fits", subject_id=train.pk).exists()

@@ -498,24 +498,43 @@ def overrun_reason(train: Train, upgrade: Upgrade, sizing: VisitSizing) -> str:
     """Empty when the upgrade alone fits a visit of its largest domain; else the numbers and what
     budget, buffer or domain size would fit."""
     hosts = sizing.largest_domain
+    if upgrade.multi_cycle and upgrade.hosts_per_visit:  # a visit takes at most that many (visits.py)
+        hosts = min(hosts, upgrade.hosts_per_visit)
     cost = sizing.cost_s(hosts, [sizing.work_s(upgrade)])
     if cost <= sizing.budget_s:
         return ""
     waves = sizing.waves(hosts)
     per_wave = sizing.cost_s(min(hosts, sizing.hosts_at_once), [sizing.work_s(upgrade)])  # one wave
-    needed_slo = math.ceil(cost * visit_rounds(sizing.domains, train.visit_concurrency))
+    rounds = visit_rounds(sizing.domains, train.visit_concurrency)
+    needed_slo = math.ceil(cost * rounds)
     fixes = [f"a cycle SLO of at least {needed_slo} s (now {train.cycle_slo_s} s)"]
     if waves > 1 and per_wave <= sizing.budget_s:
         fits = max(1, int(sizing.budget_s // per_wave))  # waves that fit the budget
         fixes.append(f"a planned buffer of at least {math.ceil(hosts / fits) * train.visit_concurrency} hosts")
-        fixes.append(f"domains of at most {fits * sizing.hosts_at_once} hosts")
+        bounded = upgrade.multi_cycle and upgrade.hosts_per_visit
+        fixes.append(
+            f"{'at most' if bounded else 'domains of at most'} {fits * sizing.hosts_at_once} hosts"
+            + (" per visit" if bounded else "")
+        )
+    share = f"{train.cycle_slo_s} s over {sizing.domains} domains"
+    if rounds != sizing.domains:
+        share = (
+            f"{train.cycle_slo_s} s over {rounds} visits in a row: {sizing.domains} domains, "
+            f"{train.visit_concurrency} at once"
+        )
     return (
         f"upgrade #{upgrade.pk} ({upgrade.component_version}) needs {cost:.0f} s per visit "
         f"({waves} wave(s) of {per_wave:.0f} s: {sizing.overhead_s} s overhead + {sizing.work_s(upgrade)} s work, "
-        f"corrected by recent visits, on domains of up to {hosts} hosts, "
+        f"corrected by recent visits, on {_hosts_taken(upgrade, hosts)}, "
         f"{sizing.hosts_at_once} at once) against a budget of {sizing.budget_s:.0f} s "
-        f"({train.cycle_slo_s} s over {sizing.domains} domains); it would fit with " + " or ".join(fixes)
+        f"({share}); it would fit with " + " or ".join(fixes)
     )
+
+
+def _hosts_taken(upgrade: Upgrade, hosts: int) -> str:
+    if upgrade.multi_cycle and upgrade.hosts_per_visit:
+        return f"up to {hosts} hosts a visit (its hosts per visit)"
+    return f"domains of up to {hosts} hosts"
 
 
 def train_budget_check(*, train: Train, upgrades: Sequence[Upgrade], sizing: VisitSizing | None = None) -> str:

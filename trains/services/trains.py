@@ -196,6 +196,9 @@ def train_update(
         pool_id=train.pool_id,
         data={"before": {key: before[key] for key in changed}, "after": {key: after[key] for key in changed}},
     )
+    from trains.services.upgrades import train_says_at_once  # upgrades.py imports this module
+
+    train_says_at_once(train.pool)  # the budget and the deadlines, with the new numbers
     return train
 
 

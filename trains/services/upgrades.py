@@ -200,7 +200,7 @@ def upgrade_create(
               "emergency": emergency, "priority": priority, "deadline": deadline.isoformat() if deadline else None},
     )  # fmt: skip
     if not emergency:
-        _train_says_at_once(pool)
+        train_says_at_once(pool)
     return upgrade
 
 
@@ -278,10 +278,10 @@ def _phase_rows(upgrade: Upgrade, specs: list[PhaseSpec], scope_ids: list[int]) 
     return rows
 
 
-def _train_says_at_once(pool: Pool) -> None:
+def train_says_at_once(pool: Pool) -> None:
     """The pool's train checks at once that every active upgrade fits one of its visits, gives the new
     one its promise, and the forecast that every deadline is met (alerts otherwise), rather than when a
-    cycle misses."""
+    cycle misses: as an upgrade is created, and as the train's SLO, concurrency or stops change."""
     from trains.services.upgrade_forecast import upgrades_forecast_check
 
     train = Train.objects.filter(pool=pool, emergency=False, state__in=LIVE_TRAIN_STATES).select_related("pool").first()
