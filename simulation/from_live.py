@@ -263,7 +263,7 @@ def _upgrade_snapshot(upgrade: Any) -> dict[str, Any]:
         "max_failure_rate": _decimal(upgrade.max_failure_rate),
         "failure_rate_min_hosts": upgrade.failure_rate_min_hosts,
         "multi_cycle": upgrade.multi_cycle,
-        "hosts_per_visit": upgrade.hosts_per_visit,
+        "hosts_per_visit": upgrade.hosts_per_visit if upgrade.multi_cycle else None,  # only bounds multi-cycle
         "priority": upgrade.priority,
         "deadline": _iso(upgrade.deadline),
         "duration_s": upgrade.duration_s,

@@ -425,3 +425,29 @@ def test_sigterm_ends_a_run_through_its_cleanup_as_an_exit() -> None:
     assert cleanups == ["shards stopped, lanes dropped"]
     assert exited.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.django_db
+def test_a_live_train_whose_slo_its_onboarded_racks_no_longer_meet_is_forecast_as_it_is() -> None:
+    from simulation.from_live import _trains_snapshot
+    from trains.models import Train
+    from trains.services.cycles import _stops_complete
+    from trains.services.trains import train_create
+
+    pool, _ = make_fleet(domains=4, hosts_per_domain=5, failure_buffer_hosts=1, pool_name="live-grown")
+    train = train_create(pool=pool, name="train-grown", cycle_slo_s=24 * 3600, visit_estimate_s=6 * 3600, actor="t")
+    rack = services.domain_create(pool=pool, name="rack-0005", position=5)
+    for _ in range(5):
+        make_host(rack)
+    assert _stops_complete(train) == ["rack-0005"]  # the fleet added a stop: 5 x 6 h no longer fit 24 h
+    (spec,) = _trains_snapshot(pool)["trains"]
+    Train.objects.filter(pk=train.pk).delete()  # make way for its copy
+    world = one_pool_world(pool)
+    world.trains[pool.pk] = [spec]
+
+    TrainsPolicy(SimulationConfig(hosts=25, pools=1, hosts_per_domain=5), world).setup()
+
+    copy = Train.objects.get()
+    assert (copy.cycle_slo_s, copy.visit_estimate_s) == (24 * 3600, 6 * 3600)
+    assert list(copy.stops.order_by("position").values_list("domain__name", flat=True)) == spec["domain_order"]
+    assert len(spec["domain_order"]) == 5

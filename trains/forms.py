@@ -13,15 +13,21 @@ from django.db import transaction
 from fleet.models import Component, ComponentVersion, Pool
 from fleet.versions import MAX_VERSION_LENGTH
 from opsplanner.scopes import MAX_SCOPE_LENGTH
+from trains.limits import (
+    FAILURE_RATE_DECIMALS,
+    MAX_AUTO_RESUME_S,
+    MAX_COUNT,
+    MAX_CYCLE_SLO_S,
+    MAX_DOMAINS_AT_ONCE,
+    MAX_SOAK_S,
+    MAX_VISIT_ESTIMATE_S,
+)
 from trains.models import Pace
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.trains import train_create, train_update
 from trains.services.upgrades import upgrade_create, upgrade_offboard
 
 T = TypeVar("T")
-
-MAX_VISIT_ESTIMATE_S = 7 * 24 * 3600
-MAX_DOMAINS_AT_ONCE = 100  # Train.visit_concurrency's bound
 
 
 class ServiceForm(forms.Form):
@@ -126,8 +132,6 @@ class EmergencyTrainForm(ServiceForm):
 
 
 # --- trains -----------------------------------------------------------------------------------------
-MAX_CYCLE_SLO_S = 366 * 24 * 3600
-MAX_AUTO_RESUME_S = 30 * 24 * 3600
 MAX_DOMAIN_ORDER_LENGTH = 64_000
 MAX_DOMAIN_NAME = 63
 
@@ -271,8 +275,6 @@ class TrainEditForm(ServiceForm):
 
 # --- upgrades ---------------------------------------------------------------------------------------
 PHASE_ROWS = 4
-MAX_COUNT = 1_000_000
-MAX_SOAK_S = 30 * 24 * 3600
 
 
 class PhaseRowForm(forms.Form):
@@ -337,10 +339,17 @@ class UpgradeForm(ServiceForm):
         label="Max failure rate (0 to 1)",
         min_value=0,
         max_value=1,
-        max_digits=5,
-        decimal_places=4,
+        max_digits=FAILURE_RATE_DECIMALS + 1,
+        decimal_places=FAILURE_RATE_DECIMALS,
         required=False,
         help_text="Offboard when more than this share of a phase's finished hosts failed; empty: no rate.",
+    )
+    failure_rate_min_hosts = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_COUNT,
+        initial=5,
+        required=False,
+        help_text="The rate counts once this many of a phase's hosts have finished (empty: 5).",
     )
     multi_cycle = forms.BooleanField(
         required=False, help_text="Spread over several cycles, a bounded number of hosts per visit."
@@ -371,7 +380,7 @@ class UpgradeForm(ServiceForm):
         help_text="Expected time to apply it on one host; empty: the default estimate, corrected by measured visits.",
     )
 
-    SERVICE_FIELDS: ClassVar[dict[str, str]] = {"component_version": "version", "phases": NON_FIELD_ERRORS}
+    SERVICE_FIELDS: ClassVar[dict[str, str]] = {"phases": NON_FIELD_ERRORS}
 
     def __init__(self, data: Any = None, *, versions: list[tuple[str, list[tuple[str, str]]]]) -> None:
         super().__init__(data)
@@ -399,6 +408,7 @@ class UpgradeForm(ServiceForm):
                 phases=self.phases(),
                 max_failures=data["max_failures"],
                 max_failure_rate=None if rate is None else float(rate),
+                failure_rate_min_hosts=5 if data["failure_rate_min_hosts"] is None else data["failure_rate_min_hosts"],
                 multi_cycle=data["multi_cycle"],
                 hosts_per_visit=data["hosts_per_visit"],
                 priority=DEFAULT_UPGRADE_PRIORITY if data["priority"] is None else data["priority"],

@@ -31,6 +31,7 @@ from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_cancel
 from opsplanner.services.rollback import version_rollback
+from trains.limits import FAILURE_RATE_DECIMALS
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
@@ -173,7 +174,7 @@ def upgrade_create(
         reason=reason.strip()[:500],
         emergency=emergency,
         max_failures=max_failures,
-        max_failure_rate=None if max_failure_rate is None else Decimal(str(round(max_failure_rate, 4))),
+        max_failure_rate=None if max_failure_rate is None else Decimal(str(max_failure_rate)),
         failure_rate_min_hosts=failure_rate_min_hosts,
         multi_cycle=multi_cycle,
         hosts_per_visit=hosts_per_visit,
@@ -216,13 +217,26 @@ def _checked_request(
     """The target version, once the request's own fields make sense together."""
     if not reason or not reason.strip():
         raise ValidationError({"reason": "Say why this upgrade is needed."})
-    target = version_of(component, version)
+    try:
+        target = version_of(component, version)
+    except ValidationError as unknown:  # named under the request's own field, in the API as in the form
+        raise ValidationError({"version": unknown.message_dict["component_version"]}) from None
     if target.withdrawn_at is not None:
         raise ValidationError({"version": f"{target} is withdrawn: {target.withdrawn_reason}"})
     if multi_cycle and not hosts_per_visit:
         raise ValidationError({"hosts_per_visit": "A multi-cycle upgrade needs a number of hosts per visit."})
+    if hosts_per_visit is not None and not multi_cycle:  # a visit bounds only a multi-cycle upgrade's hosts
+        raise ValidationError(
+            {"hosts_per_visit": "Only a multi-cycle upgrade takes a number of hosts per visit: make it multi-cycle, "
+             "or leave the number out."}
+        )  # fmt: skip
     if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
         raise ValidationError({"max_failure_rate": "The failure rate is between 0 and 1."})
+    if max_failure_rate is not None and round(max_failure_rate, FAILURE_RATE_DECIMALS) != max_failure_rate:
+        # Rounded, 0.00004 became 0: the first failure offboarded the upgrade.
+        raise ValidationError(
+            {"max_failure_rate": f"The failure rate has at most {FAILURE_RATE_DECIMALS} decimal places."}
+        )
     return target
 
 

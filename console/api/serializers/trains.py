@@ -12,6 +12,14 @@ from console.api.serializers.fields import MAX_ID
 from opsplanner import clock
 from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
 from opsplanner.scopes import MAX_SCOPE_LENGTH
+from trains.limits import (
+    MAX_AUTO_RESUME_S,
+    MAX_COUNT,
+    MAX_CYCLE_SLO_S,
+    MAX_DOMAINS_AT_ONCE,
+    MAX_SOAK_S,
+    MAX_VISIT_ESTIMATE_S,
+)
 from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.selectors_forecast import ForecastCode, PromiseState, upgrade_promise, upgrades_forecasts
@@ -55,10 +63,10 @@ class TrainSerializer(serializers.ModelSerializer):
 class TrainInput(serializers.Serializer):
     pool = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     name = serializers.CharField(max_length=63)
-    cycle_slo_s = serializers.IntegerField(min_value=1, max_value=366 * 24 * 3600)
-    visit_estimate_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, default=3600)
+    cycle_slo_s = serializers.IntegerField(min_value=1, max_value=MAX_CYCLE_SLO_S)
+    visit_estimate_s = serializers.IntegerField(min_value=1, max_value=MAX_VISIT_ESTIMATE_S, default=3600)
     domain_order = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=10_000)
-    visit_concurrency = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    visit_concurrency = serializers.IntegerField(min_value=1, max_value=MAX_DOMAINS_AT_ONCE, default=1)
     pace = serializers.ChoiceField(
         choices=Pace.choices,
         default=Pace.DOMAIN,
@@ -67,13 +75,13 @@ class TrainInput(serializers.Serializer):
     )
     visit_overhead_s = serializers.IntegerField(
         min_value=1,
-        max_value=30 * 24 * 3600,
+        max_value=MAX_VISIT_ESTIMATE_S,
         required=False,
         allow_null=True,
         help_text="drain, checks and return of one visit; empty: half the visit estimate",
     )
     priority = serializers.IntegerField(min_value=0, max_value=1000, default=200)
-    auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=30 * 24 * 3600, required=False)
+    auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=MAX_AUTO_RESUME_S, required=False)
     executor = serializers.ChoiceField(choices=EXECUTOR_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
     drainer = serializers.ChoiceField(choices=DRAINER_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
 
@@ -256,8 +264,8 @@ class PhaseInput(serializers.Serializer):
     name = serializers.CharField(max_length=63)
     domain = serializers.CharField(max_length=63, required=False, allow_blank=True)
     percent = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    min_successes = serializers.IntegerField(min_value=0, max_value=1_000_000, default=1)
-    soak_s = serializers.IntegerField(min_value=0, max_value=30 * 24 * 3600, default=0)
+    min_successes = serializers.IntegerField(min_value=0, max_value=MAX_COUNT, default=1)
+    soak_s = serializers.IntegerField(min_value=0, max_value=MAX_SOAK_S, default=0)
     selection = serializers.ChoiceField(choices=PhaseSelection.choices, default=PhaseSelection.FIXED)
 
 
@@ -268,13 +276,13 @@ class UpgradeInput(serializers.Serializer):
     reason = serializers.CharField(max_length=500)
     scope = serializers.CharField(max_length=MAX_SCOPE_LENGTH, required=False, allow_blank=True, default="")
     phases = PhaseInput(many=True, required=False, max_length=20)  # type: ignore[call-arg]  # stub gap: many=True takes min/max_length (DRF 3.14+)
-    max_failures = serializers.IntegerField(min_value=0, max_value=1_000_000, default=2)
+    max_failures = serializers.IntegerField(min_value=0, max_value=MAX_COUNT, default=2)
     max_failure_rate = serializers.FloatField(min_value=0, max_value=1, required=False)
-    failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=1_000_000, default=5)
+    failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=MAX_COUNT, default=5)
     multi_cycle = serializers.BooleanField(default=False)
-    hosts_per_visit = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    hosts_per_visit = serializers.IntegerField(min_value=1, max_value=MAX_COUNT, required=False)
     priority = serializers.IntegerField(min_value=0, max_value=1000, default=DEFAULT_UPGRADE_PRIORITY)
     deadline = serializers.DateTimeField(required=False, help_text="every host by then; moves the upgrade ahead")
     duration_s = serializers.IntegerField(
-        min_value=1, max_value=30 * 24 * 3600, required=False, help_text="expected time to apply it on one host"
+        min_value=1, max_value=MAX_SOAK_S, required=False, help_text="expected time to apply it on one host"
     )

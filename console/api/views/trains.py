@@ -105,7 +105,8 @@ class UpgradeViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         upgrade = upgrade_create(
             pool=pool,
             actor=request.user,
-            phases=[{k: v for k, v in phase.items() if v not in ("", None)} for phase in phases] if phases else None,
+            # An empty list is passed on as given: the service refuses it, where None is one phase.
+            phases=None if phases is None else [{k: v for k, v in p.items() if v not in ("", None)} for p in phases],
             **data,
         )
         return Response(
