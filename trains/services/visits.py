@@ -401,6 +401,22 @@ def visits_join_late(
     return joins
 
 
+def _visit_chains(visit: Visit, plan: dict) -> dict[int, float]:
+    """Per host of the visit, the work its plan gives it (one query): the upgrades' tasks it has, and
+    for a sliding visit the upgrades it takes when released; a catch-up's are not the visit's plan."""
+    work_of = {int(e["upgrade"]): float(e.get("work_s", 0)) for e in plan.get("upgrades", [])}
+    chains: dict[int, float] = defaultdict(float)
+    tasks = HostTask.objects.filter(
+        operation__visit_link__visit=visit, operation__visit_link__catch_up=False
+    ).values_list("host_id", "operation__visit_link__upgrade_id")
+    for host_id, upgrade_id in tasks:
+        chains[host_id] += work_of.get(upgrade_id, 0.0)
+    for entry in plan.get("unreleased", []):
+        for host_id in entry["hosts"]:
+            chains[host_id] += float(entry["work_s"])
+    return dict(chains)
+
+
 def _join_visit(
     train: Train, visit: Visit, plans: list[UpgradePlan], sizing: VisitSizing, *, seen: list[int]
 ) -> list[tuple[int, int, int]]:
@@ -414,14 +430,19 @@ def _join_visit(
     plan_record = dict(visit.plan)
     plan_record["late_seen"] = sorted({*plan_record.get("late_seen", []), *seen})
     hosts = set(plan_record.get("hosts", []))
-    works = [float(e.get("work_s", 0)) for e in plan_record.get("upgrades", [])]
     # The budget the visit was given when it started (a cycle behind its deadline gives less).
     budget = min(sizing.budget_s, float(plan_record.get("budget_s", sizing.budget_s)))
     joins = []
     waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
-    for step in _within_hosts_per_visit(domain_steps(plans, drained | waiting, sizing)) if drained or waiting else []:
-        cost = sizing.cost_s(len(hosts | step.hosts), [*works, step.work_s])
-        if cost > budget:
+    steps = _within_hosts_per_visit(domain_steps(plans, drained | waiting, sizing)) if drained or waiting else []
+    chains = _visit_chains(visit, plan_record) if steps else {}
+    for step in steps:
+        # Priced as the visit was when it started (select_within_budget): by its busiest host's chain
+        # of work, and, at the domain pace, within what the visit already takes if that is longer.
+        current = sizing.cost_s(len(chains), [max(chains.values(), default=0.0)])
+        longest = max([*chains.values(), *(chains.get(h, 0.0) + step.work_s for h in step.hosts)])
+        cost = sizing.cost_s(len(hosts | step.hosts), [longest])
+        if cost > (max(budget, current) if sizing.waits_for_busiest else budget):
             continue  # it waits for the next cycle, like any work that does not fit
         if step.hosts - waiting:
             refused = visit_steps_submit_compatible(
@@ -434,7 +455,8 @@ def _join_visit(
             _, later = split_release([replace(step, hosts=step.hosts & waiting)], 0)
             plan_record["unreleased"] = [*plan_record.get("unreleased", []), *later]
         hosts |= step.hosts
-        works.append(step.work_s)
+        for host in step.hosts:
+            chains[host] = chains.get(host, 0.0) + step.work_s
         plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]
         plan_record.update(_cost_record(cost, sizing, hosts=len(hosts)))
         joins.append((visit.pk, step.plan.upgrade.pk, len(step.hosts)))
