@@ -148,54 +148,45 @@ def test_an_upgrade_that_commits_while_a_visit_starts_joins_that_visit() -> None
     assert late.pk not in Visit.objects.get(pk=visit.pk).plan["considered"]
 
 
-def test_a_late_upgrade_that_fits_beside_the_busiest_hosts_work_joins_the_visit() -> None:
+def visit_of_two_upgrades_on_different_hosts(work_s: int) -> tuple[Pool, Visit]:
+    """A running visit of rack-0001's two hosts: bios on the first, nic firmware on the second, each
+    `work_s`; a budget of 3600 s (7200 s over 2 domains), 600 s overhead."""
     instant_simulator()
     pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
     nic = nic_firmware()
-    bios_new = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
     for host in hosts:
         installed_version_set(host=host, version=nic["22.1"])
-    first, second = hosts[0], hosts[1]  # domain rack-0001
-    installed_version_set(host=first, version=nic["22.4"])  # first needs only bios
-    installed_version_set(host=second, version=bios_new)  # second needs only nic
-    # Budget: 7200 s over 2 domains = 3600 s; overhead 600 s.
+    first, second = hosts[0], hosts[1]  # rack-0001
+    installed_version_set(host=first, version=nic["22.4"])  # needs only bios
+    installed_version_set(host=second, version=ComponentVersion.objects.get(component__name="bios", version="2.16.0"))
     train = make_train(pool, cycle_slo_s=7200, visit_overhead_s=600)
-    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
-    upgrade_create(pool=pool, component="nic-firmware", version="22.4", reason="rollout", duration_s=1200)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=work_s)
+    upgrade_create(pool=pool, component="nic-firmware", version="22.4", reason="rollout", duration_s=work_s)
     train_tick(train_id=train.pk)
     visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
     assert sorted(visit.plan["hosts"]) == sorted([first.pk, second.pk])
-    assert visit.plan["estimate_s"] == 1800  # 600 + 1200 on each host (their chains are disjoint)
+    assert visit.plan["estimate_s"] == 600 + work_s  # the hosts' chains are apart
+    return pool, visit
 
-    # Created mid-visit: 1200 s more on each host -> each chain 2400 s, 600 + 2400 = 3000 s <= 3600 s.
+
+def test_a_late_upgrade_that_fits_beside_the_busiest_hosts_work_joins_the_visit() -> None:
+    pool, visit = visit_of_two_upgrades_on_different_hosts(1200)
+
+    # 1200 s more on each host: each chain 2400 s, 600 + 2400 = 3000 s within 3600 s.
     late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="fix", duration_s=1200)
-    train_tick(train_id=train.pk)
+    train_tick(train_id=visit.train_id)
 
-    visit.refresh_from_db()
-    assert VisitOperation.objects.filter(visit=visit, upgrade=late).exists(), (
-        f"late upgrade left out; plan={visit.plan}"
-    )
+    assert VisitOperation.objects.filter(visit=visit, upgrade=late).exists()
 
 
 def test_a_late_join_records_the_cost_of_the_busiest_hosts_work_not_of_every_upgrade_on_every_host() -> None:
-    instant_simulator()
-    pool, hosts = make_fleet(domains=2, hosts_per_domain=2)
-    nic = nic_firmware()
-    bios_new = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
-    for host in hosts:
-        installed_version_set(host=host, version=nic["22.1"])
-    first, second = hosts[0], hosts[1]
-    installed_version_set(host=first, version=nic["22.4"])
-    installed_version_set(host=second, version=bios_new)
-    train = make_train(pool, cycle_slo_s=7200, visit_overhead_s=600)
-    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=600)
-    upgrade_create(pool=pool, component="nic-firmware", version="22.4", reason="rollout", duration_s=600)
-    train_tick(train_id=train.pk)
-    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="fix", duration_s=600)
-    train_tick(train_id=train.pk)
+    pool, visit = visit_of_two_upgrades_on_different_hosts(600)
 
-    visit = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    late = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="fix", duration_s=600)
+    train_tick(train_id=visit.train_id)
+
+    visit.refresh_from_db()
     assert VisitOperation.objects.filter(visit=visit, upgrade=late).exists()
     # Each host applies two upgrades: 600 + 2 x 600 = 1800 s. The plan's cost is what the next
     # visits' correction is measured against; recorded higher, the visit "ran faster than planned".
-    assert visit.plan["cost_s"] == 1800, visit.plan
+    assert visit.plan["cost_s"] == 1800
