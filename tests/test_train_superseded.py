@@ -165,3 +165,32 @@ def test_an_upgrade_stays_unfinished_while_a_host_of_its_scope_runs_neither_its_
     assert unfinished == {to_2_18.pk}, "2.16.0 is done: one host runs it, the other a newer release"
     assert {u.pk for u in (to_2_16, to_2_18) if hosts_below_target(u, scope).exists()} == unfinished
     assert upgrades_unfinished([to_2_16, to_2_18], []) == set(), "no hosts, nothing below target"
+
+
+def test_a_withdrawn_newer_release_on_a_host_does_not_make_the_older_upgrade_done_there() -> None:
+    from django.db import transaction
+
+    from fleet.services import installed_version_set
+    from tests.driving import busy
+    from trains.services.upgrades import upgrade_offboard
+
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2)
+    make_train(pool)
+    bios = Component.objects.get(name="bios")
+    make_version(bios, "2.18.0")
+    newer = upgrade_create(pool=pool, component="bios", version="2.18.0", reason="n+1")
+    # An earlier drain gave host 0 the new bios (it ran 2.14.0); then N+1 is offboarded: withdrawn,
+    # and the host is to be rolled back.
+    installed_version_set(host=hosts[0], version=ComponentVersion.objects.get(component=bios, version="2.18.0"))
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=newer.pk), reason="bad bios")
+    older = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="n", scope=f"hosts: {hosts[0].hostname}"
+    )
+
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=older.pk).state != UpgradeState.ACTIVE and not busy([pool]))
+
+    older.refresh_from_db()
+    runs = InstalledVersion.objects.get(host=hosts[0], component=bios).version.version
+    assert (older.state, runs) == (UpgradeState.COMPLETED, "2.16.0"), older.state_reason

@@ -288,7 +288,10 @@ def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tupl
     if not components:
         return {}
     rows = (
-        InstalledVersion.objects.filter(host__pool_id__in=pool_ids, component_id__in=components)
+        # A withdrawn release reaches no target (upgrades._at_or_beyond): its hosts are pending.
+        InstalledVersion.objects.filter(
+            host__pool_id__in=pool_ids, component_id__in=components, version__withdrawn_at__isnull=True
+        )
         .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
         .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
         .annotate(n=Count("id"), escalated=Count("id", filter=Q(host__state=HostState.ESCALATED)))

@@ -369,8 +369,16 @@ def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradeP
 def _at_or_beyond(path: str, *, component: Any, sort_key: Any) -> Q:
     """An installed version (at `path` from the rows filtered, "" for InstalledVersion rows) of
     `component` at or beyond `sort_key` (values, or references to the enclosing queries): the one
-    definition of a host that runs an upgrade's target or a newer release of its component."""
-    return Q(**{f"{path}component_id": component, f"{path}version__sort_key__gte": sort_key})
+    definition of a host that runs an upgrade's target or a newer release of its component. A withdrawn
+    release is not one (offboarded, it is rolled back: counted, the older upgrade completed and the
+    host ended below it)."""
+    return Q(
+        **{
+            f"{path}component_id": component,
+            f"{path}version__sort_key__gte": sort_key,
+            f"{path}version__withdrawn_at__isnull": True,
+        }
+    )
 
 
 def _below(host_ids: Iterable[int], *, component: Any, sort_key: Any) -> QuerySet[Host]:

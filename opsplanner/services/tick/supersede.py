@@ -27,6 +27,7 @@ from opsplanner.services.tick.context import TaskRef, TickContext
 class Installed(NamedTuple):
     sort_key: str
     label: str  # "bios 2.18.0"
+    withdrawn: bool  # offboarded or withdrawn by hand: to be rolled back, so no newer version to keep
 
 
 def _is_upgrade(task: TaskRef) -> bool:
@@ -81,8 +82,13 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
         return {}
     rows = InstalledVersion.objects.filter(
         host_id__any={t.host_id for t in upgrades}, component_id__any={t.target_component_id for t in upgrades}
-    ).values_list("host_id", "component_id", "version__sort_key", "component__name", "version__version")
-    return {(host, component): Installed(key, f"{name} {version}") for host, component, key, name, version in rows}
+    ).values_list(
+        "host_id", "component_id", "version__sort_key", "component__name", "version__version", "version__withdrawn_at"
+    )
+    return {
+        (host, component): Installed(key, f"{name} {version}", withdrawn is not None)
+        for host, component, key, name, version, withdrawn in rows
+    }
 
 
 def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
@@ -95,7 +101,7 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
         if runs is None or task.target_sort_key is None:
             continue
         if task.target_sort_key == runs.sort_key or (
-            task.target_sort_key < runs.sort_key and task.source == OperationSource.TRAIN
+            task.target_sort_key < runs.sort_key and task.source == OperationSource.TRAIN and not runs.withdrawn
         ):
             found[task.id] = runs.label
     return found
