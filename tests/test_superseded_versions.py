@@ -214,7 +214,7 @@ def test_a_task_whose_target_the_host_already_runs_finishes_without_a_drain() ->
     installed_version_set(host=hosts[0], version=bios("2.16.0"))
     installed_version_set(host=hosts[1], version=bios("2.18.0"))
     ad_hoc = bios_upgrade([hosts[0]], "2.16.0")
-    train = bios_upgrade([hosts[1]], "2.16.0", source=OperationSource.TRAIN)
+    train = bios_upgrade([hosts[1]], "2.16.0", source=OperationSource.TRAIN, or_newer=True)
 
     drive(pool)
 
@@ -317,3 +317,39 @@ def test_the_database_keeps_the_code_superseded_for_cancelled_tasks() -> None:
     for state in (TaskState.FAILED, TaskState.DONE):
         with pytest.raises(IntegrityError, match="host_task_failure_code_fits_state"), transaction.atomic():
             HostTask.objects.filter(pk=task.pk).update(state=state)
+
+
+def test_an_emergency_trains_n_held_while_the_host_got_n_plus_one_does_not_take_it_back_down() -> None:
+    from trains.services.tick import trains_tick
+    from trains.services.trains import train_pause, train_resume
+
+    instant_simulator()
+    requester, approver = make_user(), make_user()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
+    train = emergency_train_request(pool=pool, component="bios", version="2.16.0", reason="CVE", actor=requester)
+    approval = Approval.objects.get(subject_type="trains.train", subject_id=train.pk)
+    approval_decide(approval_id=approval.pk, approve=True, reason="CVE confirmed", actor=approver)
+    trains_tick()  # the visit starts: an emergency N task per host, pending
+    train_pause(train_id=train.pk, reason="hold on", actor=approver)
+    # Meanwhile an operator puts N+1 on host 0: drained, installed, returned.
+    make_version(Component.objects.get(name="bios"), "2.18.0")
+    operation_submit(
+        kind="upgrade", scope=f"hosts: {hosts[0].hostname}", component="bios", version="2.18.0", reason="newer fix",
+        actor="op",
+    )  # fmt: skip
+    drive(pool, until=lambda: bios_on(hosts[0]) == "2.18.0" and not busy_host(hosts[0]))
+    train_resume(train_id=train.pk, reason="go on", actor=approver)
+
+    drive_trains(pool, until=lambda: Train.objects.get(pk=train.pk).state == TrainState.FINISHED)
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"  # the train's "2.16.0 or newer" had nothing to do there
+    task = HostTask.objects.get(host=hosts[0], operation__source=OperationSource.EMERGENCY)
+    assert (task.state, task.drain_key) == (TaskState.DONE, None)
+
+
+def busy_host(host: Host) -> bool:
+    return HostTask.objects.filter(
+        host=host, state__in=[TaskState.ADMITTED, TaskState.DRAINING, TaskState.RUNNING, TaskState.VERIFYING]
+    ).exists()

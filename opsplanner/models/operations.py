@@ -83,6 +83,11 @@ class Operation(models.Model):
         default=False,
         help_text="an approved emergency: may use the whole room down to the pool's hard floor",
     )
+    or_newer = models.BooleanField(
+        default=False,
+        help_text="its target or a newer release will do (a train's upgrade, regular or emergency); "
+        "otherwise an older target is a deliberate downgrade",
+    )
     created_at = models.DateTimeField(default=clock.now)
     cancelled_at = models.DateTimeField(
         null=True, blank=True, help_text="when it was cancelled; tasks then under way finish, and it closes cancelled"

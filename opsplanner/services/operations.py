@@ -74,6 +74,7 @@ class OperationRequest:
     host_ids: Sequence[int] | None = None
     hold_reason: str = ""
     override_buffers: bool = False
+    or_newer: bool = False  # the target or a newer release will do (tick/supersede.py)
 
 
 class OperationFields(TypedDict, total=False):
@@ -97,6 +98,7 @@ class OperationFields(TypedDict, total=False):
     host_ids: Sequence[int] | None
     hold_reason: str
     override_buffers: bool
+    or_newer: bool
 
 
 def operation_submit(*, actor: Actor = None, **fields: Unpack[OperationFields]) -> Operation:
@@ -242,6 +244,7 @@ def _operation(
         drain_timeout_s=request.drain_timeout_s,
         hold_reason=request.hold_reason[:300],
         override_buffers=request.override_buffers,
+        or_newer=request.or_newer,
         created_at=now,
     )
     # The table's check constraints are checked above, in words (each would otherwise cost a query),

@@ -268,6 +268,7 @@ def visit_steps_submit(train: Train, visit: Visit, steps: list[Step], *, joined:
             priority=train.priority,
             source=OperationSource.EMERGENCY if train.emergency else OperationSource.TRAIN,
             override_buffers=train.emergency,
+            or_newer=True,  # a train never takes a host back down (opsplanner/services/tick/supersede.py)
             estimated_duration_s=step.work_s,
             executor=train.executor,
             drainer=train.drainer,

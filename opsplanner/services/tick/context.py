@@ -124,6 +124,7 @@ class TaskRef:
     gang: bool
     hold_reason: str
     override_buffers: bool
+    or_newer: bool
     waiting_reason: str
     priority: int
     queued_at: float  # when the task was created, as a number: only ever compared, never shown
@@ -161,6 +162,7 @@ OPERATION_FIELDS = {
     "gang": "gang",
     "hold_reason": "hold_reason",
     "override_buffers": "override_buffers",
+    "or_newer": "or_newer",
 }
 
 

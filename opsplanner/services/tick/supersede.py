@@ -6,7 +6,8 @@ Admission and handover both ask, before a pending upgrade task takes its host:
   is not applied: it is cancelled with the code `superseded`, its reason naming the newer version
   and its operation. It did nothing, so it is not `done`; but nobody cancelled its operation, which
   completes (not cancelled) once its tasks have finished, the superseded ones included.
-- does the host already run its target (or, for a train's upgrade, something newer)? It finishes
+- does the host already run its target (or something newer, not withdrawn, where the operation says
+  the target or newer will do: `or_newer`, a train's upgrade, regular or emergency)? It finishes
   `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
   older version, and the repair flow's rollback, are deliberate downgrades and still run.
 Versions are compared by `ComponentVersion.sort_key` (fleet/versions.py), read with each task.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from fleet.models import ComponentVersion, InstalledVersion
-from opsplanner.models import OperationKind, OperationSource, TaskState
+from opsplanner.models import OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.tick.context import TaskRef, TickContext
 
@@ -93,15 +94,15 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
 
 def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks with nothing to do: the host runs the target, or
-    a newer version when a train asks (a train's upgrade means "this version or newer"; anyone else
-    asking for an older version means to go down)."""
+    a newer version when the operation says the target or newer will do (`or_newer`: a train's
+    upgrade, regular or emergency; anyone else asking for an older version means to go down)."""
     found: dict[int, str] = {}
     for task in tasks:
         runs = installed.get(_slot(task)) if _is_upgrade(task) else None
         if runs is None or task.target_sort_key is None:
             continue
         if task.target_sort_key == runs.sort_key or (
-            task.target_sort_key < runs.sort_key and task.source == OperationSource.TRAIN and not runs.withdrawn
+            task.target_sort_key < runs.sort_key and task.or_newer and not runs.withdrawn
         ):
             found[task.id] = runs.label
     return found
