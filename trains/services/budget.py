@@ -218,7 +218,9 @@ _RECENT_MEASURED = PreparedQuery(
             ended_at__isnull=False,
             plan__cost_s__gt=0,
         )
-        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=F("ended_at").desc()))
+        # Visits end on the same instant (the scheduler's grid): the id breaks the tie, or which of
+        # them counted, and so the correction and the forecasts, changed with the rows' order on disk.
+        .annotate(rank=Window(RowNumber(), partition_by=F("train_id"), order_by=[F("ended_at").desc(), F("id").desc()]))
         .filter(rank__lte=MEASURED_VISITS)
         .order_by("train_id", "rank")
         .values_list("train_id", *MEASURED_FIELDS)
