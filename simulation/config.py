@@ -92,7 +92,8 @@ class SimulationConfig:
 
     @property
     def failure_buffer_hosts(self) -> int:
-        return max(1, int(self.hosts_per_pool * self.failure_buffer_fraction))
+        # A live pool's buffer in hosts comes here as a fraction (3 of 47): 47 x (3 / 47) is 2.9999...
+        return max(1, math.floor(self.hosts_per_pool * self.failure_buffer_fraction + 1e-9))
 
     @property
     def visit_minutes(self) -> float:

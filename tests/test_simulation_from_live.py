@@ -451,3 +451,17 @@ def test_a_live_train_whose_slo_its_onboarded_racks_no_longer_meet_is_forecast_a
     assert (copy.cycle_slo_s, copy.visit_estimate_s) == (24 * 3600, 6 * 3600)
     assert list(copy.stops.order_by("position").values_list("domain__name", flat=True)) == spec["domain_order"]
     assert len(spec["domain_order"]) == 5
+
+
+@pytest.mark.django_db
+def test_a_live_pools_failure_buffer_in_hosts_is_the_floor_its_forecast_is_measured_against(tmp_path: Path) -> None:
+    from simulation.measure import _pool_base
+
+    pool, _ = make_fleet(domains=1, hosts_per_domain=47, planned_buffer_hosts=10, failure_buffer_hosts=3)
+    now = clock.now()
+    (snapshot,) = live_snapshot(pool.name, now)
+
+    config = live_config(SimulationConfig(), snapshot, tmp_path / "live.json", now)
+
+    assert config.failure_buffer_hosts == 3  # 47 x (3 / 47) came out as 2.999...: 2
+    assert _pool_base(config, pool.name)["floor"] == 47 - 10 - 3
