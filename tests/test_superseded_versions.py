@@ -20,12 +20,13 @@ from opsplanner.models import (
     OperationSource,
     OperationState,
     TaskState,
+    WaitingCode,
     WorkItem,
     WorkKind,
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.approvals import approval_decide
-from opsplanner.services.operations import operation_submit
+from opsplanner.services.operations import operation_cancel, operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.context import task_refs
@@ -120,6 +121,82 @@ def test_an_emergency_train_to_n_plus_one_supersedes_a_pending_ad_hoc_n() -> Non
     assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
     assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{emergency.operation_id}"
     assert Operation.objects.get(pk=older.pk).state == OperationState.COMPLETED
+
+
+def test_n_waits_for_a_pending_n_plus_one_and_is_applied_when_n_plus_one_is_cancelled() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
+    bios_upgrade(hosts[1:], "2.16.0")
+    pool_tick(pool_id=pool.pk)  # hosts[1] out: the planned buffer is full
+    older = bios_upgrade(hosts[:1], "2.16.0")
+    newer = bios_upgrade(hosts[:1], "2.18.0")
+
+    pool_tick(pool_id=pool.pk)
+
+    # N+1 waits for room, and N waits for N+1: it takes N's place only once it is admitted.
+    task = older.tasks.get()
+    assert (task.state, task.waiting_code) == (TaskState.PENDING, WaitingCode.NEWER_PENDING)
+    assert task.waiting_reason == f"bios 2.18.0 of operation #{newer.pk} is pending for the host and takes its place"
+    assert newer.tasks.get().waiting_code == WaitingCode.PLANNED_BUFFER
+
+    operation_cancel(operation_id=newer.pk, reason="2.18.0 pulled by the vendor", actor="op")
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"  # not left on 2.14.0, with neither version
+    assert older.tasks.get().state == TaskState.DONE
+
+
+def test_n_waiting_for_n_plus_one_is_superseded_in_the_tick_n_plus_one_is_admitted() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
+    bios_upgrade(hosts[1:], "2.16.0")
+    pool_tick(pool_id=pool.pk)
+    older = bios_upgrade(hosts[:1], "2.16.0")
+    newer = bios_upgrade(hosts[:1], "2.18.0")
+    pool_tick(pool_id=pool.pk)
+    assert older.tasks.get().state == TaskState.PENDING
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert executions(hosts[0]) == 1
+    task = older.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+    assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
+    assert (task.waiting_code, task.waiting_reason) == ("", "")
+    admitted = HostTask.objects.get(operation=newer).admitted_at
+    assert task.finished_at == admitted
+
+
+def test_n_handed_over_after_a_reboot_when_the_pending_n_plus_one_was_cancelled_in_the_drain() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    first = operation_submit(
+        kind="upgrade", scope=f"hosts: {hosts[0].hostname}", component="gpu-driver", version="560.35.03",
+        reason="driver", actor="op",
+    )  # fmt: skip
+    pool_tick(pool_id=pool.pk)  # admitted: draining
+    simulated_work_step()  # drained
+    pool_tick(pool_id=pool.pk)  # running
+    reboot = operation_submit(
+        kind="reboot", scope=f"hosts: {hosts[0].hostname}", reason="reboot", actor="op", priority=300
+    )
+    older = bios_upgrade(hosts, "2.16.0")
+    newer = bios_upgrade(hosts, "2.18.0")
+    simulated_work_step()  # the first task's work applied
+    pool_tick(pool_id=pool.pk)  # handed over to the reboot, first in line; 2.18.0 comes after it
+
+    assert reboot.tasks.get().state == TaskState.RUNNING
+    assert older.tasks.get().state == TaskState.PENDING  # superseded only once 2.18.0 takes the host
+    operation_cancel(operation_id=newer.pk, reason="2.18.0 pulled by the vendor", actor="op")
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"
+    assert first.tasks.get().state == TaskState.HANDED_OVER
+    assert older.tasks.get().state == TaskState.DONE
+    assert drains(pool) == 1
 
 
 def test_n_plus_one_arriving_while_n_runs_in_the_drain_is_still_applied_after_it() -> None:

@@ -176,6 +176,7 @@ class WaitingCode(models.TextChoices):
     GANG = "gang", "Gang cannot be taken whole"
     INCOMPATIBLE = "incompatible", "Target version incompatible"
     HELD = "held", "Operation held"
+    NEWER_PENDING = "newer_pending", "A newer version is pending for the host"
 
 
 class HostTask(models.Model):

@@ -11,9 +11,11 @@ it waits for something else than room (an opt-out window, a host out or claimed)
 is read on, a few growing pages at most (_read_on). The tasks behind what was examined say that
 they wait their turn (or that their operation is held), set-based, in words that do not change as
 the queue moves.
-An upgrade with a newer target of its component pending for the same host ends superseded, and an
-admitted upgrade whose host already runs its target (or newer) finishes without a drain (supersede.py),
-after which what waits is judged again in the same tick.
+An upgrade with a newer target of its component pending for the same host waits for it, and ends
+superseded in the tick the newer one is admitted (not before: were the newer one cancelled while it
+waits, the host would get neither); an admitted upgrade whose host already runs its target (or
+newer) finishes without a drain (supersede.py), after which what waits is judged again in the same
+tick.
 """
 
 from __future__ import annotations
@@ -194,6 +196,8 @@ class _QueueHead:
     held: set[int]  # open operations on hold, read only when the head is full
     full: bool  # the head reached the horizon: tasks may wait behind it
     last: tuple[int, int] | None = None  # (priority, id) of the last task read in queue order, if full
+    # Taken out of `order`: {pending upgrade: the newer target of its component pending for its host}.
+    superseded: dict[int, TaskRef] = field(default_factory=dict)
 
 
 @dataclass
@@ -273,9 +277,10 @@ def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     if not head.candidates:
         return 0, False
     obstacles = _read_obstacles(ctx, head.candidates)
-    _skip_superseded(ctx, head, obstacles)
+    _skip_superseded(head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
     _read_on(ctx, head, obstacles, headroom, decisions, size=horizon, budget=budget)
+    _settle_superseded(ctx, head, decisions)
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
@@ -356,10 +361,11 @@ def _read_on(
         if not page.order:  # all examined already (tasks that need no drain): read on
             continue
         obstacles.add(_read_obstacles(ctx, page.candidates))
-        _skip_superseded(ctx, page, obstacles)
+        _skip_superseded(page, obstacles)
         _judge_queue(page, obstacles, headroom, decisions)
         head.candidates.update(page.candidates)
         head.order.extend(page.order)
+        head.superseded.update(page.superseded)
 
 
 def _next_page(ctx: TickContext, head: _QueueHead, size: int) -> _QueueHead:
@@ -427,13 +433,24 @@ def _may_replace(obstacles: _Obstacles) -> Callable[[TaskRef, TaskRef], bool]:
     return may_replace
 
 
-def _skip_superseded(ctx: TickContext, head: _QueueHead, obstacles: _Obstacles) -> None:
+def _skip_superseded(head: _QueueHead, obstacles: _Obstacles) -> None:
     """A pending upgrade with a newer target of its component pending for the same host (one that
-    may take its place) is not admitted: it ends superseded, and the newer one is judged in turn."""
+    may take its place) is not judged: the newer one is, in its place (see _settle_superseded)."""
     newer = supersede.newer_pending(head.order, may_replace=_may_replace(obstacles))
     if newer:
-        supersede.finish_superseded(ctx, head.candidates, newer)
+        head.superseded.update(newer)
         head.order = [task for task in head.order if task.id not in newer]
+
+
+def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions) -> None:
+    """An upgrade whose newer target was admitted ends superseded; one whose newer target still waits
+    waits for it, pending: were the newer one cancelled, the host would otherwise get neither."""
+    admitted = {task.id for task in decisions.admitted}
+    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted}
+    supersede.finish_superseded(ctx, head.candidates, taken)
+    waiting = {older: newer for older, newer in head.superseded.items() if older not in taken}
+    for task_id, reason in supersede.waiting_for_newer(waiting).items():
+        decisions.waiting[task_id] = (WaitingCode.NEWER_PENDING, reason)
 
 
 def _judge_queue(

@@ -48,24 +48,30 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskR
     """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
     host only if admission would let it: not one whose target became incompatible (it keeps waiting,
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
-    end here instead: one older than a newer target of the component pending for the host or applied
-    in its drain (superseded), one at or below what the host runs (nothing to do)."""
+    end here instead: one older than a newer target of the component applied in its drain, or pending
+    for the host once that one takes it (superseded), one at or below what the host runs (nothing to do)."""
     candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
-    newer = supersede.newer_pending(candidates.values(), may_replace=lambda _, new: new.id not in incompatible)
-    left = [task for task in candidates.values() if task.id not in newer]
+    left = list(candidates.values())
+    applied_newer: dict[int, TaskRef] = {}
     if any(task.target_version_id for task in left):  # only upgrades can be older than what was applied
-        newer.update(supersede.older_than_applied(left, _applied_in_drains(applied)))
-    left = [task for task in left if task.id not in newer]
+        applied_newer = supersede.older_than_applied(left, _applied_in_drains(applied))
+    left = [task for task in left if task.id not in applied_newer]
+    pending_newer = supersede.newer_pending(left, may_replace=lambda _, new: new.id not in incompatible)
+    left = [task for task in left if task.id not in pending_newer]
     runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
-    supersede.finish_superseded(ctx, candidates, newer)
-    supersede.finish_nothing_to_do(ctx, candidates, runs)
     successor: dict[int, TaskRef] = {}
     for task in left:
         if task.id not in incompatible and task.id not in runs:
             successor.setdefault(task.host_id, task)
+    # An older upgrade whose newer one is still pending stays pending until the newer one takes the
+    # host (or finds nothing to do): were it cancelled behind other work, the host would get neither.
+    took = {task.id for task in successor.values()} | set(runs)
+    taken = {older: newer for older, newer in pending_newer.items() if newer.id in took}
+    supersede.finish_superseded(ctx, candidates, {**applied_newer, **taken})
+    supersede.finish_nothing_to_do(ctx, candidates, runs)
     return successor
 
 

@@ -4,8 +4,10 @@ is pending for it gets N+1 directly, whatever the path (trains, ad-hoc operation
 Admission and handover both ask, before a pending upgrade task takes its host:
 - is a newer target of the same component pending for the host (or applied in its drain)? The task
   is not applied: it is cancelled with the code `superseded`, its reason naming the newer version
-  and its operation. It did nothing, so it is not `done`; but nobody cancelled its operation, which
-  completes (not cancelled) once its tasks have finished, the superseded ones included.
+  and its operation, once the newer one takes the host (admitted, or next in the drain): until then
+  the older one waits (`newer_pending`), so that cancelling the newer one leaves the host the older
+  one. It did nothing, so it is not `done`; but nobody cancelled its operation, which completes
+  (not cancelled) once its tasks have finished, the superseded ones included.
 - does the host already run its target (or something newer, not withdrawn, where the operation says
   the target or newer will do: `or_newer`, a train's upgrade, regular or emergency)? It finishes
   `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
@@ -108,17 +110,31 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
     return found
 
 
+def _version_labels(tasks: Iterable[TaskRef]) -> dict[int, str]:
+    """{version id: "bios 2.18.0"} for the tasks' targets (one query)."""
+    versions = ComponentVersion.objects.filter(pk__any={t.target_version_id for t in tasks})
+    return {version.pk: str(version) for version in versions.select_related("component")}
+
+
+def waiting_for_newer(newer: dict[int, TaskRef]) -> dict[int, str]:
+    """{task id: why it waits} for pending upgrades whose newer target, pending for the same host,
+    has not been admitted yet: they end superseded once it is, and are judged again if it is not."""
+    if not newer:
+        return {}
+    labels = _version_labels(newer.values())
+    return {
+        task_id: f"{labels.get(taker.target_version_id or 0, 'a newer version')} of operation "
+        f"#{taker.operation_id} is pending for the host and takes its place"
+        for task_id, taker in newer.items()
+    }
+
+
 def finish_superseded(ctx: TickContext, tasks: dict[int, TaskRef], newer: dict[int, TaskRef]) -> None:
     """Cancel each pending task with the code superseded and a reason naming the newer version and
     its operation: one guarded UPDATE per newer operation and version, an event per task."""
     if not newer:
         return
-    labels = {
-        version.pk: str(version)
-        for version in ComponentVersion.objects.filter(
-            pk__any={t.target_version_id for t in newer.values()}
-        ).select_related("component")
-    }
+    labels = _version_labels(newer.values())
     groups: dict[tuple[int, int | None], list[TaskRef]] = defaultdict(list)
     for task_id, taker in newer.items():
         groups[(taker.operation_id, taker.target_version_id)].append(tasks[task_id])
