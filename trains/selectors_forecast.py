@@ -26,17 +26,15 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Count, Q
 
-from fleet.models import HostState, InstalledVersion
-from fleet.models.hosts import RETIRED
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
-from trains.selectors import DomainHosts, TrainForecast, pools_domain_hosts, stops_to_add
+from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
+from trains.selectors_pending import pending_by_domain
 from trains.services.budget import (
     VisitSizing,
     select_within_budget,
@@ -44,8 +42,6 @@ from trains.services.budget import (
     sizing_within_cycle,
     upgrade_order_key,
 )
-from trains.services.upgrade_scopes import scope_host_ids, scope_is_pool
-from trains.services.upgrades import hosts_below_target
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
@@ -156,18 +152,18 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
         return {}, upgrades
     forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
     domains = pools_domain_hosts([t.pool_id for t in trains])
-    pending, escalated, sizes, totals = _pending_by_domain(upgrades, domains)
+    below = pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
     backlogs = {}
     for train in trains:
         forecast = forecasts[train.pk]
         domain_ids = [d.domain_id for d in forecast.domains]
-        largest = max((sizes.get(d, 0) for d in domain_ids), default=0)
+        largest = max((below.sizes.get(d, 0) for d in domain_ids), default=0)
         sizing = sizing_for(
             train,
             domains=len(domain_ids),
             largest_domain=largest,
-            planned_buffer=train.pool.buffers_for(totals.get(train.pool_id, 0)).planned,
+            planned_buffer=train.pool.buffers_for(below.pool_sizes.get(train.pool_id, 0)).planned,
             correction=forecast.correction,
         )
         backlogs[train.pool_id] = PoolBacklog(
@@ -176,11 +172,11 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             visits=visits.get(train.pk, {}),
             sizing=sizing,
             upgrades=[u for u in upgrades if u.pool_id == train.pool_id],
-            pending={u.pk: pending.get(u.pk, {}) for u in upgrades if u.pool_id == train.pool_id},
+            pending={u.pk: below.played.get(u.pk, {}) for u in upgrades if u.pool_id == train.pool_id},
             cycle_number=forecast.last_cycle_number,
             missed_share=missed.get(train.pk, 0.0),
             added_stops=stops_to_add(train, set(domain_ids), domains),
-            escalated={u.pk: escalated[u.pk] for u in upgrades if u.pool_id == train.pool_id and escalated.get(u.pk)},
+            escalated={u.pk: n for u in upgrades if u.pool_id == train.pool_id and (n := below.escalated.get(u.pk))},
         )
     return backlogs, upgrades
 
@@ -217,119 +213,6 @@ def hosts_missed(share: float, hosts: int) -> int:
     fewer than half a host is expected (the forecast reads as if every host succeeds)."""
     expected = share * hosts
     return 0 if expected < 0.5 else min(hosts, max(1, round(expected)))
-
-
-class _Pending(NamedTuple):
-    """Per upgrade: the hosts below its target per domain that a visit can take, and how many of
-    those below it are escalated to a human (a visit takes hosts in service: none of them)."""
-
-    played: dict[int, dict[int, int]]
-    escalated: dict[int, int]
-
-
-def _pending_by_domain(
-    upgrades: list[Upgrade], domains: list[DomainHosts]
-) -> tuple[dict[int, dict[int, int]], dict[int, int], dict[int, int], dict[int, int]]:
-    """Hosts below each upgrade's target per domain that a visit can take, its escalated hosts below
-    it (not played), each domain's size and each pool's: two queries whatever the backlog (plus two
-    per upgrade whose scope is narrower than its pool).
-
-    The hosts at or beyond a target are counted from one histogram of the installed versions of the
-    components the upgrades touch, per domain; the rest of the domain is pending. Counting each
-    upgrade's hosts in SQL instead (a filtered count per upgrade, each probing every host) grew with
-    upgrades times hosts: 0.7 s for 32 upgrades on 1,000 hosts, against 30 ms for this."""
-    sizes: dict[int, int] = {}
-    escalated_in: dict[int, int] = {}
-    totals: dict[int, int] = defaultdict(int)
-    domains_of: dict[int, list[int]] = defaultdict(list)
-    for domain in domains:
-        sizes[domain.domain_id] = domain.hosts
-        escalated_in[domain.domain_id] = domain.escalated
-        totals[domain.pool_id] += domain.hosts
-        domains_of[domain.pool_id].append(domain.domain_id)
-    pool_ids = list(domains_of)
-    ours = [u for u in upgrades if u.pool_id in domains_of]
-    scoped, unreadable = _scoped_pending([u for u in ours if not scope_is_pool(u)])
-    whole_pool = [u for u in ours if scope_is_pool(u)] + unreadable
-    pending: dict[int, dict[int, int]] = defaultdict(dict, scoped.played)
-    escalated: dict[int, int] = defaultdict(int, scoped.escalated)
-    reached = _hosts_by_version(whole_pool, pool_ids)
-    for upgrade in whole_pool:
-        target = upgrade.component_version
-        at_or_beyond: dict[int, int] = defaultdict(int)
-        escalated_beyond: dict[int, int] = defaultdict(int)
-        # The sort keys order as plain strings (fleet/versions.py), in Python as in SQL.
-        for version in reached.get((upgrade.pool_id, target.component_id), ()):
-            if version.sort_key >= target.sort_key:
-                at_or_beyond[version.domain_id] += version.hosts
-                escalated_beyond[version.domain_id] += version.escalated
-        for domain_id in domains_of[upgrade.pool_id]:
-            # Both counts are of live hosts; never below zero, which would cancel another domain's.
-            waiting = max(0, escalated_in[domain_id] - escalated_beyond[domain_id])
-            below = max(0, sizes[domain_id] - at_or_beyond[domain_id] - waiting)
-            if below:
-                pending[upgrade.pk][domain_id] = below
-            if waiting:
-                escalated[upgrade.pk] += waiting
-    return pending, escalated, sizes, totals
-
-
-class _Installed(NamedTuple):
-    domain_id: int
-    sort_key: str
-    hosts: int
-    escalated: int  # of those hosts
-
-
-def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tuple[int, int], list[_Installed]]:
-    """{(pool, component): [hosts per domain and installed version]} for the components of these
-    upgrades, on live hosts only, as the domains' sizes count them (one query; none without upgrades)."""
-    components = sorted({u.component_version.component_id for u in upgrades})
-    if not components:
-        return {}
-    rows = (
-        # A withdrawn release reaches no target (upgrades._at_or_beyond): its hosts are pending.
-        InstalledVersion.objects.filter(
-            host__pool_id__in=pool_ids, component_id__in=components, version__withdrawn_at__isnull=True
-        )
-        .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
-        .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
-        .annotate(n=Count("id"), escalated=Count("id", filter=Q(host__state=HostState.ESCALATED)))
-        .order_by()
-    )
-    histogram: dict[tuple[int, int], list[_Installed]] = defaultdict(list)
-    for pool_id, component_id, domain_id, sort_key, n, escalated in rows:
-        histogram[(pool_id, component_id)].append(_Installed(domain_id, sort_key, n, escalated))
-    return histogram
-
-
-def _scoped_pending(upgrades: list[Upgrade]) -> tuple[_Pending, list[Upgrade]]:
-    """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
-    queries each: such scopes are few), by hosts_below_target, over the hosts their scope names now
-    as the train tick reads it (scope_host_ids: none left, nothing pending); and the upgrades whose
-    stored scope does not even parse (a row older than the scope rules), which a read shows as
-    their whole pool rather than fail (the tick refuses them, and says so)."""
-    pending = _Pending({}, {})
-    unreadable = []
-    escalated = Q(state=HostState.ESCALATED)
-    for upgrade in upgrades:
-        try:
-            scope = scope_host_ids(upgrade)
-        except ValidationError:
-            unreadable.append(upgrade)
-            continue
-        rows = list(
-            hosts_below_target(upgrade, scope)
-            .filter(pool_id=upgrade.pool_id)
-            .values_list("domain_id")
-            .annotate(n=Count("id", filter=~escalated), waiting=Count("id", filter=escalated))
-            .order_by()
-        )
-        pending.played[upgrade.pk] = {domain_id: n for domain_id, n, _ in rows if n}
-        waiting = sum(w for _, _, w in rows)
-        if waiting:
-            pending.escalated[upgrade.pk] = waiting
-    return pending, unreadable
 
 
 # --- playing the visits forward ---------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""What each active upgrade still has to reach, per domain of its pool: the hosts below its target
+that a train's visit can take, and those escalated to a human that it cannot. Read for the
+per-upgrade forecast (selectors_forecast.py) in a fixed number of queries, whatever the backlog."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Q
+
+from fleet.models import HostState, InstalledVersion
+from fleet.models.hosts import RETIRED
+from trains.models import Upgrade
+from trains.selectors import DomainHosts
+from trains.services.upgrade_scopes import scope_host_ids, scope_is_pool
+from trains.services.upgrades import hosts_below_target
+
+
+class _Pending(NamedTuple):
+    """Per upgrade: the hosts below its target per domain that a visit can take, and how many of
+    those below it are escalated to a human (a visit takes hosts in service: none of them)."""
+
+    played: dict[int, dict[int, int]]
+    escalated: dict[int, int]
+
+
+class PendingHosts(NamedTuple):
+    """Hosts below each upgrade's target per domain that a visit can take (upgrade -> domain -> hosts),
+    its escalated hosts below it (upgrade -> hosts, not taken by a visit), each domain's size and
+    each pool's, in live hosts."""
+
+    played: dict[int, dict[int, int]]
+    escalated: dict[int, int]
+    sizes: dict[int, int]
+    pool_sizes: dict[int, int]
+
+
+def pending_by_domain(upgrades: list[Upgrade], domains: list[DomainHosts]) -> PendingHosts:
+    """The upgrades' pending hosts per domain (PendingHosts): two queries whatever the backlog (plus
+    two per upgrade whose scope is narrower than its pool).
+
+    The hosts at or beyond a target are counted from one histogram of the installed versions of the
+    components the upgrades touch, per domain; the rest of the domain is pending. Counting each
+    upgrade's hosts in SQL instead (a filtered count per upgrade, each probing every host) grew with
+    upgrades times hosts: 0.7 s for 32 upgrades on 1,000 hosts, against 30 ms for this."""
+    sizes: dict[int, int] = {}
+    escalated_in: dict[int, int] = {}
+    totals: dict[int, int] = defaultdict(int)
+    domains_of: dict[int, list[int]] = defaultdict(list)
+    for domain in domains:
+        sizes[domain.domain_id] = domain.hosts
+        escalated_in[domain.domain_id] = domain.escalated
+        totals[domain.pool_id] += domain.hosts
+        domains_of[domain.pool_id].append(domain.domain_id)
+    pool_ids = list(domains_of)
+    ours = [u for u in upgrades if u.pool_id in domains_of]
+    scoped, unreadable = _scoped_pending([u for u in ours if not scope_is_pool(u)])
+    whole_pool = [u for u in ours if scope_is_pool(u)] + unreadable
+    pending: dict[int, dict[int, int]] = defaultdict(dict, scoped.played)
+    escalated: dict[int, int] = defaultdict(int, scoped.escalated)
+    reached = _hosts_by_version(whole_pool, pool_ids)
+    for upgrade in whole_pool:
+        target = upgrade.component_version
+        at_or_beyond: dict[int, int] = defaultdict(int)
+        escalated_beyond: dict[int, int] = defaultdict(int)
+        # The sort keys order as plain strings (fleet/versions.py), in Python as in SQL.
+        for version in reached.get((upgrade.pool_id, target.component_id), ()):
+            if version.sort_key >= target.sort_key:
+                at_or_beyond[version.domain_id] += version.hosts
+                escalated_beyond[version.domain_id] += version.escalated
+        for domain_id in domains_of[upgrade.pool_id]:
+            # Both counts are of live hosts; never below zero, which would cancel another domain's.
+            waiting = max(0, escalated_in[domain_id] - escalated_beyond[domain_id])
+            below = max(0, sizes[domain_id] - at_or_beyond[domain_id] - waiting)
+            if below:
+                pending[upgrade.pk][domain_id] = below
+            if waiting:
+                escalated[upgrade.pk] += waiting
+    return PendingHosts(pending, escalated, sizes, totals)
+
+
+class _Installed(NamedTuple):
+    domain_id: int
+    sort_key: str
+    hosts: int
+    escalated: int  # of those hosts
+
+
+def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tuple[int, int], list[_Installed]]:
+    """{(pool, component): [hosts per domain and installed version]} for the components of these
+    upgrades, on live hosts only, as the domains' sizes count them (one query; none without upgrades)."""
+    components = sorted({u.component_version.component_id for u in upgrades})
+    if not components:
+        return {}
+    rows = (
+        # A withdrawn release reaches no target (upgrades._at_or_beyond): its hosts are pending.
+        InstalledVersion.objects.filter(
+            host__pool_id__in=pool_ids, component_id__in=components, version__withdrawn_at__isnull=True
+        )
+        .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
+        .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
+        .annotate(n=Count("id"), escalated=Count("id", filter=Q(host__state=HostState.ESCALATED)))
+        .order_by()
+    )
+    histogram: dict[tuple[int, int], list[_Installed]] = defaultdict(list)
+    for pool_id, component_id, domain_id, sort_key, n, escalated in rows:
+        histogram[(pool_id, component_id)].append(_Installed(domain_id, sort_key, n, escalated))
+    return histogram
+
+
+def _scoped_pending(upgrades: list[Upgrade]) -> tuple[_Pending, list[Upgrade]]:
+    """Hosts below target per domain of the upgrades whose scope is narrower than their pool (two
+    queries each: such scopes are few), by hosts_below_target, over the hosts their scope names now
+    as the train tick reads it (scope_host_ids: none left, nothing pending); and the upgrades whose
+    stored scope does not even parse (a row older than the scope rules), which a read shows as
+    their whole pool rather than fail (the tick refuses them, and says so)."""
+    pending = _Pending({}, {})
+    unreadable = []
+    escalated = Q(state=HostState.ESCALATED)
+    for upgrade in upgrades:
+        try:
+            scope = scope_host_ids(upgrade)
+        except ValidationError:
+            unreadable.append(upgrade)
+            continue
+        rows = list(
+            hosts_below_target(upgrade, scope)
+            .filter(pool_id=upgrade.pool_id)
+            .values_list("domain_id")
+            .annotate(n=Count("id", filter=~escalated), waiting=Count("id", filter=escalated))
+            .order_by()
+        )
+        pending.played[upgrade.pk] = {domain_id: n for domain_id, n, _ in rows if n}
+        waiting = sum(w for _, _, w in rows)
+        if waiting:
+            pending.escalated[upgrade.pk] = waiting
+    return pending, unreadable
