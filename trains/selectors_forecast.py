@@ -233,10 +233,10 @@ def _coming_visits(
         for domain in forecast.domains:
             visit = backlog.visits.get(domain.domain_id)
             if visit is not None and visit.state == VisitState.RUNNING:
-                for entry in visit.plan.get("upgrades", []):
-                    left = state.remaining.get(entry["upgrade"], {})
+                for upgrade_id, hosts in _running_takes(visit):
+                    left = state.remaining.get(upgrade_id, {})
                     if domain.domain_id in left:
-                        left[domain.domain_id] = max(0, left[domain.domain_id] - int(entry.get("hosts", 0)))
+                        left[domain.domain_id] = max(0, left[domain.domain_id] - hosts)
                 ends = _running_visit_end(visit, domain.ends_at, now)
                 _note_done(state, upgrades, number, ends)
                 running.append((visit.started_at or now, ends))
@@ -254,6 +254,15 @@ def _coming_visits(
         start = max(lanes)
         if all(sum(left.values()) == 0 for left in state.remaining.values()):
             return
+
+
+def _running_takes(visit: Visit) -> Iterable[tuple[int, int]]:
+    """(upgrade, hosts) a running visit's plan gives: each entry's own hosts, and the hosts of the
+    older releases it supersedes (they get the newer one: reached too)."""
+    for entry in visit.plan.get("upgrades", []):
+        yield entry["upgrade"], int(entry.get("hosts", 0))
+        for older, hosts in (entry.get("supersedes") or {}).items():
+            yield int(older), int(hosts)
 
 
 def _cycle_visits(
@@ -346,7 +355,8 @@ def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, i
     """The takes of a visit, as the tick's visits.domain_steps makes its steps: per component, the
     newest release on its pending hosts, each older one on those of its hosts no newer release
     claims (a narrower hotfix leaves the rest to the release it supersedes), each taking the best
-    queue place of what it supersedes. Hosts are numbered from 0 for every upgrade: an older
+    queue place of what it supersedes; a multi-cycle release takes at most its hosts_per_visit, and
+    the older releases the hosts it leaves. Hosts are numbered from 0 for every upgrade: an older
     release's pending hosts are taken to be the first ones a newer one has."""
     keyed: list[tuple[tuple, _Take]] = []
     for releases in components:
@@ -361,7 +371,7 @@ def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, i
                 own = own[: upgrade.hosts_per_visit]
             key = min(upgrade_order_key(u) for u in releases[i:] if counts[u.pk] > claimed)
             keyed.append((key, _Take(upgrade, frozenset(own))))
-            claimed = count
+            claimed = own.stop  # the hosts a multi-cycle release leaves this visit go to the older ones
     return [take for _, take in sorted(keyed, key=lambda kt: kt[0])]
 
 

@@ -3,7 +3,8 @@
 A visit takes, within its budget (trains/services/budget.py), the pending upgrades of its domain in
 (priority, deadline, age) order; per component only the newest pending upgrade is applied to a host
 (an older one counts the host as superseded there, not pending), and the newest takes the best place
-in the queue of the upgrades it supersedes. An upgrade created while a visit runs joins the visit's
+in the queue of the upgrades it supersedes; a multi-cycle one takes at most its hosts_per_visit, the
+older ones the hosts it leaves. An upgrade created while a visit runs joins the visit's
 hosts that are still drained or not yet started, in the same drain, when it fits the budget.
 """
 
@@ -72,9 +73,13 @@ def _sort_key(upgrade: Upgrade) -> str:
 
 def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> list[Step]:
     """The pending work among `host_ids`, one step per upgrade, newest version per component and
-    host, in the order a visit takes them (a newer release inherits the best place it supersedes)."""
+    host, in the order a visit takes them (a newer release inherits the best place it supersedes).
+    A multi-cycle upgrade takes at most its hosts_per_visit hosts; an older release of its component
+    takes the hosts it leaves this visit (else they would run neither for as many cycles as the
+    newer one needs to reach them)."""
     below = upgrades_hosts_below([plan.upgrade for plan in plans], set().union(*(p.allowed for p in plans)) & host_ids)
     pending = [(plan, below[plan.upgrade.pk] & plan.allowed) for plan in plans]
+    failed = _hosts_failed_beyond_bound(pending)
     by_component: dict[int, list[tuple[UpgradePlan, set[int]]]] = defaultdict(list)
     for plan, hosts in pending:
         if hosts:
@@ -84,7 +89,7 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
         entries.sort(key=lambda e: _sort_key(e[0].upgrade), reverse=True)  # newest first
         claimed: dict[int, int] = {}  # host -> the newer upgrade that takes it
         for plan, hosts in entries:
-            own = hosts - claimed.keys()
+            own = _within_hosts_per_visit(plan.upgrade, hosts - claimed.keys(), failed.get(plan.upgrade.pk, set()))
             step = Step(plan=plan, hosts=own, work_s=sizing.work_s(plan.upgrade))
             for host in own:
                 claimed[host] = plan.upgrade.pk
@@ -130,7 +135,7 @@ def visit_start(
     in_service = set(
         Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
     )
-    steps = _within_hosts_per_visit(domain_steps(plans, in_service, sizing))
+    steps = domain_steps(plans, in_service, sizing)
     selection = _select(steps, sizing)
     taken: list[Step] = selection.taken
     plan_record = _plan_record(selection, sizing)
@@ -162,14 +167,39 @@ def visit_start(
     return selection
 
 
-def _within_hosts_per_visit(steps: list[Step]) -> list[Step]:
-    """A multi-cycle upgrade takes at most its hosts_per_visit hosts of a visit (the first by id),
-    as the visit starts or as it joins late."""
-    for step in steps:
-        bound = step.plan.upgrade.hosts_per_visit if step.plan.upgrade.multi_cycle else None
-        if bound:
-            step.hosts = set(sorted(step.hosts)[:bound])
-    return steps
+def _within_hosts_per_visit(upgrade: Upgrade, hosts: set[int], failed: set[int]) -> set[int]:
+    """A multi-cycle upgrade takes at most its hosts_per_visit hosts of a visit, as the visit starts
+    or as it joins late: first those that have not failed it, then by id (a host whose install keeps
+    failing would otherwise take the one place each visit, and the rollout crawl at its pace)."""
+    bound = _bound(upgrade)
+    if not bound or len(hosts) <= bound:
+        return hosts
+    return set(sorted(hosts, key=lambda host: (host in failed, host))[:bound])
+
+
+def _hosts_failed_beyond_bound(pending: list[tuple[UpgradePlan, set[int]]]) -> dict[int, set[int]]:
+    """{upgrade: its pending hosts that failed one of its tasks}, for the multi-cycle upgrades with
+    more hosts pending than they take in a visit (one query; none without such upgrades)."""
+    over = {plan.upgrade.pk: hosts for plan, hosts in pending if len(hosts) > (_bound(plan.upgrade) or len(hosts))}
+    if not over:
+        return {}
+    rows = (
+        HostTask.objects.filter(
+            operation__visit_link__upgrade_id__in=over,
+            state=TaskState.FAILED,
+            host_id__in=set().union(*over.values()),
+        )
+        .values_list("operation__visit_link__upgrade_id", "host_id")
+        .distinct()
+    )
+    failed: dict[int, set[int]] = defaultdict(set)
+    for upgrade_id, host_id in rows:
+        failed[upgrade_id].add(host_id)
+    return failed
+
+
+def _bound(upgrade: Upgrade) -> int | None:
+    return upgrade.hosts_per_visit if upgrade.multi_cycle else None
 
 
 def split_release(steps: list[Step], limit: int) -> tuple[set[int], list[dict]]:
@@ -435,7 +465,7 @@ def _join_visit(
     budget = min(sizing.budget_s, float(plan_record.get("budget_s", sizing.budget_s)))
     joins = []
     waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
-    steps = _within_hosts_per_visit(domain_steps(plans, drained | waiting, sizing)) if drained or waiting else []
+    steps = domain_steps(plans, drained | waiting, sizing) if drained or waiting else []
     chains = _visit_chains(visit, plan_record) if steps else {}
     for step in steps:
         # Priced as the visit was when it started (select_within_budget): by its busiest host's chain
