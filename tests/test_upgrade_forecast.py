@@ -183,6 +183,25 @@ def test_a_deadline_the_trains_pace_cannot_meet_names_an_emergency_train() -> No
     assert "emergency train" in alert.reason
 
 
+def test_a_multi_cycle_upgrades_deadline_alert_advises_whole_visits_not_a_buffer_that_changes_nothing() -> None:
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=6, planned_buffer_hosts=3)
+    make_train(pool, visit_estimate_s=3600)
+    slow = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="slow flash", multi_cycle=True, hosts_per_visit=1,
+        deadline=clock.now() + dt.timedelta(hours=3),
+    )  # fmt: skip
+
+    alert = Event.objects.get(kind="alert.upgrade_deadline_at_risk", subject_id=slow.pk)
+    assert alert.data["fix"] == DeadlineFix.WHOLE_VISITS
+    assert "its 1 hosts per visit miss it; taking every host of a domain per visit" in alert.reason
+    # A larger buffer (the advice it got before) leaves the forecast where it was; whole visits meet it.
+    Pool.objects.filter(pk=pool.pk).update(planned_buffer_hosts=6)
+    assert forecast_of(slow).deadline_met is False
+    Upgrade.objects.filter(pk=slow.pk).update(multi_cycle=False, hosts_per_visit=None)
+    assert forecast_of(Upgrade.objects.get(pk=slow.pk)).deadline_met is True
+
+
 def test_a_deadline_that_is_met_raises_nothing_and_the_forecast_says_so() -> None:
     pool, _ = one_upgrade_per_visit()
 

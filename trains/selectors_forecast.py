@@ -376,11 +376,16 @@ def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, i
 
 
 def play_forward(
-    backlog: PoolBacklog, *, now: dt.datetime, priorities: dict[int, int] | None = None
+    backlog: PoolBacklog,
+    *,
+    now: dt.datetime,
+    priorities: dict[int, int] | None = None,
+    whole_visits: frozenset[int] = frozenset(),
 ) -> dict[int, tuple[int, dt.datetime]]:
     """Per upgrade, (cycle, time) when its last pending host is reached; missing: beyond the horizon.
-    `priorities` overrides some upgrades' priority (what-if: would a higher one meet a deadline?)."""
-    upgrades = [_with_priority(u, (priorities or {}).get(u.pk)) for u in backlog.upgrades]
+    What-if (would it meet a deadline?): `priorities` overrides some upgrades' priority, and the
+    multi-cycle upgrades in `whole_visits` are played as taking every host of a visit."""
+    upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
     by_id = {u.pk: u for u in upgrades}
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
@@ -413,11 +418,14 @@ def _held_for(backlog: PoolBacklog, cost: float) -> float:
     return max(cost, backlog.forecast.visit_seconds) if cost > 0 else 0.0
 
 
-def _with_priority(upgrade: Upgrade, priority: int | None) -> Upgrade:
-    if priority is None:
+def _as_if(upgrade: Upgrade, priority: int | None, *, whole: bool) -> Upgrade:
+    """The upgrade, or an unsaved copy with another priority or taking every host of a visit."""
+    if priority is None and not whole:
         return upgrade
     copy = Upgrade(**{f.attname: getattr(upgrade, f.attname) for f in Upgrade._meta.concrete_fields})
-    copy.priority = priority
+    copy.priority = upgrade.priority if priority is None else priority
+    if whole:
+        copy.multi_cycle, copy.hosts_per_visit = False, None
     copy.component_version = upgrade.component_version
     return copy
 

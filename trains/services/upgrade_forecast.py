@@ -32,6 +32,7 @@ class DeadlineFix(TextChoices):
     LARGER_BUFFER = "larger_buffer", "A larger planned buffer"
     EMERGENCY_TRAIN = "emergency_train", "An emergency train"
     RETURN_HOSTS = "return_hosts", "Repair and return the hosts escalated to a human"
+    WHOLE_VISITS = "whole_visits", "Take every host of a domain per visit (not multi-cycle)"
 
 
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
@@ -142,7 +143,18 @@ def _what_would_meet(
                 f"cycle {raised[0]}, around {raised[1]:%Y-%m-%d %H:%M} UTC"
             )
     sizing = backlog.sizing
-    if sizing.waves(sizing.largest_domain) > 1:
+    if upgrade.multi_cycle and upgrade.hosts_per_visit and upgrade.hosts_per_visit < sizing.largest_domain:
+        # Its hosts_per_visit, not the visits' length, sets its pace: a larger buffer changes nothing.
+        whole = play_forward(
+            backlog, now=now, priorities={upgrade.pk: TOP_PRIORITY}, whole_visits=frozenset([upgrade.pk])
+        ).get(upgrade.pk)
+        if whole is not None and whole[1] <= deadline:
+            return DeadlineFix.WHOLE_VISITS, (
+                f"even first in line its {upgrade.hosts_per_visit} hosts per visit miss it; taking every host of a "
+                f"domain per visit (not multi-cycle), first in line, would meet it: every host by cycle {whole[0]}, "
+                f"around {whole[1]:%Y-%m-%d %H:%M} UTC"
+            )
+    elif sizing.waves(sizing.largest_domain) > 1:
         hosts = sizing.largest_domain * backlog.train.visit_concurrency
         return DeadlineFix.LARGER_BUFFER, (
             f"even first in line the train's pace misses it; a planned buffer of {hosts} hosts (whole domains at "
