@@ -6,8 +6,9 @@ whose target the host already runs (or exceeds) finishes without a drain."""
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
@@ -26,6 +27,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.approvals import approval_decide
+from opsplanner.services.failures import host_failure_report
 from opsplanner.services.operations import operation_cancel, operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
@@ -137,7 +139,9 @@ def test_n_waits_for_a_pending_n_plus_one_and_is_applied_when_n_plus_one_is_canc
     # N+1 waits for room, and N waits for N+1: it takes N's place only once it is admitted.
     task = older.tasks.get()
     assert (task.state, task.waiting_code) == (TaskState.PENDING, WaitingCode.NEWER_PENDING)
-    assert task.waiting_reason == f"bios 2.18.0 of operation #{newer.pk} is pending for the host and takes its place"
+    assert task.waiting_reason == (
+        f"a newer version of its component (operation #{newer.pk}) is pending for the host and takes its place"
+    )
     assert newer.tasks.get().waiting_code == WaitingCode.PLANNED_BUFFER
 
     operation_cancel(operation_id=newer.pk, reason="2.18.0 pulled by the vendor", actor="op")
@@ -197,6 +201,47 @@ def test_n_handed_over_after_a_reboot_when_the_pending_n_plus_one_was_cancelled_
     assert first.tasks.get().state == TaskState.HANDED_OVER
     assert older.tasks.get().state == TaskState.DONE
     assert drains(pool) == 1
+
+
+def test_n_stays_due_when_a_repaired_host_returns_without_the_pending_n_plus_one() -> None:
+    instant_simulator()
+    # No planned buffer: nothing drains for planned work, so what waits for the host is only the repair.
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=0, failure_buffer_hosts=1)
+    host_failure_report(host_id=hosts[0].pk, reason="ECC errors")
+    older = bios_upgrade(hosts[:1], "2.16.0")
+    newer = bios_upgrade(hosts[:1], "2.18.0")
+
+    # The repair's drain catches up only a train's work: the ad-hoc 2.18.0 does not take the host.
+    drive(pool, until=lambda: Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE)
+
+    assert newer.tasks.get().state == TaskState.PENDING
+    assert older.tasks.get().state == TaskState.PENDING
+    operation_cancel(operation_id=newer.pk, reason="2.18.0 pulled by the vendor", actor="op")
+    Pool.objects.filter(pk=pool.pk).update(planned_buffer_hosts=1)
+    drive(pool)
+    assert bios_on(hosts[0]) == "2.16.0"
+
+
+def quiet_tick_queries(name: str, *, with_older: bool) -> int:
+    """Queries of a tick that changes nothing, with 2.18.0 waiting for room (and 2.16.0 for it)."""
+    pool, hosts = make_fleet(
+        domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0, pool_name=name
+    )
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
+    bios_upgrade(hosts[1:], "2.16.0")
+    pool_tick(pool_id=pool.pk)  # hosts[1] draining (no simulator step): the planned buffer is full
+    if with_older:
+        bios_upgrade(hosts[:1], "2.16.0")
+    bios_upgrade(hosts[:1], "2.18.0")
+    pool_tick(pool_id=pool.pk)
+    with CaptureQueriesContext(connection) as queries:
+        pool_tick(pool_id=pool.pk)
+    return len(queries.captured_queries)
+
+
+def test_a_task_waiting_for_a_newer_one_costs_a_quiet_tick_no_query() -> None:
+    instant_simulator()
+    assert quiet_tick_queries("with", with_older=True) == quiet_tick_queries("without", with_older=False)
 
 
 def test_n_plus_one_arriving_while_n_runs_in_the_drain_is_still_applied_after_it() -> None:

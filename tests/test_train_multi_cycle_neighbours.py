@@ -127,3 +127,28 @@ def test_no_deadline_alert_for_an_older_release_superseded_in_the_running_visit(
     upgrades_forecast_check(pool_id=pool.pk, now=clock.now())  # as a visit start or an upgrade_create asks
 
     assert not Event.objects.filter(kind="alert.upgrade_deadline_at_risk").exists()
+
+
+def test_a_newer_release_narrowed_by_the_budget_supersedes_the_older_only_where_it_goes() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=3)
+    make_version(Component.objects.get(name="bios"), "2.17.0")
+    train = make_train(pool, cycle_slo_s=3600, visit_overhead_s=600)
+    # A long driver upgrade on one host, first in line: that host has no room for bios this visit.
+    upgrade_create(
+        pool=pool, component="gpu-driver", version="560.35.03", reason="driver",
+        scope=f"hosts: {hosts[0].hostname}", priority=300, duration_s=2400,
+    )  # fmt: skip
+    old = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="fix", duration_s=900)
+    new = upgrade_create(pool=pool, component="bios", version="2.17.0", reason="newer", duration_s=900)
+
+    train_tick(train_id=train.pk)
+    plan = Visit.objects.get(train=train, state=VisitState.RUNNING).plan
+    forecasts = upgrades_forecasts([old, new])
+    drive_trains(pool, until=lambda: cycle_ended(train, 1))
+
+    entry = next(e for e in plan["upgrades"] if e["upgrade"] == new.pk)
+    assert (entry["hosts"], entry["supersedes"]) == (2, {str(old.pk): 2})  # not the busy host's
+    old.refresh_from_db()
+    assert old.state == UpgradeState.ACTIVE  # the busy host runs neither after cycle 1
+    assert forecasts[old.pk].cycle == 2  # and the forecast did not count it reached in cycle 1

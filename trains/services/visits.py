@@ -58,13 +58,13 @@ class UpgradePlan:
 
 @dataclass
 class Step:
-    """One upgrade on some hosts of a visit; `superseded` counts the hosts an older upgrade of the
+    """One upgrade on some hosts of a visit; `superseded` names the hosts an older upgrade of the
     same component would have taken that get this one directly."""
 
     plan: UpgradePlan
     hosts: set[int]
     work_s: int
-    superseded: dict[int, int] = field(default_factory=dict)  # older upgrade id -> hosts
+    superseded: dict[int, set[int]] = field(default_factory=dict)  # older upgrade id -> its hosts
 
 
 def _sort_key(upgrade: Upgrade) -> str:
@@ -95,12 +95,12 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
                 claimed[host] = plan.upgrade.pk
             if own:
                 steps.append((upgrade_order_key(plan.upgrade), step))
-            superseded_by: dict[int, int] = defaultdict(int)
+            superseded_by: dict[int, set[int]] = defaultdict(set)
             for host in hosts & claimed.keys() - own:
-                superseded_by[claimed[host]] += 1
-            for newer_id, count in superseded_by.items():
+                superseded_by[claimed[host]].add(host)
+            for newer_id, its_hosts in superseded_by.items():
                 newer = next(s for _, s in steps if s.plan.upgrade.pk == newer_id)
-                newer.superseded[plan.upgrade.pk] = count
+                newer.superseded[plan.upgrade.pk] = its_hosts
     # A newer release takes the best queue place of what it supersedes.
     keys = {id(step): key for key, step in steps}
     for _, step in steps:
@@ -115,8 +115,15 @@ def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
         sizing=sizing,
         hosts_of=lambda s: s.hosts,
         work_of=lambda s: s.work_s,
-        restrict=lambda s, hosts: replace(s, hosts=hosts),
+        restrict=_restricted,
     )
+
+
+def _restricted(step: Step, hosts: set[int]) -> Step:
+    """The step on some of its hosts (those where it fits the budget): it supersedes the older
+    releases on those only."""
+    superseded = {older: narrowed for older, its_hosts in step.superseded.items() if (narrowed := its_hosts & hosts)}
+    return replace(step, hosts=hosts, superseded=superseded)
 
 
 def visit_start(
@@ -239,7 +246,7 @@ def _entry(step: Step, *, joined: bool) -> dict:
     entry = {"upgrade": upgrade.pk, "target": str(upgrade.component_version), "phase": step.plan.phase.name,
              "hosts": len(step.hosts), "work_s": step.work_s}  # fmt: skip
     if step.superseded:
-        entry["supersedes"] = {str(k): v for k, v in step.superseded.items()}
+        entry["supersedes"] = {str(k): len(v) for k, v in step.superseded.items()}
     if joined:
         entry["joined"] = True
     return entry

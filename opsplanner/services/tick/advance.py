@@ -326,11 +326,11 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     start_verification(ctx, [task for task in repaired if task.host_id not in caught_up])
     applied = [task for task in applied if not _is_repair(task)]
     by_host = {task.host_id: task for task in applied}
-    successor = successors(ctx, by_host)
-    handing = [by_host[host_id] for host_id in successor]
-    hand_over(ctx, handing, successor)
+    found = successors(ctx, by_host)
+    handing = [by_host[host_id] for host_id in found.takers]
+    hand_over(ctx, handing, found)
 
-    finishing = [task for task in applied if task.host_id not in successor]
+    finishing = [task for task in applied if task.host_id not in found.takers]
     start_verification(ctx, finishing)
 
 

@@ -70,9 +70,8 @@ def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
     if not repaired:
         return set()
     by_host = {task.host_id: task for task in repaired}
-    takers = {
-        host_id: task for host_id, task in successors(ctx, by_host).items() if task.source == OperationSource.TRAIN
-    }
+    found = successors(ctx, by_host)
+    takers = {host_id: task for host_id, task in found.takers.items() if task.source == OperationSource.TRAIN}
     # A host with train work it may not take now (held while its train is paused or autostopped,
     # or refused) returns without it, and that work is left to the next cycle as well: admitted
     # later, it would drain the host a second time in the cycle.
@@ -90,7 +89,7 @@ def catch_up_repaired(ctx: TickContext, repaired: list[TaskRef]) -> set[int]:
     no_room = set(takers) - once - set(taking)
     defer_train_work(ctx, once, why="its repaired host returns: its drain caught up once already")
     defer_train_work(ctx, no_room, why=f"its repaired host returns: {headroom.keep_out_refusal()}")
-    hand_over(ctx, [by_host[host_id] for host_id in taking], taking)
+    hand_over(ctx, [by_host[host_id] for host_id in taking], found)
     ctx.move_hosts(
         taking,
         expected=HostState.REPAIR,

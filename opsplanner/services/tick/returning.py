@@ -7,6 +7,7 @@ Both are set-based: a handful of queries per call, whatever the number of hosts.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 from fleet.models import ComponentVersion, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
@@ -44,12 +45,22 @@ def _applied_in_drains(applied: dict[int, TaskRef]) -> list[TaskRef]:
     return [*applied.values(), *earlier.values()]
 
 
-def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskRef]:
-    """{host: the pending task that takes it next}, in (priority, age) order. The next task takes the
+class Successors(NamedTuple):
+    """What takes each drained host next (`takers`, by host), and the older upgrades that each taker
+    supersedes (`waiting`: {task id: (the older task, its taker)}): cancelled only if the taker is
+    handed the host (hand_over), so that a host handed to no one, or to other work, keeps them."""
+
+    takers: dict[int, TaskRef]
+    waiting: dict[int, tuple[TaskRef, TaskRef]]
+
+
+def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> Successors:
+    """The pending task that takes each host next, in (priority, age) order. The next task takes the
     host only if admission would let it: not one whose target became incompatible (it keeps waiting,
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
-    end here instead: one older than a newer target of the component applied in its drain, or pending
-    for the host once that one takes it (superseded), one at or below what the host runs (nothing to do)."""
+    end here instead: one older than a newer target of the component applied in its drain
+    (superseded), one at or below what the host runs (nothing to do); one older than a newer target
+    pending for the host waits for hand_over (superseded once that one takes the host)."""
     candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
@@ -62,25 +73,36 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> dict[int, TaskR
     pending_newer = supersede.newer_pending(left, may_replace=lambda _, new: new.id not in incompatible)
     left = [task for task in left if task.id not in pending_newer]
     runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
-    successor: dict[int, TaskRef] = {}
+    takers: dict[int, TaskRef] = {}
     for task in left:
         if task.id not in incompatible and task.id not in runs:
-            successor.setdefault(task.host_id, task)
-    # An older upgrade whose newer one is still pending stays pending until the newer one takes the
-    # host (or finds nothing to do): were it cancelled behind other work, the host would get neither.
-    took = {task.id for task in successor.values()} | set(runs)
-    taken = {older: newer for older, newer in pending_newer.items() if newer.id in took}
-    supersede.finish_superseded(ctx, candidates, {**applied_newer, **taken})
+            takers.setdefault(task.host_id, task)
+    # The host already runs what supersedes them: nothing to wait for.
+    settled = {older: newer for older, newer in pending_newer.items() if newer.id in runs}
+    supersede.finish_superseded(ctx, candidates, {**applied_newer, **settled})
     supersede.finish_nothing_to_do(ctx, candidates, runs)
-    return successor
+    waiting = {
+        older: (candidates[older], newer)
+        for older, newer in pending_newer.items()
+        if older not in settled and takers.get(newer.host_id) == newer
+    }
+    return Successors(takers, waiting)
 
 
-def hand_over(ctx: TickContext, givers: list[TaskRef], takers: dict[int, TaskRef]) -> None:
+def hand_over(ctx: TickContext, givers: list[TaskRef], found: Successors) -> None:
     """Each giver (a running task whose work was applied) passes its host to the pending task that
-    takes it next (`takers`, by host) without returning it to service: the giver ends handed over,
-    saying to which task; the taker runs at once, in the giver's drain."""
+    takes it next (`found.takers`, by host) without returning it to service: the giver ends handed
+    over, saying to which task; the taker runs at once, in the giver's drain, and the older upgrades
+    it supersedes end superseded (not before: were it not handed the host, they would still be due)."""
     if not givers:
         return
+    takers = found.takers
+    hosts = {giver.host_id for giver in givers}
+    supersede.finish_superseded(
+        ctx,
+        {older.id: older for older, _ in found.waiting.values()},
+        {older.id: newer for older, newer in found.waiting.values() if older.host_id in hosts},
+    )
     ctx.move_tasks(
         givers,
         expected=TaskState.RUNNING,

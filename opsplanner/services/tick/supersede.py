@@ -118,13 +118,11 @@ def _version_labels(tasks: Iterable[TaskRef]) -> dict[int, str]:
 
 def waiting_for_newer(newer: dict[int, TaskRef]) -> dict[int, str]:
     """{task id: why it waits} for pending upgrades whose newer target, pending for the same host,
-    has not been admitted yet: they end superseded once it is, and are judged again if it is not."""
-    if not newer:
-        return {}
-    labels = _version_labels(newer.values())
+    has not taken it yet: they end superseded once it does, and are judged again if it is cancelled.
+    Said without the version's name, which would cost a read every tick they wait."""
     return {
-        task_id: f"{labels.get(taker.target_version_id or 0, 'a newer version')} of operation "
-        f"#{taker.operation_id} is pending for the host and takes its place"
+        task_id: f"a newer version of its component (operation #{taker.operation_id}) is pending for the host "
+        "and takes its place"
         for task_id, taker in newer.items()
     }
 
