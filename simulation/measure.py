@@ -1,11 +1,13 @@
 """What a run cost, read from the scratch database and the run log right after the run: capacity
-out, drains, interrupted jobs, rollouts, cycles and visits, per pool, as plain JSON-able data
-(shards of one simulation run in separate processes and are merged by the report)."""
+out, drains, interrupted jobs and the capacity they strand, rollouts, cycles and visits, per pool,
+as plain JSON-able data (shards of one simulation run in separate processes and are merged by the
+report)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter, defaultdict
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import F, Q
@@ -24,7 +26,7 @@ def hours(config: SimulationConfig, at: dt.datetime | None) -> float | None:
 def run_measure(config: SimulationConfig, log: RunLog) -> dict[str, Any]:
     pools = {pool.id: _pool_base(config, pool.name) for pool in log.world.pools}
     _capacity(config, log, pools)
-    _drains_and_interruptions(log, pools)
+    _drains_and_interruptions(config, log, pools)
     _trains(config, pools)
     rollout_measures_add(config, log, pools)
     for rollout in log.policy.rollouts():
@@ -68,12 +70,15 @@ def _pool_base(config: SimulationConfig, name: str) -> dict[str, Any]:
         "samples": [],
         "planned_hours": 0.0,
         "failure_hours": 0.0,
-        "hours_below_floor": 0.0,
+        "hours_below_floor": 0.0,  # this pool's hours below its floor (summed over pools: pool-hours)
         "min_in_service": config.hosts_per_pool,
         "drains": 0,
         "jobs": 0,
         "interrupted_by_drains": 0,
         "interrupted_by_failures": 0,
+        # Host-hours of interrupted jobs' hosts still in service, by what began the interruption.
+        "stranded_host_hours_by_drains": 0.0,
+        "stranded_host_hours_by_failures": 0.0,
         "autostops": 0,
         "offboardings": 0,
         "cycles": [],
@@ -107,40 +112,83 @@ def _capacity(config: SimulationConfig, log: RunLog, pools: dict[int, dict[str, 
             pool[key] = round(pool[key], 2)
 
 
-def _drains_and_interruptions(log: RunLog, pools: dict[int, dict[str, Any]]) -> None:
+@dataclass(eq=False)
+class _JobOut:
+    """One job's interruption as its hosts' events go by: which of its hosts are out, what began the
+    interruption ("drains" or "failures"), since when the count out stands, when the last came back."""
+
+    pool: dict[str, Any]
+    hosts: int
+    out: set[int] = field(default_factory=set)
+    cause: str = ""
+    since: dt.datetime | None = None
+    back_at: dt.datetime | None = None
+
+    def strand(self, until: dt.datetime) -> None:
+        """While interrupted, its hosts still in service stand idle for it: their host-hours since the
+        last change are stranded (charged to what began the interruption, as the count is)."""
+        if self.out and self.since is not None:
+            span = max(0.0, (until - self.since).total_seconds() / 3600)
+            self.pool[f"stranded_host_hours_by_{self.cause}"] += (self.hosts - len(self.out)) * span
+        self.since = until
+
+    def leave(self, host: int, at: dt.datetime, cause: str) -> None:
+        self.strand(at)
+        # Events of one instant come in the order written (returns before admissions in a tick): a
+        # zero gap is judged by the instant, so that order does not count twice.
+        if not self.out and self.back_at != at:
+            self.cause = cause
+            self.pool[f"interrupted_by_{cause}"] += 1
+        self.out.add(host)
+
+    def back(self, host: int, at: dt.datetime) -> None:
+        if host in self.out:
+            self.strand(at)
+            self.out.discard(host)
+            if not self.out:
+                self.back_at = at
+
+
+def _drains_and_interruptions(config: SimulationConfig, log: RunLog, pools: dict[int, dict[str, Any]]) -> None:
     """A job runs on consecutive hosts; it is interrupted when its first host leaves service (by a
-    drain or by breaking) and runs again once all its hosts are back."""
-    job_of: dict[int, int] = {}
-    pool_of_job: dict[int, int] = {}
+    drain or by breaking) and runs again once all its hosts are back. A host leaving in the very
+    instant the last one came back (the next domain drained in the tick that returned the previous
+    one) gives the job no time to run: that continues the interruption, it does not start another.
+
+    Stranded host-hours: while a job is interrupted, the host-hours of its hosts still in service
+    (they run nothing for it). A job spanning several domains is interrupted once if the train
+    visits them back to back, but stays out for all those visits: that is what small domains cost.
+    Measured in the same pass; an interruption still open at the end is counted up to the end."""
     host_pool = {h: pool.id for pool in log.world.pools for h in pool.host_ids}
-    for job_id, hosts in log.world.jobs.items():
-        for host in hosts:
-            job_of[host] = job_id
-        pool_of_job[job_id] = host_pool[hosts[0]]
-        pools[pool_of_job[job_id]]["jobs"] += 1
-    out: dict[int, int] = defaultdict(int)
+    jobs = [_JobOut(pool=pools[host_pool[hosts[0]]], hosts=len(hosts)) for hosts in log.world.jobs.values()]
+    job_of = {host: job for job, hosts in zip(jobs, log.world.jobs.values(), strict=True) for host in hosts}
+    for each in jobs:
+        each.pool["jobs"] += 1
     transitions = (
         Event.objects.filter(kind="host.state_changed")
         .filter(Q(data__from=HostState.IN_SERVICE) | Q(data__to=HostState.IN_SERVICE))
         .order_by("created_at", "id")
-        .values_list("host_id", "data")
+        .values_list("created_at", "host_id", "data")
     )
-    for host_id, data in transitions.iterator(chunk_size=10_000):
+    for at, host_id, data in transitions.iterator(chunk_size=10_000):
         if host_id is None:  # host events always name their host
             continue
-        job = job_of.get(host_id)
         pool = pools.get(host_pool.get(host_id, -1))
         if pool is None:
             continue
+        job = job_of.get(host_id)
         if data.get("from") == HostState.IN_SERVICE:
             drained = data.get("to") == HostState.DRAINING
             pool["drains"] += drained
             if job is not None:
-                out[job] += 1
-                if out[job] == 1:
-                    pool["interrupted_by_drains" if drained else "interrupted_by_failures"] += 1
-        elif job is not None and out[job] > 0:
-            out[job] -= 1
+                job.leave(host_id, at, "drains" if drained else "failures")
+        elif job is not None:
+            job.back(host_id, at)
+    for each in jobs:
+        each.strand(config.end)
+    for pool in pools.values():
+        for key in ("stranded_host_hours_by_drains", "stranded_host_hours_by_failures"):
+            pool[key] = round(pool[key], 2)
 
 
 def _trains(config: SimulationConfig, pools: dict[int, dict[str, Any]]) -> None:

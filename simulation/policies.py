@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
@@ -33,6 +33,9 @@ from simulation.scenarios import (
 )
 from simulation.world import World
 from trains.limits import MAX_CYCLE_SLO_S
+
+if TYPE_CHECKING:
+    from trains.models import Upgrade
 
 
 def _ticking_trains(**where: Any) -> QuerySet[Any, tuple[int, int]]:
@@ -64,7 +67,8 @@ class Rollout:
     # forecast's code (trains.selectors_forecast.ForecastCode).
     forecast_at: dt.datetime | None = None
     forecast_code: str = ""
-    # The hosts it covers when narrower than its pool (a live upgrade's scope; rolling and lock-step).
+    # The hosts it covers when narrower than its pool (a live upgrade's scope), as its scope named
+    # them when it arrived: reach is measured against these.
     host_ids: list[int] | None = None
 
 
@@ -123,6 +127,13 @@ class TrainsPolicy(Policy):
     label = "maintenance trains"
     pace = "domain"  # domain-synchronous; TrainsSlidingPolicy slides (a live train's own pace is not kept)
 
+    def __init__(self, config: SimulationConfig, world: World) -> None:
+        super().__init__(config, world)
+        # upgrade id -> the hosts its scope named on arrival (scoped upgrades only), as the rolling
+        # policy keeps them: a selector like 'hosts running C below V' names fewer hosts as the
+        # upgrade reaches them, so resolving it at the end would measure reach against the laggards.
+        self.scopes: dict[int, list[int]] = {}
+
     def setup(self) -> None:
         from trains.services.trains import train_create
 
@@ -145,6 +156,7 @@ class TrainsPolicy(Policy):
             )
 
     def arrive(self, arrival: Arrival) -> None:
+        from trains.services.upgrade_scopes import scope_is_pool, upgrade_scope_hosts
         from trains.services.upgrades import upgrade_create
 
         duration_s = self.upgrade_known(arrival)
@@ -155,7 +167,7 @@ class TrainsPolicy(Policy):
         # duration, if it had one, is what the train sized its visits with.
         created = {**own, **arrival.upgrade}
         created["duration_s"] = created.get("duration_s") or duration_s
-        upgrade_create(
+        upgrade = upgrade_create(
             pool=pool,
             component=arrival.component,
             version=arrival.version,
@@ -163,6 +175,8 @@ class TrainsPolicy(Policy):
             **created,
             actor=ACTOR,
         )
+        if not scope_is_pool(upgrade):
+            self.scopes[upgrade.pk] = upgrade_scope_hosts(upgrade)
 
     def step(self, pool_ids: set[int] | None) -> set[int]:
         from trains.services.tick import train_tick
@@ -173,7 +187,6 @@ class TrainsPolicy(Policy):
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState
         from trains.selectors_forecast import ForecastCode
-        from trains.services.upgrade_scopes import scope_is_pool, upgrade_scope_hosts
 
         names = {pool.id: pool.name for pool in self.world.pools}
         rollouts = []
@@ -191,10 +204,19 @@ class TrainsPolicy(Policy):
                     outcome=upgrade.state if upgrade.state != UpgradeState.COMPLETED else "",
                     forecast_at=upgrade.promised_at,
                     forecast_code=str(code),
-                    host_ids=None if scope_is_pool(upgrade) else upgrade_scope_hosts(upgrade),
+                    host_ids=self._scope_on_arrival(upgrade),
                 )
             )
         return rollouts
+
+    def _scope_on_arrival(self, upgrade: Upgrade) -> list[int] | None:
+        """The hosts a scoped upgrade covered when it arrived (None: its whole pool). One this policy
+        did not create has no record: its scope as it resolves now is the best there is."""
+        from trains.services.upgrade_scopes import scope_is_pool, upgrade_scope_hosts
+
+        if upgrade.pk in self.scopes:
+            return self.scopes[upgrade.pk]
+        return None if scope_is_pool(upgrade) else upgrade_scope_hosts(upgrade)
 
 
 class TrainsSlidingPolicy(TrainsPolicy):

@@ -1,9 +1,10 @@
 """Rollout measures: how fast each upgrade reaches its pool, and which cycles broke a promise they could keep.
 
-- reach: per upgrade, the share of the pool's hosts running it (or a later version of the same
-  component, which supersedes it) 24 hours, 72 hours and 7 days after it arrived; None where the run
-  ended before that horizon. Read from the lane's `host.version_installed` events and the versions
-  the world started with, so every policy is measured by the same code.
+- reach: per upgrade, the share of the pool's hosts (of a scoped upgrade: of the hosts its scope
+  named when it arrived) running it (or a later version of the same component, which supersedes it)
+  24 hours, 72 hours and 7 days after it arrived; None where the run ended before that horizon.
+  Read from the lane's `host.version_installed` events and the versions the world started with, so
+  every policy is measured by the same code.
 - forecasts kept: per upgrade, the forecast the product gave when it appeared (trains only), against
   when every host ran it (`forecast_summary`).
 - cycles missed: the cycles that ended after their deadline (or were still open past it at the end),
@@ -93,7 +94,8 @@ def rollout_reach(config: SimulationConfig, log: RunLog) -> dict[int, list[list[
         rows = installs.get((pool.id, rollout.component), [])
         hosts = len(pool.host_ids)
         if rollout.host_ids is not None:  # an upgrade narrower than its pool reaches its own hosts
-            scope = set(rollout.host_ids)
+            # (those its scope named on arrival; only the pool's, whose installs are the rows counted)
+            scope = set(rollout.host_ids) & set(pool.host_ids)
             rows, hosts = [row for row in rows if row[1] in scope], len(scope)
         shares = reach_shares(config, rollout, rows, hosts)
         arrived = round((rollout.arrived - config.start).total_seconds() / 3600, 4)

@@ -106,7 +106,8 @@ def test_trains_drain_each_host_once_per_cycle_where_rolling_drains_once_per_upg
     assert totals(lockstep, "hours_below_floor") > 0
 
 
-def test_the_advisor_picks_larger_domains_as_interruptions_cost_more() -> None:
+def advised(job_hosts_min: int, job_hosts_max: int) -> dict:
+    """The advice for one clean pool of 120 hosts (no failures, no opt-outs) with jobs of these sizes."""
     pool = SimulationConfig(
         hosts=120,
         pools=1,
@@ -114,23 +115,28 @@ def test_the_advisor_picks_larger_domains_as_interruptions_cost_more() -> None:
         upgrade_failure_rate=0,
         verify_failure_rate=0,
         optout_windows_per_week=0,
-        job_hosts_min=12,
-        job_hosts_max=24,
+        job_hosts_min=job_hosts_min,
+        job_hosts_max=job_hosts_max,
         cycle_slo_hours=24,
     )
-    sizes = (10, 30, 60)
-    results = {}
-    cheap = AdvisorRequest(config=pool, sizes=sizes, interruption_cost=0.01, capacity_hour_cost=1)
-    for job in cheap.jobs():
-        results[job.key] = [simulate(job.config, "trains")]
-    dear = AdvisorRequest(config=pool, sizes=sizes, interruption_cost=10_000, capacity_hour_cost=1)
+    request = AdvisorRequest(config=pool, sizes=(10, 30, 60), interruption_cost=1, capacity_hour_cost=1)
+    return advice(request, {job.key: [simulate(job.config, "trains")] for job in request.jobs()})
 
-    low, high = advice(cheap, results), advice(dear, results)
 
-    interrupted = {p["size"]: p["interrupted_jobs"] for p in low["points"]}
-    assert interrupted[10] > interrupted[60]  # small domains cut jobs into several interruptions
-    assert low["recommended"] == 10
-    assert high["recommended"] > low["recommended"]
+def test_the_advisor_picks_larger_domains_as_jobs_span_more_of_them() -> None:
+    """The train visits domains back to back, so a job is interrupted about once a cycle whatever the
+    size; but a job spanning k domains stays out k visits while its hosts still in service stand idle.
+    The larger the jobs, the more capacity small domains strand, until a larger buffer costs less."""
+    small, large = advised(4, 8), advised(60, 120)
+
+    stranded = {p["size"]: p["stranded_host_hours"] for p in large["points"]}
+    assert stranded[10] > stranded[30] > stranded[60] > 0  # smaller domains strand more of a job
+    assert all(p["stranded_host_hours"] < stranded[p["size"]] for p in small["points"])
+    for point in large["points"]:  # the capacity term prices buffer and stranded host-hours alike
+        assert point["capacity_cost"] == pytest.approx(point["buffer_host_hours"] + point["stranded_host_hours"])
+    assert small["recommended"] == 10  # small jobs: the smallest buffer is the cheapest
+    assert large["recommended"] > small["recommended"]
+    assert "stranded host-hours" in large["reason"]
 
 
 def test_the_advisor_does_not_simulate_a_size_that_cannot_meet_the_slo() -> None:

@@ -77,6 +77,8 @@ def make_runs():
         drains=50,
         interrupted_by_drains=10,
         interrupted_by_failures=1,
+        stranded_host_hours_by_drains=120.25,
+        stranded_host_hours_by_failures=3.0,
         planned_hours=40.0,
         failure_hours=2.5,
         samples=[[0.0, 100, 0, 0], [1.0, 80, 20, 0], [2.0, 100, 0, 0]],
@@ -96,6 +98,8 @@ def make_runs():
         "sim-01",
         drains=30,
         interrupted_by_drains=5,
+        stranded_host_hours_by_drains=60.5,
+        stranded_host_hours_by_failures=0.0,
         planned_hours=30.0,
         hours_below_floor=0.5,
         autostops=1,
@@ -125,6 +129,10 @@ def test_shards_are_merged_into_sums():
     assert trains["drains"] == 80
     assert trains["drains_per_host"] == pytest.approx(0.4)
     assert (trains["interrupted_by_drains"], trains["interrupted_by_failures"]) == (15, 1)
+    assert (trains["stranded_host_hours_by_drains"], trains["stranded_host_hours_by_failures"]) == (180.75, 3.0)
+    assert summary["pools"]["trains"][1]["stranded_host_hours_by_drains"] == 60.5
+    # Shards measured before stranded host-hours existed: no figure, not a false 0.
+    assert summary["totals"]["rolling"]["stranded_host_hours_by_drains"] is None
     assert (trains["planned_hours"], trains["failure_hours"]) == (70.0, 2.5)
     assert (trains["autostops"], trains["hours_below_floor"]) == (1, 0.5)
     assert trains["wall_seconds"] == 15.0
@@ -184,6 +192,11 @@ def test_text_report_has_every_policy_and_fits_120_columns():
     assert "drains per host" in text
     assert "20.0 / 30.0" in text  # time to full rollout, mean / worst
     assert "2 / 3" in text  # rollouts finished / total
+    stranded = [" ".join(line.split()) for line in lines if "stranded" in line]
+    assert stranded[:2] == [  # the policies side by side, next to the interrupted jobs (rolling's shards lack it)
+        "interrupted jobs' stranded host-hours (drains) 180.8 — —",
+        "interrupted jobs' stranded host-hours (failures) 3.0 — —",
+    ]
     assert "trains (maintenance trains) per pool" in text
     assert "sim-01" in text
 
@@ -207,6 +220,7 @@ def test_markdown_table():
         "planned capacity-hours out",
         "failure capacity-hours out",
         "interrupted jobs",
+        "interrupted jobs' stranded host-hours",
         "time to full rollout (mean / worst h)",
         "rollouts finished",
         "hosts reached per upgrade at 24 h / 72 h / 7 days (mean share)",
@@ -221,6 +235,7 @@ def test_markdown_table():
     assert all(line.count("|") == 5 for line in lines)
     assert "| 0.40 | 1.50 | 1.00 |" in table
     assert "15 by drains, 1 by failures" in table
+    assert "| interrupted jobs' stranded host-hours | 180.8 by drains, 3.0 by failures | — | — |" in table
     assert "| host-cycles drained more than once | 2 | — | — |" in table
     assert "| cycles completed (mean / worst h) | 2 (25.0 / 30.0) | — | — |" in table
 

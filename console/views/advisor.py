@@ -64,7 +64,11 @@ class AdvisorForm(ServiceErrorsForm):
         label="Interruption cost", min_value=0, initial=100, help_text="What interrupting one job once costs."
     )
     capacity_hour_cost = forms.FloatField(
-        label="Capacity-hour cost", min_value=0, initial=1, help_text="What one buffer host held back an hour costs."
+        label="Capacity-hour cost",
+        min_value=0,
+        initial=1,
+        help_text="What a host doing no work for an hour costs: a buffer host held back, or one an interrupted "
+        "job strands.",
     )
     cycle_slo_hours = forms.FloatField(
         label="Cycle SLO (hours)", min_value=0.1, initial=72, help_text="A cycle over the whole pool ends within."

@@ -108,7 +108,10 @@ class AdvisorRunInput(serializers.Serializer):
         child=serializers.IntegerField(), max_length=100, help_text="candidate hosts per domain, e.g. [16, 40, 80]"
     )
     interruption_cost = serializers.FloatField(help_text="the cost of interrupting one job once")
-    capacity_hour_cost = serializers.FloatField(help_text="the cost of one buffer host held back for an hour")
+    capacity_hour_cost = serializers.FloatField(
+        help_text="the cost of a host doing no work for an hour: a buffer host held back, or one an interrupted "
+        "job strands"
+    )
     cycle_slo_hours = serializers.FloatField(default=72.0, help_text="a cycle over the whole pool must end within")
     seed = serializers.IntegerField(default=1, help_text="the same seed gives the same simulation")
     # The simulated hardware (simulation.advisor_runs.HARDWARE_KNOBS); left out: the simulator's defaults.

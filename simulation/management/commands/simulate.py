@@ -321,8 +321,8 @@ def advice_text(result: dict[str, Any]) -> str:
         f"Domain-size advice for a pool of {result['pool_hosts']} hosts, per {result['cycle_slo_hours']:g} h cycle "
         f"(interruption {result['interruption_cost']:g}, host-hour {result['capacity_hour_cost']:g})",
         "",
-        f"{'size':>6} {'domains':>8} {'interrupted':>12} {'buffer h':>10} {'worst cycle h':>14} {'missed':>7} "
-        f"{'cost':>12}",
+        f"{'size':>6} {'domains':>8} {'interrupted':>12} {'buffer h':>10} {'stranded h':>11} {'worst cycle h':>14} "
+        f"{'missed':>7} {'cost':>12}",
     ]
     for p in result["points"]:
         if p["cost"] is None:
@@ -331,7 +331,7 @@ def advice_text(result: dict[str, Any]) -> str:
         worst = "—" if p["worst_cycle_hours"] is None else f"{p['worst_cycle_hours']:.1f}"
         lines.append(
             f"{p['size']:>6} {p['domains']:>8} {p['interrupted_jobs']:>12} {p['buffer_host_hours']:>10.0f} "
-            f"{worst:>14} {p['cycles_missed']:>7} {p['cost']:>12.1f}"
+            f"{p['stranded_host_hours']:>11.0f} {worst:>14} {p['cycles_missed']:>7} {p['cost']:>12.1f}"
         )
     if result["recommended"] is None:
         lines += ["", f"no recommendation: {result['reason']}", ""]
