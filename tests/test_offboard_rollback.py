@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool
+from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
-from opsplanner.models import HostTask, Operation, OperationSource, TaskState, WorkItem
+from opsplanner.models import Event, HostTask, Operation, OperationSource, TaskState, WorkItem
 from opsplanner.services.operations import operation_submit
-from tests.builders import make_fleet
+from tests.builders import make_fleet, make_version
 from tests.driving import busy, drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train
-from trains.models import Upgrade
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.models import Upgrade, UpgradeState
+from trains.services.offboarding import upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
 
@@ -279,3 +280,91 @@ def test_an_operator_withdrawing_a_version_an_offboarding_withdrew_offboards_its
     assert (other.state, other.state_reason) == (UpgradeState.OFFBOARDED, "version withdrawn: bricks the GPU")
     version = ComponentVersion.objects.get(pk=first.component_version_id)
     assert (version.withdrawn_by, version.withdrawn_reason) == ("operator", "bricks the GPU")
+
+
+# --- an older upgrade completed through the withdrawn version ---------------------------------------
+def bios_fix_then_newer_bios(*, newer_at_once: bool) -> tuple[Pool, list[int], Upgrade, Upgrade]:
+    """A bios fix (2.16.0) for the hosts of rack-0001 and a newer bios (2.17.0) whose canary is
+    rack-0001 (soaking for a day: the rollout goes no further). Created at once, the canary's visit
+    gives rack-0001 the newer bios directly; otherwise only once the fix completed on its own.
+    The pool, rack-0001's hosts, the fix and the newer bios."""
+    instant_simulator()
+    # Room for the rollbacks' drains and a visit: counted as other work, they autostopped the train.
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2, planned_buffer_hosts=3, failure_buffer_hosts=0)
+    make_version(Component.objects.get(name="bios"), "2.17.0")
+    make_train(pool)
+    fix = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="fix", scope=f"domain {pool.name}/rack-0001"
+    )
+    rack_1 = [h.pk for h in hosts if h.domain.name == "rack-0001"]
+
+    def newer_bios() -> Upgrade:
+        canary = {"name": "canary", "domain": "rack-0001", "min_successes": 2, "soak_s": 86400}
+        rest = {"name": "rest", "percent": 100, "min_successes": 0}
+        return upgrade_create(pool=pool, component="bios", version="2.17.0", reason="new", phases=[canary, rest])
+
+    newer = newer_bios() if newer_at_once else None
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED)
+    newer = newer or newer_bios()
+    drive_trains(pool, until=lambda: bios_of(rack_1) == {"2.17.0"} and not busy([pool]))
+    return pool, rack_1, fix, newer
+
+
+def bios_of(host_ids: list[int]) -> set[str]:
+    return set(
+        InstalledVersion.objects.filter(host_id__in=host_ids, component__name="bios").values_list(
+            "version__version", flat=True
+        )
+    )
+
+
+def test_an_older_upgrade_completed_through_the_withdrawn_version_is_active_again_and_completes_on_its_own() -> None:
+    pool, rack_1, fix, newer = bios_fix_then_newer_bios(newer_at_once=True)
+    assert InstalledVersion.objects.filter(host_id__in=rack_1, previous_version__version="2.14.0").count() == 2
+
+    completed_at = Upgrade.objects.get(pk=fix.pk).finished_at
+    assert completed_at is not None
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=newer.pk), reason="bad bios")
+
+    fix.refresh_from_db()
+    assert (fix.state, fix.finished_at) == (UpgradeState.ACTIVE, None)
+    started_at = fix.phases.get().started_at
+    assert started_at is not None
+    assert started_at > completed_at  # its failures count afresh
+    assert Event.objects.get(kind="upgrade.offboarded").data["reopened"] == [fix.pk]
+    assert fix.state_reason.startswith(
+        "active again: 2 hosts of its scope reached bios 2.16.0 only through bios 2.17.0"
+    )
+    (reopened,) = Event.objects.filter(kind="upgrade.reopened", subject_id=fix.pk)
+    assert reopened.reason == fix.state_reason
+    assert reopened.data == {"withdrawn": "bios 2.17.0", "offboarded": newer.pk, "hosts": sorted(rack_1)}
+
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED)
+    drive_trains(pool, until=lambda: not busy([pool]))
+    assert bios_of(rack_1) == {"2.16.0"}
+
+
+def test_a_completed_upgrade_whose_hosts_go_back_to_its_own_version_stays_completed() -> None:
+    _, rack_1, fix, newer = bios_fix_then_newer_bios(newer_at_once=False)
+    assert InstalledVersion.objects.filter(host_id__in=rack_1, previous_version__version="2.16.0").count() == 2
+
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=newer.pk), reason="bad bios")
+
+    assert Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED
+    assert not Event.objects.filter(kind__in=["upgrade.reopened", "alert.upgrade_fallen_back"]).exists()
+
+
+def test_an_emergency_upgrade_completed_through_the_withdrawn_version_stays_completed_and_an_alert_says_why() -> None:
+    _, rack_1, fix, newer = bios_fix_then_newer_bios(newer_at_once=True)
+    Upgrade.objects.filter(pk=fix.pk).update(emergency=True)  # its emergency train has finished
+
+    with transaction.atomic():
+        upgrade_offboard(upgrade=Upgrade.objects.get(pk=newer.pk), reason="bad bios")
+
+    assert Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED  # no train would take it up
+    (alert,) = Event.objects.filter(kind="alert.upgrade_fallen_back", subject_id=fix.pk)
+    assert "2 hosts of its scope reached bios 2.16.0 only through bios 2.17.0" in alert.reason
+    assert "request another emergency train" in alert.reason
+    assert alert.data["hosts"] == sorted(rack_1)

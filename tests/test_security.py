@@ -46,8 +46,9 @@ from tests.api_helpers import token_client
 from tests.builders import make_fleet
 from tests.trains_builders import make_user
 from trains.services.emergency import emergency_train_request
+from trains.services.offboarding import upgrade_offboard
 from trains.services.reonboarding import upgrade_reonboard_request
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "var" / "reliability" / "fuzz.jsonl"

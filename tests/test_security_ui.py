@@ -33,8 +33,9 @@ from tests.builders import make_domain, make_fleet, make_host, make_pool, make_s
 from tests.test_security import FAST_HASHER, append_figures, database_state
 from tests.trains_builders import make_train, make_user
 from trains.services.emergency import emergency_train_request
+from trains.services.offboarding import upgrade_offboard
 from trains.services.trains import train_pause
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
 

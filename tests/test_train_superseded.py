@@ -172,7 +172,7 @@ def test_a_withdrawn_newer_release_on_a_host_does_not_make_the_older_upgrade_don
 
     from fleet.services import installed_version_set
     from tests.driving import busy
-    from trains.services.upgrades import upgrade_offboard
+    from trains.services.offboarding import upgrade_offboard
 
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=2)

@@ -36,10 +36,11 @@ from tests.trains_builders import make_train, make_user, nic_firmware
 from trains.models import Cycle, Train, TrainState, Upgrade, UpgradeState, Visit, VisitState
 from trains.services import tick as train_tick_module
 from trains.services.emergency import emergency_train_request
+from trains.services.offboarding import upgrade_offboard
 from trains.services.reonboarding import upgrade_reonboard_request
 from trains.services.tick import train_tick
 from trains.services.trains import train_resume
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
 

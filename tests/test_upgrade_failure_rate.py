@@ -11,17 +11,19 @@ import pytest
 from django.apps import apps as django_apps
 
 from fleet.models import Host, HostState, Pool
-from opsplanner.models import HostTask, TaskState
+from opsplanner import clock
+from opsplanner.models import HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.failures import host_failure_report
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import drive, drive_trains, instant_simulator
-from tests.trains_builders import make_train
+from tests.trains_builders import FAILING_DRIVER, make_train
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState, Visit, VisitState
 from trains.services.tick import train_tick
 from trains.services.upgrade_policy import successes_within_rate
-from trains.services.upgrades import upgrade_create, upgrade_phase_successes, upgrades_phase_successes
+from trains.services.upgrades import upgrade_create, upgrade_phase_successes, upgrades_rate_successes
+from trains.services.visits import Step, UpgradePlan, visit_steps_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +41,18 @@ class FinishedVisit:
         ids = [task.pk for task in self.tasks[:count]]
         HostTask.objects.filter(pk__in=ids).update(
             state=TaskState.FAILED, failure_code=FailureCode.EXECUTE_FAILED, failure_reason="the installer exited 1"
+        )
+
+    def fail_then_catch_up(self, count: int) -> None:
+        """The first `count` hosts' upgrades failed, then each host caught up in the visit's drain
+        (catch_up.py: an operation of the same phase) and succeeded."""
+        self.fail(count)
+        visit = self.tasks[0].operation.visit_link.visit
+        plan = UpgradePlan(upgrade=self.upgrade, phase=self.phase, allowed=set())
+        hosts = {task.host_id for task in self.tasks[:count]}
+        visit_steps_submit(visit.train, visit, [Step(plan=plan, hosts=hosts, work_s=60)], joined=False, catch_up=True)
+        HostTask.objects.filter(operation__visit_link__catch_up=True).update(
+            state=TaskState.DONE, finished_at=clock.now()
         )
 
     def train_decides(self) -> Upgrade:
@@ -111,12 +125,53 @@ def test_a_rate_that_counts_from_zero_hosts_does_not_stop_the_train_before_any_h
 def test_a_count_up_to_a_cap_is_exact_below_it_and_the_cap_at_or_above_it() -> None:
     visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=4)
     visit.fail(2)
-    whole = upgrade_phase_successes(visit.upgrade, 0)
-    assert whole == 4
+    visit.fail_then_catch_up(1)
+    assert upgrade_phase_successes(visit.upgrade, 0) == 5
+    whole = upgrades_rate_successes([visit.phase], up_to=None)[visit.upgrade.pk]
+    assert whole == 4  # the host that caught up is a failure for the rate, not also a success
 
-    counted = {cap: upgrades_phase_successes([visit.phase], up_to=cap)[visit.upgrade.pk] for cap in range(7)}
+    counted = {cap: upgrades_rate_successes([visit.phase], up_to=cap)[visit.upgrade.pk] for cap in range(7)}
 
     assert counted == {cap: min(cap, whole) for cap in range(7)}
+
+
+def test_hosts_that_failed_then_caught_up_count_once_as_failures_and_do_not_dilute_the_rate() -> None:
+    visit = first_visit_finished(max_failure_rate=0.25, failure_rate_min_hosts=4)
+    visit.fail_then_catch_up(2)  # 2 of 6 hosts is 33%; as 2 of 8 "finished" it was 25%, within the policy
+
+    upgrade = visit.train_decides()
+
+    assert upgrade.state == UpgradeState.OFFBOARDED
+    assert upgrade.state_reason.startswith("2 of 6 hosts failed in phase all (33%), above the 25% its policy allows")
+
+
+def test_a_host_that_failed_then_caught_up_is_one_finished_host_below_the_minimum_the_rate_counts_from() -> None:
+    instant_simulator(execute_by_kind=FAILING_DRIVER)
+    pool, _ = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=2, failure_buffer_hosts=2)
+    train = make_train(pool)
+    upgrade = upgrade_create(
+        pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", multi_cycle=True,
+        hosts_per_visit=1, max_failures=100, max_failure_rate=0.4, failure_rate_min_hosts=2,
+    )  # fmt: skip
+    tasks = HostTask.objects.filter(operation__visit_link__upgrade=upgrade)
+
+    def mend_once_a_repair_started() -> None:  # the repair mends the host, and its catch-up installs
+        if HostTask.objects.filter(operation__kind=OperationKind.REPAIR).exists():
+            instant_simulator()
+
+    drive_trains(
+        pool,
+        each_round=mend_once_a_repair_started,
+        until=lambda: tasks.filter(operation__visit_link__catch_up=True, state=TaskState.DONE).exists(),
+    )
+    finished = tasks.filter(state__in=[TaskState.FAILED, TaskState.DONE])
+    assert len(set(finished.values_list("host_id", flat=True))) == 1
+    assert set(finished.values_list("state", flat=True)) == {TaskState.FAILED, TaskState.DONE}
+
+    train_tick(train_id=train.pk)  # it looks at the outcome: one host finished (it failed), one short of the 2
+
+    upgrade.refresh_from_db()
+    assert upgrade.state == UpgradeState.ACTIVE, upgrade.state_reason
 
 
 @pytest.mark.parametrize("rate", ["0.0001", "0.05", "0.1", "0.25", "0.3333", "0.5", "0.9", "1"])

@@ -14,18 +14,25 @@ from console.api.serializers.trains import UpgradeSerializer
 from fleet.models import ComponentVersion, Host, Pool
 from fleet.services import installed_version_set
 from opsplanner import clock
-from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask
+from opsplanner.adapters import Adapter
+from opsplanner.models import Approval, ApprovalKind, ApprovalState, Event, HostTask, TaskState, WorkItem, WorkKind
+from opsplanner.models.operations import FailureCode
 from opsplanner.roles import Role
+from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.approvals import approval_decide
+from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.tick import pool_tick
+from opsplanner.services.work_items import work_item_report, work_items_claim
 from tests.api_helpers import token_client
 from tests.builders import make_fleet
 from tests.driving import busy, drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user
-from trains.models import Train, Upgrade, UpgradePhase, UpgradeState
+from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.upgrades import PhaseHoldCode
 from trains.services.phases import upgrade_phase_skip_request
-from trains.services.tick import train_tick
-from trains.services.upgrades import upgrade_create, upgrade_phase_successes
+from trains.services.tick import train_tick, trains_tick
+from trains.services.upgrades import upgrade_create, upgrade_phase_failures, upgrade_phase_successes
+from trains.services.visits import Step, UpgradePlan, visit_steps_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -321,3 +328,86 @@ def test_an_any_canary_may_ask_for_more_successes_than_its_domain_has() -> None:
     pool, _ = make_fleet(domains=2, hosts_per_domain=2)
     upgrade = bios_upgrade(pool, {"domain": "rack-0001", "min_successes": 3, "selection": "any"})
     assert phase_of(upgrade).selection == "any"
+
+
+# --- a phase's last hosts -------------------------------------------------------------------------
+def train_round(pool: Pool, before_work: Callable[[], None] | None = None) -> None:
+    """Trains, then the pool, then `before_work` (an executor claiming its items), then the simulator."""
+    trains_tick()
+    pool_tick(pool_id=pool.pk)
+    if before_work:
+        before_work()
+    simulated_work_step()
+    assert not check_invariants()
+
+
+def driver_canary(pool: Pool, *, max_failures: int) -> Upgrade:
+    return upgrade_create(
+        pool=pool,
+        component="gpu-driver",
+        version="560.35.03",
+        reason="rollout",
+        max_failures=max_failures,
+        phases=[{"name": "canary", "domain": "rack-0001"}, {"name": "rest", "percent": 100, "min_successes": 0}],
+    )
+
+
+# A free visit slot, or room to slide: the train looks at its phases at every tick.
+@pytest.mark.parametrize(("pace", "concurrency"), [(Pace.DOMAIN, 2), (Pace.SLIDING, 1)])
+def test_a_canary_waits_for_its_slow_host_whose_failure_then_stops_the_rollout_before_it_widens(
+    pace: str, concurrency: int
+) -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=3, hosts_per_domain=2, planned_buffer_hosts=4)
+    make_train(pool, visit_concurrency=concurrency, pace=pace)
+    upgrade = driver_canary(pool, max_failures=0)
+    slow = hosts_in(hosts, "rack-0001")[-1]
+    held: list[WorkItem] = []
+
+    def slow_installer() -> None:  # its executor takes the install and holds it
+        held.extend(
+            work_items_claim(worker="slow", adapter=Adapter.SIMULATED, kinds=[WorkKind.EXECUTE], host_id=slow.pk)
+        )
+
+    for _ in range(12):  # the other canary host succeeds early in these
+        train_round(pool, slow_installer)
+    canary = phase_of(upgrade)
+    assert (upgrade_phase_successes(upgrade, 0), len(held), canary.graduated_at) == (1, 1, None)
+    assert Upgrade.objects.get(pk=upgrade.pk).current_phase == 0
+    assert touched(upgrade) == {h.pk for h in hosts_in(hosts, "rack-0001")}, "the rollout widened before it"
+
+    work_item_report(item_id=held[0].pk, worker="slow", key="slow", outcome="failed", reason="installer exited 1")
+    for _ in range(3):
+        train_round(pool)
+
+    upgrade.refresh_from_db()
+    assert upgrade.state == UpgradeState.OFFBOARDED
+    assert upgrade.state_reason.startswith("1 hosts failed in phase canary, more than the 0 its policy allows")
+    assert touched(upgrade) == {h.pk for h in hosts_in(hosts, "rack-0001")}
+    assert not events("upgrade.phase_graduated", upgrade)
+
+
+def test_a_task_of_an_earlier_phase_failing_after_it_graduated_counts_against_the_phase_in_force() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=3, hosts_per_domain=2)
+    train = make_train(pool)
+    upgrade = driver_canary(pool, max_failures=0)
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=upgrade.pk).current_phase == 1)
+    upgrade.refresh_from_db()
+    canary_visit = Visit.objects.get(train=train, domain__name="rack-0001")
+    # A catch-up of the canary phase (catch_up.py links it to the phase its visit planned) fails now.
+    host = hosts_in(hosts, "rack-0001")[0]
+    plan = UpgradePlan(upgrade=upgrade, phase=phase_of(upgrade, 0), allowed=set())
+    visit_steps_submit(train, canary_visit, [Step(plan=plan, hosts={host.pk}, work_s=60)], joined=False, catch_up=True)
+    HostTask.objects.filter(host=host, operation__visit_link__catch_up=True).update(
+        state=TaskState.FAILED,
+        failure_code=FailureCode.EXECUTE_FAILED,
+        failure_reason="the installer exited 1",
+        finished_at=clock.now(),
+    )
+
+    assert upgrade_phase_failures(upgrade, phase_of(upgrade, 1)) == 1
+    train_tick(train_id=train.pk)
+    upgrade.refresh_from_db()
+    assert upgrade.state == UpgradeState.OFFBOARDED
+    assert upgrade.state_reason.startswith("1 hosts failed in phase rest, more than the 0 its policy allows")

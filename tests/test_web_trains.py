@@ -24,11 +24,11 @@ from tests.trains_builders import make_train, make_user
 from trains.models import Train, TrainState, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors import train_forecast
 from trains.selectors_web import LIST_FORECAST_ROWS, phases_with_counts, trains_forecasts
+from trains.services.offboarding import upgrade_offboard
 from trains.services.tick import train_tick
 from trains.services.trains import train_pause
 from trains.services.upgrades import (
     upgrade_create,
-    upgrade_offboard,
     upgrade_phase_failures,
     upgrade_phase_successes,
 )

@@ -24,8 +24,9 @@ from trains.limits import (
 )
 from trains.models import Pace
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
+from trains.services.offboarding import upgrade_offboard
 from trains.services.trains import train_create, train_update
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 T = TypeVar("T")
 

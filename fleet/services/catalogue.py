@@ -146,7 +146,7 @@ def versions_withdrawal_apply(
     back all the same (`version_rollback`), rather than left serving it until their next drain. Not
     when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then."""
     from trains.models import Upgrade, UpgradeState
-    from trains.services.upgrades import upgrade_offboard
+    from trains.services.offboarding import upgrade_offboard
 
     version_ids = list(version_ids)
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE)

@@ -1,4 +1,4 @@
-"""Re-onboarding an offboarded upgrade (trains/services/upgrades.py::upgrade_offboard): asked by one
+"""Re-onboarding an offboarded upgrade (trains/services/offboarding.py::upgrade_offboard): asked by one
 operator, approved by another. Approved, the upgrade is back in its current phase, its version no
 longer withdrawn, and the rollbacks its offboarding queued that have not started are cancelled:
 the hosts may keep the version, and rolled back they would only be drained again to get it."""

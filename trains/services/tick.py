@@ -38,6 +38,7 @@ from trains.models import (
     UpgradePhase,
     UpgradeState,
     Visit,
+    VisitOperation,
     VisitState,
 )
 from trains.selectors import train_forecast
@@ -52,6 +53,7 @@ from trains.services.budget import (
 from trains.services.catch_up import visits_catch_up
 from trains.services.cycles import cycle_visits_start, visit_end
 from trains.services.emergency import emergency_train_finish_if_done
+from trains.services.offboarding import upgrade_offboard
 from trains.services.pace import (
     ActiveUpgrade,
     sliding_allowance,
@@ -64,11 +66,7 @@ from trains.services.phases import phase_allowed_hosts, phase_evidence_needed, p
 from trains.services.trains import SUBJECT, train_set_state
 from trains.services.upgrade_policy import policy_breach, successes_that_matter, train_upgrades
 from trains.services.upgrade_scopes import upgrade_scope_hosts
-from trains.services.upgrades import (
-    phase_host_sets,
-    upgrade_offboard,
-    upgrades_unfinished,
-)
+from trains.services.upgrades import phase_host_sets, upgrades_unfinished
 from trains.services.visits import (
     UpgradePlan,
     late_joiner_candidates,
@@ -252,13 +250,12 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
     active = []
     for upgrade in upgrades:
         phase = phases[upgrade.pk][upgrade.current_phase]
-        failed = failures.get(upgrade.pk, 0)
-        successes = counted.get(upgrade.pk, 0)
-        breach = policy_breach(upgrade, phase, failed, successes)
+        breach = policy_breach(upgrade, phase, failures.get(upgrade.pk, 0), counted.rate.get(upgrade.pk, 0))
         if breach:
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
             report.events.append(f"offboarded upgrade {upgrade.pk}")
             continue
+        successes = counted.evidence.get(upgrade.pk, 0)
         active.append(_Active(upgrade=upgrade, phases=phases[upgrade.pk], successes=successes))
     return active
 
@@ -317,8 +314,9 @@ def _done_reason(upgrade: Upgrade, scope: list[int]) -> str:
 
 
 def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.datetime) -> bool:
-    """Enough successes, then the soak time. A phase with nothing left to do has shown nothing:
-    it never graduates on that (it holds, or picks hosts, in phase_evidence_step)."""
+    """Enough successes, then the soak time, and no task of the phase (or an earlier one) still
+    open. A phase with nothing left to do has shown nothing: it never graduates on that (it holds,
+    or picks hosts, in phase_evidence_step)."""
     if successes < phase_evidence_needed(phase):
         return False
     if phase.successes_reached_at is None:
@@ -331,7 +329,16 @@ def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.da
             reason=f"phase {phase.name}: {successes} hosts succeeded; soaking {phase.soak_s} s",
             pool_id=upgrade.pool_id,
         )
-    return now >= phase.successes_reached_at + dt.timedelta(seconds=phase.soak_s)
+    if now < phase.successes_reached_at + dt.timedelta(seconds=phase.soak_s):
+        return False
+    # Every host of the phase (and a catch-up of an earlier one) finished first: a slow canary host
+    # that failed after the graduation counted against no phase, and the rollout had widened. An
+    # EXISTS, asked only of a phase otherwise ready to graduate. Not a PreparedQuery: the marker that
+    # stands for the position is out of a smallint's range, and Django compiles that to match nothing.
+    operations = VisitOperation.objects.filter(upgrade_id=upgrade.pk, phase__lte=phase.position)
+    return not HostTask.objects.filter(
+        operation_id__in=operations.values("operation_id"), state__in=sorted(OPEN_TASK_STATES)
+    ).exists()
 
 
 def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:

@@ -13,7 +13,7 @@ from django.db.models import Case, F, QuerySet, Value, When
 
 from opsplanner.prepared import PreparedModels
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState
-from trains.services.upgrades import phase_failures, upgrades_phase_successes
+from trains.services.upgrades import phase_failures, upgrades_phase_successes, upgrades_rate_successes
 
 
 class TrainUpgrades(NamedTuple):
@@ -67,26 +67,34 @@ _POOL_UPGRADE_PHASES = PreparedModels(
 )
 
 
+class PhaseSuccesses(NamedTuple):
+    """The successes of the current phases that decide something: for the phases before the last,
+    all of them (a phase graduates on them, and says how many); for the failure rate, where the
+    failures so far could breach it, the hosts that succeeded without a failure counted against
+    them in the phase (phase_rate_successes), up to what decides."""
+
+    evidence: dict[int, int]
+    rate: dict[int, int]
+
+
 def successes_that_matter(
     upgrades: list[Upgrade], phases: dict[int, list[UpgradePhase]], failures: dict[int, int]
-) -> dict[int, int]:
-    """{upgrade: successes} of the current phases whose successes decide something. All of them for a
-    phase to graduate (the graduation needs, and says, how many); for a failure rate the failures so
-    far could breach (the rate is highest with the fewest successes the policy counts from), only up
-    to the successes that keep the failures within the rate: past that the count decides nothing,
-    and an upgrade late in its rollout has a pool's worth to read at every tick."""
-    enough: dict[int, int | None] = {}
-    for upgrade in upgrades:
-        if upgrade.current_phase < len(phases[upgrade.pk]) - 1:
-            enough[upgrade.pk] = None
-        elif _rate_could_breach(upgrade, failures.get(upgrade.pk, 0)):
-            enough[upgrade.pk] = successes_within_rate(upgrade, failures[upgrade.pk])
-    capped = {pk: up_to for pk, up_to in enough.items() if up_to is not None}
-    current = {u.pk: phases[u.pk][u.current_phase] for u in upgrades if u.pk in enough}
-    counted = upgrades_phase_successes([phase for pk, phase in current.items() if pk not in capped])
+) -> PhaseSuccesses:
+    """{upgrade: successes} that decide something (see PhaseSuccesses), in a query for the phases
+    that could graduate and, only when failures could breach a rate, one for the rate. The rate is
+    highest with the fewest successes the policy counts from, and is counted only up to the successes
+    that keep the failures within it: past that the count decides nothing, and an upgrade late in its
+    rollout has a pool's worth to read at every tick."""
+    current = {u.pk: phases[u.pk][u.current_phase] for u in upgrades}
+    graduating = [current[u.pk] for u in upgrades if u.current_phase < len(phases[u.pk]) - 1]
+    judged = {
+        u.pk: successes_within_rate(u, failures[u.pk]) for u in upgrades if _rate_could_breach(u, failures.get(u.pk, 0))
+    }
+    capped = {pk: up_to for pk, up_to in judged.items() if up_to is not None}
+    rate = upgrades_rate_successes([current[pk] for pk in judged if pk not in capped], up_to=None)
     if capped:
-        counted |= upgrades_phase_successes([current[pk] for pk in capped], up_to=max(capped.values()))
-    return counted
+        rate |= upgrades_rate_successes([current[pk] for pk in capped], up_to=max(capped.values()))
+    return PhaseSuccesses(evidence=upgrades_phase_successes(graduating), rate=rate)
 
 
 def _rate_could_breach(upgrade: Upgrade, failed: int) -> bool:
@@ -113,6 +121,9 @@ def successes_within_rate(upgrade: Upgrade, failures: int) -> int | None:
 
 
 def policy_breach(upgrade: Upgrade, phase: UpgradePhase, failures: int, successes: int) -> str:
+    """Why the failures breach the policy ("" if they do not). `successes` are the hosts that
+    succeeded with no failure counted against them (PhaseSuccesses.rate; 0 where the rate cannot
+    breach), so that each finished host counts once."""
     if failures > upgrade.max_failures:
         return f"{failures} hosts failed in phase {phase.name}, more than the {upgrade.max_failures} its policy allows"
     finished = failures + successes

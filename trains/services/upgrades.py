@@ -16,21 +16,17 @@ from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySe
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
-from fleet.models import ComponentVersion, Host, InstalledVersion, MaintenanceDomain, Pool, WithdrawnBy
+from fleet.models import ComponentVersion, Host, InstalledVersion, MaintenanceDomain, Pool
 from opsplanner import clock
 from opsplanner.events import Actor, actor_fields, actor_user, event_record
 from opsplanner.models import (
     HostTask,
-    Operation,
-    OperationState,
     TaskState,
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.compatibility import target_refusal
-from opsplanner.services.operations import operation_cancel
-from opsplanner.services.rollback import version_rollback
 from trains.limits import FAILURE_RATE_DECIMALS
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
@@ -327,19 +323,40 @@ def _phase_operations() -> QuerySet[VisitOperation, Any]:
 _COUNT_HOSTS = Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)")
 
 
+def _phase_row(name: str, depth: int) -> OuterRef:
+    """A column of the UpgradePhase row `depth` queries out."""
+    ref = OuterRef(name)
+    for _ in range(depth - 1):
+        ref = OuterRef(ref)
+    return ref
+
+
+def _counted_failures(depth: int) -> QuerySet[HostTask, Any]:
+    """The failed tasks that count against an upgrade in a phase, for a subquery `depth` queries
+    below UpgradePhase rows (see phase_failures): its own operations' that failed since it
+    (re)started and, once it has started, the earlier phases' operations' that failed since then. A
+    task of an earlier phase that failed after that phase graduated (a catch-up linked to it) counted
+    against no phase, and the rollout went on widening."""
+    position, started = _phase_row("position", depth + 1), _phase_row("started_at", depth + 1)
+    operations = VisitOperation.objects.filter(upgrade_id=_phase_row("upgrade_id", depth + 1)).filter(
+        Q(phase=position) | Q(IsNull(started, False), phase__lt=position)
+    )
+    return (
+        HostTask.objects.filter(operation_id__in=operations.values("operation_id"), state=TaskState.FAILED)
+        .filter(Q(IsNull(_phase_row("started_at", depth), True)) | Q(finished_at__gte=_phase_row("started_at", depth)))
+        .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
+    )
+
+
 def phase_failures() -> Coalesce:
     """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
     (the one definition: the train tick, offboarding and the pages all count with it). A failed task
     of the phase's operations counts if it failed since the phase (re)started (a re-onboarded phase
-    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT).
+    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT);
+    so does one of an earlier phase's operations that failed since (_counted_failures).
     The policy says how many hosts may fail: a host counts once however often it failed (its catch-up
     and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took."""
-    failed = (
-        HostTask.objects.filter(operation_id__in=_phase_operations(), state=TaskState.FAILED)
-        .filter(Q(IsNull(OuterRef("started_at"), True)) | Q(finished_at__gte=OuterRef("started_at")))
-        .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
-    )
-    count = failed.order_by().annotate(n=_COUNT_HOSTS).values("n")
+    count = _counted_failures(depth=1).order_by().annotate(n=_COUNT_HOSTS).values("n")
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
@@ -475,9 +492,23 @@ class _CountUpTo(Subquery):
         return sql, (*params, self.cap)
 
 
-def phase_successes_up_to(cap: int) -> _CountUpTo:
-    """phase_successes counted up to `cap`: exact below it, `cap` at or above it."""
-    return _CountUpTo(_phase_succeeded_tasks().values("host_id").distinct(), cap)
+def _rate_succeeded_tasks() -> QuerySet[HostTask, Any]:
+    """The succeeded tasks of a phase whose host has no failure counted against it in the phase: a
+    host that failed then caught up finished once, as a failure (counted as a success too, one
+    finished host was two, and its catch-up could push the rate over the policy)."""
+    return _phase_succeeded_tasks().filter(~Exists(_counted_failures(depth=2).filter(host_id=OuterRef("host_id"))))
+
+
+def phase_rate_successes() -> Coalesce:
+    """The successes the failure rate counts in a phase (see _rate_succeeded_tasks), as an expression
+    on UpgradePhase rows: with the failures, each finished host once."""
+    count = _rate_succeeded_tasks().annotate(n=_COUNT_HOSTS).values("n")
+    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
+def phase_rate_successes_up_to(cap: int) -> _CountUpTo:
+    """phase_rate_successes counted up to `cap`: exact below it, `cap` at or above it."""
+    return _CountUpTo(_rate_succeeded_tasks().values("host_id").distinct(), cap)
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
@@ -487,21 +518,29 @@ def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
     )
 
 
-def upgrades_phase_successes(phases: list[UpgradePhase], *, up_to: int | None = None) -> dict[int, int]:
+def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:
     """{upgrade: successes} of each of these phases (by phase_successes), in one query: the train
-    tick asks it of every upgrade whose failures could breach its policy or that has a phase to open.
-    With `up_to`, each is counted only up to that many (phase_successes_up_to): the tick's failure
-    rate needs no more, and an upgrade late in its rollout has a pool's worth of successes to read."""
+    tick asks it of every upgrade that has a phase to open."""
+    if not phases:
+        return {}
+    return dict(_PHASE_SUCCESSES.rows(ids=[phase.pk for phase in phases]))
+
+
+def upgrades_rate_successes(phases: list[UpgradePhase], *, up_to: int | None) -> dict[int, int]:
+    """{upgrade: successes the failure rate counts} of each of these phases (phase_rate_successes), in
+    one query: the train tick asks it of every upgrade whose failures could breach its rate. With
+    `up_to`, each is counted only up to that many (phase_rate_successes_up_to): the rate needs no
+    more, and an upgrade late in its rollout has a pool's worth of successes to read."""
     if not phases:
         return {}
     ids = [phase.pk for phase in phases]
     if up_to is None:
-        return dict(_PHASE_SUCCESSES.rows(ids=ids))
-    return dict(_PHASE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
+        return dict(_PHASE_RATE_SUCCESSES.rows(ids=ids))
+    return dict(_PHASE_RATE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
 
 
 def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
-    """{upgrade: count} of the phases asked for, by `count` (phase_failures, phase_successes); the
+    """{upgrade: count} of the phases asked for, by `count` (phase_failures, phase_successes, ...); the
     train tick asks both of its upgrades' current phases every tick: compiled once (opsplanner/prepared.py)."""
     return PreparedQuery(
         lambda *, ids: (
@@ -513,66 +552,14 @@ def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
 
 _PHASE_FAILURES = _per_phase(phase_failures)
 _PHASE_SUCCESSES = _per_phase(phase_successes)
-_PHASE_SUCCESSES_UP_TO = PreparedQuery(
+_PHASE_RATE_SUCCESSES = _per_phase(phase_rate_successes)
+_PHASE_RATE_SUCCESSES_UP_TO = PreparedQuery(
     lambda *, ids, cap: (
         UpgradePhase.objects.filter(pk__any=ids)
         .order_by()
-        .annotate(n=phase_successes_up_to(cap))
+        .annotate(n=phase_rate_successes_up_to(cap))
         .values_list("upgrade_id", "n")
     ),
     ids=IDS,
     cap=int,
 )
-
-
-def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
-    """Remove a failing upgrade from every train: its pending work is cancelled, its version is
-    withdrawn (no host returns running it: repairs roll it back), and hosts that may serve with it
-    (back in service, past the pre-return gate, draining) get a rollback operation. Runs in the caller's transaction."""
-    now = clock.now()
-    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
-        state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
-    ):
-        return False
-    upgrade.state, upgrade.state_reason = UpgradeState.OFFBOARDED, reason[:500]
-    target = upgrade.component_version
-    # An operator's or the fleet file's withdrawal keeps its reason, and stays theirs to release.
-    if target.withdrawn_by in (WithdrawnBy.NOT_WITHDRAWN, WithdrawnBy.OFFBOARDING):
-        target.withdrawn_at = now
-        target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
-        target.withdrawn_by = WithdrawnBy.OFFBOARDING
-        target.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
-    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN)
-    cancelled = 0
-    for operation_id in open_ops.values_list("id", flat=True):
-        if HostTask.objects.filter(operation_id=operation_id, state=TaskState.PENDING).exists():
-            cancelled += operation_cancel(
-                operation_id=operation_id, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
-            )
-    rollback = version_rollback(
-        version=target,
-        scope=f"upgrade #{upgrade.pk}",
-        reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
-        actor=actor,
-        subject=upgrade,
-        refused_kind="upgrade.rollback_refused",
-    )
-    failed_hosts = list(
-        upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
-    )
-    event_record(
-        kind="upgrade.offboarded",
-        subject=upgrade,
-        actor=actor,
-        reason=reason,
-        pool_id=upgrade.pool_id,
-        data={"cancelled_tasks": cancelled, "rollbacks": rollback.operations, "failed_hosts": failed_hosts},
-    )
-    event_record(
-        kind="alert.upgrade_offboarded",
-        subject=upgrade,
-        actor=actor,
-        reason=f"{target} offboarded: {reason}; failed hosts went to repair, re-onboarding needs an approval",
-        pool_id=upgrade.pool_id,
-    )
-    return True

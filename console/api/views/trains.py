@@ -22,10 +22,11 @@ from opsplanner.permissions import Action
 from trains.filters import TrainFilter, UpgradeFilter, VisitFilter
 from trains.models import Train, TrainStop, Upgrade, UpgradePhase, Visit
 from trains.selectors import train_forecast
+from trains.services.offboarding import upgrade_offboard
 from trains.services.phases import upgrade_phase_skip_request
 from trains.services.reonboarding import upgrade_reonboard_request
 from trains.services.trains import train_create, train_pause, train_resume
-from trains.services.upgrades import upgrade_create, upgrade_offboard
+from trains.services.upgrades import upgrade_create
 
 
 class TrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):

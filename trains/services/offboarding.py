@@ -1,0 +1,154 @@
+"""Offboarding a failing upgrade: its pending work cancelled, its version withdrawn and rolled
+back, and the completed upgrades that some hosts reached only through it made active again
+(re-onboarding, asked and approved, is trains/services/reonboarding.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef, Q
+
+from fleet.models import ComponentVersion, InstalledVersion, WithdrawnBy
+from opsplanner import clock
+from opsplanner.events import Actor, event_record
+from opsplanner.models import HostTask, Operation, OperationState, TaskState
+from opsplanner.services.operations import operation_cancel
+from opsplanner.services.rollback import version_rollback
+from trains.models import Upgrade, UpgradePhase, UpgradeState
+from trains.services.upgrade_scopes import upgrade_scope_hosts
+from trains.services.upgrades import upgrade_tasks
+
+
+def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
+    """Remove a failing upgrade from every train: its pending work is cancelled, its version is
+    withdrawn (no host returns running it: repairs roll it back), hosts that may serve with it
+    (back in service, past the pre-return gate, draining) get a rollback operation, and completed
+    upgrades that some hosts reached only through it are active again (upgrades_fallen_back_reopen).
+    Runs in the caller's transaction."""
+    now = clock.now()
+    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
+        state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
+    ):
+        return False
+    upgrade.state, upgrade.state_reason = UpgradeState.OFFBOARDED, reason[:500]
+    target = upgrade.component_version
+    # An operator's or the fleet file's withdrawal keeps its reason, and stays theirs to release.
+    if target.withdrawn_by in (WithdrawnBy.NOT_WITHDRAWN, WithdrawnBy.OFFBOARDING):
+        target.withdrawn_at = now
+        target.withdrawn_reason = f"upgrade #{upgrade.pk} offboarded: {reason}"[:500]
+        target.withdrawn_by = WithdrawnBy.OFFBOARDING
+        target.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
+    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN)
+    cancelled = 0
+    for operation_id in open_ops.values_list("id", flat=True):
+        if HostTask.objects.filter(operation_id=operation_id, state=TaskState.PENDING).exists():
+            cancelled += operation_cancel(
+                operation_id=operation_id, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
+            )
+    rollback = version_rollback(
+        version=target,
+        scope=f"upgrade #{upgrade.pk}",
+        reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
+        actor=actor,
+        subject=upgrade,
+        refused_kind="upgrade.rollback_refused",
+    )
+    reopened = upgrades_fallen_back_reopen(withdrawn=target, cause=upgrade, actor=actor)
+    failed_hosts = list(
+        upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
+    )
+    event_record(
+        kind="upgrade.offboarded",
+        subject=upgrade,
+        actor=actor,
+        reason=reason,
+        pool_id=upgrade.pool_id,
+        data={
+            "cancelled_tasks": cancelled,
+            "rollbacks": rollback.operations,
+            "failed_hosts": failed_hosts,
+            "reopened": reopened,
+        },
+    )
+    event_record(
+        kind="alert.upgrade_offboarded",
+        subject=upgrade,
+        actor=actor,
+        reason=f"{target} offboarded: {reason}; failed hosts went to repair, re-onboarding needs an approval",
+        pool_id=upgrade.pool_id,
+    )
+    return True
+
+
+def _going_back_below(target: Any) -> Q:
+    """InstalledVersion rows of a withdrawn version whose host its rollback takes below `target` (a
+    sort key, or a reference to one): the version it ran before is older or withdrawn too, or there is
+    none (the pre-return gate takes the withdrawn version off)."""
+    return (
+        Q(previous_version__isnull=True)
+        | Q(previous_version__sort_key__lt=target)
+        | Q(previous_version__withdrawn_at__isnull=False)
+    )
+
+
+def upgrades_fallen_back_reopen(*, withdrawn: ComponentVersion, cause: Upgrade, actor: Actor) -> list[int]:
+    """Make active again the completed upgrades to an older release of the withdrawn version's
+    component that some host of their scope reached only through it ("all hosts run 2.16.0 or newer"
+    with 2.17.0): its rollback takes them below their target, and a completed upgrade the train no
+    longer looks at left them there. An emergency upgrade's train has finished: an alert says so
+    instead. Runs in the offboarding's transaction; the ids made active."""
+    running = InstalledVersion.objects.filter(version=withdrawn, host__pool_id=OuterRef("pool_id"))
+    candidates = Upgrade.objects.filter(
+        Exists(running.filter(_going_back_below(OuterRef("component_version__sort_key")))),
+        state=UpgradeState.COMPLETED,
+        component_version__component_id=withdrawn.component_id,
+        component_version__sort_key__lt=withdrawn.sort_key,
+    ).select_related("pool", "component_version__component")
+    reopened = []
+    for upgrade in candidates.order_by("pk"):
+        try:
+            scope = upgrade_scope_hosts(upgrade)
+        except ValidationError:  # a name its scope used is gone: what it covers cannot be told
+            continue
+        fallen = sorted(
+            InstalledVersion.objects.filter(_going_back_below(upgrade.component_version.sort_key))
+            .filter(version=withdrawn, host_id__any=scope)
+            .values_list("host_id", flat=True)
+        )
+        if fallen and _fallen_back_record(upgrade, fallen, withdrawn=withdrawn, cause=cause, actor=actor):
+            reopened.append(upgrade.pk)
+    return reopened
+
+
+def _fallen_back_record(
+    upgrade: Upgrade, fallen: list[int], *, withdrawn: ComponentVersion, cause: Upgrade, actor: Actor
+) -> bool:
+    """Active again (guarded: only from completed), with an event saying why; whether it was."""
+    why = (
+        f"{len(fallen)} hosts of its scope reached {upgrade.component_version} only through {withdrawn}, "
+        f"withdrawn as upgrade #{cause.pk} was offboarded: its rollback takes them below it"
+    )
+    data = {"withdrawn": str(withdrawn), "offboarded": cause.pk, "hosts": fallen[:100]}
+    if upgrade.emergency:  # no train takes it up again: someone must ask for one
+        event_record(
+            kind="alert.upgrade_fallen_back",
+            subject=upgrade,
+            actor=actor,
+            reason=f"emergency {upgrade} completed, but {why}; request another emergency train if still urgent"[:500],
+            pool_id=upgrade.pool_id,
+            data=data,
+        )
+        return False
+    reason = f"active again: {why}"[:500]
+    if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.COMPLETED).update(
+        state=UpgradeState.ACTIVE, state_reason=reason, finished_at=None
+    ):
+        return False
+    # Judged afresh, as a re-onboarded phase is: until their rollback, its hosts on the withdrawn
+    # version are no successes, and its old failures against those few could offboard it.
+    UpgradePhase.objects.filter(upgrade=upgrade, position=upgrade.current_phase).update(started_at=clock.now())
+    event_record(
+        kind="upgrade.reopened", subject=upgrade, actor=actor, reason=reason, pool_id=upgrade.pool_id, data=data
+    )
+    return True
