@@ -7,6 +7,7 @@ from django.db import transaction
 
 from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.services import installed_version_set
+from fleet.services.catalogue import versions_withdrawal_apply
 from opsplanner.models import Event, HostTask, Operation, OperationSource, TaskState, WorkItem
 from opsplanner.services.operations import operation_submit
 from tests.builders import make_fleet, make_version
@@ -368,3 +369,20 @@ def test_an_emergency_upgrade_completed_through_the_withdrawn_version_stays_comp
     assert "2 hosts of its scope reached bios 2.16.0 only through bios 2.17.0" in alert.reason
     assert "request another emergency train" in alert.reason
     assert alert.data["hosts"] == sorted(rack_1)
+
+
+def test_an_operators_withdrawal_of_the_newer_version_reopens_the_upgrade_its_hosts_skipped() -> None:
+    _, rack_1, fix, newer = bios_fix_then_newer_bios(newer_at_once=True)
+    # The newer bios' upgrade is no longer active (cancelled here): withdrawing its version is the
+    # operator's or the fleet file's, and offboards nothing.
+    Upgrade.objects.filter(pk=newer.pk).update(state=UpgradeState.CANCELLED)
+    version = ComponentVersion.objects.get(component__name="bios", version="2.17.0")
+
+    with transaction.atomic():
+        versions_withdrawal_apply(version_ids=[version.pk], reason="vendor recall", actor="op")
+
+    fix.refresh_from_db()
+    assert fix.state == UpgradeState.ACTIVE
+    (reopened,) = Event.objects.filter(kind="upgrade.reopened", subject_id=fix.pk)
+    assert reopened.data == {"withdrawn": "bios 2.17.0", "offboarded": None, "hosts": sorted(rack_1)}
+    assert "only through bios 2.17.0, withdrawn: vendor recall" in reopened.reason

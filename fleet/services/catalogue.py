@@ -143,10 +143,11 @@ def versions_withdrawal_apply(
     """What withdrawing these versions does, the one rule for the API and the fleet file: every
     active upgrade to them is offboarded through the upgrade's own service (pending work cancelled,
     hosts running it rolled back); a version without one has the hosts that may serve with it rolled
-    back all the same (`version_rollback`), rather than left serving it until their next drain. Not
+    back all the same (`version_rollback`), rather than left serving it until their next drain, and
+    the completed upgrades they reached only through it active again, as an offboarding does. Not
     when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then."""
     from trains.models import Upgrade, UpgradeState
-    from trains.services.offboarding import upgrade_offboard
+    from trains.services.offboarding import upgrade_offboard, upgrades_fallen_back_reopen
 
     version_ids = list(version_ids)
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE)
@@ -166,6 +167,7 @@ def versions_withdrawal_apply(
         )
         rollbacks += rollback.operations
         without_previous += rollback.without_previous
+        upgrades_fallen_back_reopen(withdrawn=version, why=f"withdrawn: {reason}", actor=actor)
     return Withdrawal(
         offboarded=len(offboarded),
         rollbacks=rollbacks,

@@ -54,7 +54,9 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         subject=upgrade,
         refused_kind="upgrade.rollback_refused",
     )
-    reopened = upgrades_fallen_back_reopen(withdrawn=target, cause=upgrade, actor=actor)
+    reopened = upgrades_fallen_back_reopen(
+        withdrawn=target, why=f"withdrawn as upgrade #{upgrade.pk} was offboarded", offboarded=upgrade.pk, actor=actor
+    )
     failed_hosts = list(
         upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
     )
@@ -92,12 +94,16 @@ def _going_back_below(target: Any) -> Q:
     )
 
 
-def upgrades_fallen_back_reopen(*, withdrawn: ComponentVersion, cause: Upgrade, actor: Actor) -> list[int]:
+def upgrades_fallen_back_reopen(
+    *, withdrawn: ComponentVersion, why: str, offboarded: int | None = None, actor: Actor
+) -> list[int]:
     """Make active again the completed upgrades to an older release of the withdrawn version's
     component that some host of their scope reached only through it ("all hosts run 2.16.0 or newer"
     with 2.17.0): its rollback takes them below their target, and a completed upgrade the train no
     longer looks at left them there. An emergency upgrade's train has finished: an alert says so
-    instead. Runs in the offboarding's transaction; the ids made active."""
+    instead. `why` the version was withdrawn (and the upgrade `offboarded` for it, if one was). Runs
+    in the withdrawal's transaction (an offboarding's, or an operator's or the fleet file's); the
+    ids made active."""
     running = InstalledVersion.objects.filter(version=withdrawn, host__pool_id=OuterRef("pool_id"))
     candidates = Upgrade.objects.filter(
         Exists(running.filter(_going_back_below(OuterRef("component_version__sort_key")))),
@@ -116,20 +122,20 @@ def upgrades_fallen_back_reopen(*, withdrawn: ComponentVersion, cause: Upgrade, 
             .filter(version=withdrawn, host_id__any=scope)
             .values_list("host_id", flat=True)
         )
-        if fallen and _fallen_back_record(upgrade, fallen, withdrawn=withdrawn, cause=cause, actor=actor):
+        if fallen and _fallen_back_record(upgrade, fallen, withdrawn, why=why, offboarded=offboarded, actor=actor):
             reopened.append(upgrade.pk)
     return reopened
 
 
 def _fallen_back_record(
-    upgrade: Upgrade, fallen: list[int], *, withdrawn: ComponentVersion, cause: Upgrade, actor: Actor
+    upgrade: Upgrade, fallen: list[int], withdrawn: ComponentVersion, *, why: str, offboarded: int | None, actor: Actor
 ) -> bool:
     """Active again (guarded: only from completed), with an event saying why; whether it was."""
     why = (
         f"{len(fallen)} hosts of its scope reached {upgrade.component_version} only through {withdrawn}, "
-        f"withdrawn as upgrade #{cause.pk} was offboarded: its rollback takes them below it"
+        f"{why}: its rollback takes them below it"
     )
-    data = {"withdrawn": str(withdrawn), "offboarded": cause.pk, "hosts": fallen[:100]}
+    data = {"withdrawn": str(withdrawn), "offboarded": offboarded, "hosts": fallen[:100]}
     if upgrade.emergency:  # no train takes it up again: someone must ask for one
         event_record(
             kind="alert.upgrade_fallen_back",
