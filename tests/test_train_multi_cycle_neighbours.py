@@ -32,10 +32,16 @@ def hosts_on(pool: Pool, component: str, version: str) -> int:
     return InstalledVersion.objects.filter(host__pool=pool, component__name=component, version__version=version).count()
 
 
-def test_an_older_release_takes_the_hosts_a_multi_cycle_release_leaves_each_visit() -> None:
+def fleet_with_bios_2_17(**fleet: int) -> tuple[Pool, list[Host]]:
+    """make_fleet's pool and hosts (sized by `fleet`), its catalogue also with bios 2.17.0."""
     instant_simulator()
-    pool, _ = make_fleet(domains=1, hosts_per_domain=4)
+    pool, hosts = make_fleet(**fleet)
     make_version(Component.objects.get(name="bios"), "2.17.0")
+    return pool, hosts
+
+
+def test_an_older_release_takes_the_hosts_a_multi_cycle_release_leaves_each_visit() -> None:
+    pool, _ = fleet_with_bios_2_17(domains=1, hosts_per_domain=4)
     train = make_train(pool)
     fix = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="security fix")
     upgrade_create(
@@ -94,9 +100,7 @@ def test_a_multi_cycle_upgrade_gives_its_place_to_hosts_that_have_not_failed_it(
 
 
 def test_an_older_release_superseded_in_the_running_visit_is_forecast_in_that_cycle() -> None:
-    instant_simulator()
-    pool, _ = make_fleet(domains=2, hosts_per_domain=3)
-    make_version(Component.objects.get(name="bios"), "2.17.0")
+    pool, _ = fleet_with_bios_2_17(domains=2, hosts_per_domain=3)
     train = make_train(pool)
     old = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="fix")
     new = upgrade_create(pool=pool, component="bios", version="2.17.0", reason="newer")
@@ -113,9 +117,7 @@ def test_an_older_release_superseded_in_the_running_visit_is_forecast_in_that_cy
 
 
 def test_no_deadline_alert_for_an_older_release_superseded_in_the_running_visit() -> None:
-    instant_simulator()
-    pool, _ = make_fleet(domains=2, hosts_per_domain=3)
-    make_version(Component.objects.get(name="bios"), "2.17.0")
+    pool, _ = fleet_with_bios_2_17(domains=2, hosts_per_domain=3)
     train = make_train(pool, visit_estimate_s=3600)
     # Cycle 1 (two visits of about an hour) ends within 3 h; cycle 2 would end hours later.
     deadline = clock.now() + dt.timedelta(hours=3)
@@ -130,9 +132,7 @@ def test_no_deadline_alert_for_an_older_release_superseded_in_the_running_visit(
 
 
 def test_a_newer_release_narrowed_by_the_budget_supersedes_the_older_only_where_it_goes() -> None:
-    instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=3)
-    make_version(Component.objects.get(name="bios"), "2.17.0")
+    pool, hosts = fleet_with_bios_2_17(domains=1, hosts_per_domain=3, planned_buffer_hosts=3)
     train = make_train(pool, cycle_slo_s=3600, visit_overhead_s=600)
     # A long driver upgrade on one host, first in line: that host has no room for bios this visit.
     upgrade_create(

@@ -17,9 +17,9 @@ from opsplanner import clock
 from opsplanner.models import OperationSource
 from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.optouts import optouts_by_host
-from opsplanner.services.tick.admission import HOSTS_AND_HOLDERS
 from opsplanner.services.tick.context import TickContext
 from opsplanner.services.tick.headroom import Headroom, pool_headroom
+from opsplanner.services.tick.queue_reads import HOSTS_AND_HOLDERS
 
 SHOWN_REASONS = 5  # the largest holders and windows named per preview; the rest are counted
 

@@ -33,8 +33,8 @@ from opsplanner.models import (
 from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, versions_of
 from opsplanner.services.compatibility import targets_refusals, withdrawn_refusal
-from opsplanner.services.tick.admission import queue_reason
 from opsplanner.services.tick.context import SUBJECT_OPERATION
+from opsplanner.services.tick.queue_reads import queue_reason
 from opsplanner.services.tick.repair import deferred_reason, pending_train_work
 
 if TYPE_CHECKING:

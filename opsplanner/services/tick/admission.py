@@ -20,166 +20,39 @@ tick.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import CharField, F, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Concat, Left
+from django.db.models import F
 
-from fleet.models import Host, HostState
+from fleet.models import HostState
 from opsplanner.models import (
-    HostTask,
-    Lease,
-    Operation,
     OperationSource,
-    OperationState,
     TaskState,
     WaitingCode,
     WorkKind,
 )
-from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.optouts import optouts_by_host
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
-from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows, task_rows
+from opsplanner.services.tick.context import TaskRef, TickContext, task_refs, task_refs_from_rows
 from opsplanner.services.tick.headroom import Headroom, pool_headroom
-
-# The reads each pool's tick makes, compiled once (see opsplanner.prepared).
-_ANY_PENDING = PreparedQuery(
-    lambda *, pool_id: (
-        HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).order_by().values_list("id")[:1]
-    ),
-    pool_id=int,
+from opsplanner.services.tick.queue_reads import (
+    ANY_PENDING,
+    HELD_BEYOND,
+    HOSTS_AND_HOLDERS,
+    IN_PLACE_OR_HELD_OPERATIONS,
+    QUEUED_BEYOND,
+    QUEUED_BEYOND_BUT_HELD,
+    WAITING_REASON,
+    pending_queue,
+    queue_after,
+    queue_head,
+    queue_head_unheld,
+    queue_reason,
 )
-_IN_PLACE_OR_HELD_OPERATIONS = PreparedQuery(
-    lambda: (
-        Operation.objects.filter(Q(needs_drain=False) | ~Q(hold_reason=""), state=OperationState.OPEN)
-        .order_by()
-        .values_list("id", "needs_drain", "hold_reason")
-    )
-)
-HOSTS_AND_HOLDERS = PreparedQuery(  # each host's state and the operation holding it, if any
-    lambda *, ids: (
-        Host.objects.filter(pk__any=ids)
-        .order_by()
-        .annotate(holder=Subquery(Lease.objects.filter(host_id=OuterRef("pk"), active=True).values("operation_id")[:1]))
-        .values_list("id", "state", "holder")
-    ),
-    ids=IDS,
-)
-
-
-_WAITING_REASON = PreparedUpdate(
-    lambda *, ids, code, reason: HostTask.objects.filter(pk__any=ids, state=TaskState.PENDING),
-    lambda *, ids, code, reason: {"waiting_code": code, "waiting_reason": reason},
-    ids=IDS,
-    code=str,
-    reason=str,
-)
-
-
-# Tasks beyond the admission horizon. `examined` is never empty (the head was full) and `held` is
-# passed only when it is not, so the prepared statements' "no ids, no rows" shortcut never applies.
-def _beyond(*, pool_id: int, examined: frozenset[int], **_: object) -> QuerySet[HostTask]:
-    return HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).exclude(pk__any=examined)
-
-
-def _held_reason() -> Left:
-    """f"held: {operation.hold_reason}"[:300], as the examined tasks of a held operation say it."""
-    hold = Subquery(Operation.objects.filter(pk=OuterRef("operation_id")).order_by().values("hold_reason")[:1])
-    return Left(Concat(Value("held: "), hold, output_field=CharField()), 300)
-
-
-_QUEUED_BEYOND = PreparedUpdate(
-    lambda *, code, reason, **params: _beyond(**params).exclude(waiting_code=code, waiting_reason=reason),
-    lambda *, code, reason, **_: {"waiting_code": code, "waiting_reason": reason},
-    pool_id=int,
-    examined=IDS,
-    code=str,
-    reason=str,
-)
-_QUEUED_BEYOND_BUT_HELD = PreparedUpdate(
-    lambda *, code, reason, held, **params: (
-        _beyond(**params).exclude(operation_id__any=held).exclude(waiting_code=code, waiting_reason=reason)
-    ),
-    lambda *, code, reason, **_: {"waiting_code": code, "waiting_reason": reason},
-    pool_id=int,
-    examined=IDS,
-    code=str,
-    reason=str,
-    held=IDS,
-)
-_HELD_BEYOND = PreparedUpdate(  # every held operation's tasks at once, each with its own reason
-    lambda *, held, **params: (
-        _beyond(**params)
-        .filter(operation_id__any=held)
-        .exclude(waiting_code=WaitingCode.HELD, waiting_reason=_held_reason())
-    ),
-    lambda **_: {"waiting_code": WaitingCode.HELD, "waiting_reason": _held_reason()},
-    pool_id=int,
-    examined=IDS,
-    held=IDS,
-)
-
-
-def queue_reason(pool_name: str) -> tuple[str, str]:
-    """Why a task waits that admission has not examined: a new task (operation_submit gives it
-    this reason) or one behind the head of its pool's queue. True until the task reaches the
-    head, and the same tick after tick: it is not rewritten as the queue moves."""
-    reason = f"waiting its turn in the queue of pool {pool_name} (higher priority first, then older first)"
-    return WaitingCode.QUEUED, reason[:300]
-
-
-def _pending(pool_id: int) -> QuerySet[HostTask]:
-    # Pending tasks belong to open operations (cancelling or closing one leaves none pending), so
-    # the queue is read from the partial index alone, without a join.
-    return HostTask.objects.filter(pool_id=pool_id, state=TaskState.PENDING).order_by("-priority", "created_at", "id")
-
-
-@functools.lru_cache(maxsize=64)
-def _queue_head(limit: int) -> PreparedQuery:
-    return PreparedQuery(lambda *, pool_id: task_rows(_pending(pool_id))[:limit], pool_id=int)
-
-
-@functools.lru_cache(maxsize=64)
-def _queue_head_unheld(limit: int) -> PreparedQuery:
-    """The head of the queue without the tasks of the `held` operations."""
-    return PreparedQuery(
-        lambda *, pool_id, held: task_rows(_pending(pool_id).exclude(operation_id__any=held))[:limit],
-        pool_id=int,
-        held=IDS,
-    )
-
-
-def _after(*, pool_id: int, priority: int, after: int) -> QuerySet[HostTask]:
-    """The queue behind task `after` (of priority `priority`), in order: the index's range from it.
-    The priority is compared as a Value: Django drops a comparison to a small integer field whose
-    value is out of its range, as the prepared statement's marker is."""
-    created = Subquery(HostTask.objects.filter(pk=after).order_by().values("created_at")[:1])
-    below = Value(priority)
-    return _pending(pool_id).filter(
-        Q(priority__lt=below) | Q(created_at__gt=created) | Q(created_at=created, pk__gt=after),
-        priority__lte=below,
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _queue_after(limit: int, *, unheld: bool) -> PreparedQuery:
-    """The next `limit` pending tasks behind task `after`, without the `held` operations' tasks if
-    `unheld` (two statements: an empty `held` would make the prepared one match nothing)."""
-    if not unheld:
-        return PreparedQuery(lambda **p: task_rows(_after(**p))[:limit], pool_id=int, priority=int, after=int)
-    return PreparedQuery(
-        lambda *, held, **p: task_rows(_after(**p).exclude(operation_id__any=held))[:limit],
-        pool_id=int,
-        priority=int,
-        after=int,
-        held=IDS,
-    )
-
 
 HORIZON_MIN = 100
 HORIZON_PER_FREE_HOST = 2
@@ -269,7 +142,7 @@ def admit(ctx: TickContext, *, budget: int) -> None:
 def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     """(how many examined tasks wait, whether to judge again: tasks finished with nothing to do
     while others wait)."""
-    if not _ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
+    if not ANY_PENDING.rows(pool_id=ctx.pool.pk):  # most ticks of a busy pool: its work is all under way
         return 0, False
     headroom = pool_headroom(ctx)
     horizon = min(budget, max(HORIZON_PER_FREE_HOST * max(headroom.remaining(), 0), HORIZON_MIN))
@@ -296,19 +169,19 @@ def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:
     """The first `horizon` pending tasks; when more wait behind them, also every task that needs
     no drain (work that takes no capacity is never stuck behind work that does); and every gang
     met, whole (a gang is judged whole, even the part beyond the budget)."""
-    pending = _pending(ctx.pool.pk)
-    candidates = task_refs_from_rows(_queue_head(horizon).rows(pool_id=ctx.pool.pk))
+    pending = pending_queue(ctx.pool.pk)
+    candidates = task_refs_from_rows(queue_head(horizon).rows(pool_id=ctx.pool.pk))
     held: set[int] = set()
     full = len(candidates) == horizon
     last = _last(candidates) if full else None
     if full:
-        special = _IN_PLACE_OR_HELD_OPERATIONS.rows()
+        special = IN_PLACE_OR_HELD_OPERATIONS.rows()
         in_place = [operation_id for operation_id, needs_drain, hold in special if not needs_drain and not hold]
         held = {operation_id for operation_id, _, hold in special if hold}
         if held and any(task.operation_id in held for task in candidates.values()):
             # A held operation claims no host, nor a place at the head: however many tasks it holds,
             # the work behind them is examined (they say they are held with the tasks beyond the head).
-            unheld = _queue_head_unheld(horizon).rows(pool_id=ctx.pool.pk, held=frozenset(held))
+            unheld = queue_head_unheld(horizon).rows(pool_id=ctx.pool.pk, held=frozenset(held))
             if unheld:
                 candidates = task_refs_from_rows(unheld)
             last = _last(candidates) if len(unheld) == horizon else None  # else no unheld task is behind
@@ -332,7 +205,7 @@ def _add_gangs(ctx: TickContext, candidates: dict[int, TaskRef], order: list[Tas
     """Every gang met in `order`, whole (a gang is judged whole, even the part beyond the budget)."""
     gang_ops = {t.operation_id for t in order if t.gang}
     if gang_ops:
-        for task in task_refs(_pending(ctx.pool.pk).filter(operation_id__any=gang_ops)).values():
+        for task in task_refs(pending_queue(ctx.pool.pk).filter(operation_id__any=gang_ops)).values():
             candidates.setdefault(task.id, task)
 
 
@@ -373,10 +246,10 @@ def _next_page(ctx: TickContext, head: _QueueHead, size: int) -> _QueueHead:
     (tasks that need no drain, gangs' members), and the whole of every gang met."""
     priority, after = head.last or (0, 0)
     if head.held:
-        query = _queue_after(size, unheld=True)
+        query = queue_after(size, unheld=True)
         rows = query.rows(pool_id=ctx.pool.pk, priority=priority, after=after, held=frozenset(head.held))
     else:
-        rows = _queue_after(size, unheld=False).rows(pool_id=ctx.pool.pk, priority=priority, after=after)
+        rows = queue_after(size, unheld=False).rows(pool_id=ctx.pool.pk, priority=priority, after=after)
     read = task_refs_from_rows(rows)
     head.last = _last(read) if len(rows) == size else None
     order = [task for task_id, task in read.items() if task_id not in head.candidates]  # in queue order
@@ -531,7 +404,7 @@ def _write_waiting(ctx: TickContext, waiting: dict[int, tuple[str, str]], curren
         if current.get(task_id) != reason[:300]:
             groups[(code, reason[:300])].append(task_id)
     for (code, reason), task_ids in groups.items():
-        _WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
+        WAITING_REASON.count(ids=set(task_ids), code=code, reason=reason)
     ctx.counts.waiting_reasons_changed += sum(len(ids) for ids in groups.values())
 
 
@@ -543,12 +416,12 @@ def _write_waiting_beyond(ctx: TickContext, *, examined: frozenset[int], held: s
     code, reason = queue_reason(ctx.pool.name)
     if held:
         ids = frozenset(held)
-        changed = _QUEUED_BEYOND_BUT_HELD.count(
+        changed = QUEUED_BEYOND_BUT_HELD.count(
             pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason, held=ids
         )
-        changed += _HELD_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, held=ids)
+        changed += HELD_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, held=ids)
     else:
-        changed = _QUEUED_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason)
+        changed = QUEUED_BEYOND.count(pool_id=ctx.pool.pk, examined=examined, code=code, reason=reason)
     ctx.counts.waiting_reasons_changed += changed
 
 
