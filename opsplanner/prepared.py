@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import psycopg
 from django.conf import settings
@@ -39,6 +39,7 @@ from django.db.models.query import ModelIterable, get_related_populators
 from django.db.models.sql import UpdateQuery
 
 _MARK = -7_391_000_000_000  # far outside any id, count or version the project stores
+_SMALL_MARK = 31_013  # inside any small integer column's range (positive ones too), unlikely as a constant
 ParamKind = type[int] | type[dt.datetime] | type[str] | type[Collection[int]]
 IDS: type[Collection[int]] = frozenset  # the kind of a parameter that is a collection of ints
 
@@ -52,6 +53,18 @@ class _Compiled:
     converters: dict[int, tuple[list[Any], Any]]
     empty: bool  # the query can match nothing whatever the values (Django raised EmptyResultSet)
     shape: _ModelShape | None = None  # how rows become model instances (PreparedModels)
+
+
+class _Attempt(NamedTuple):
+    """One compiling with markers: the statement, or why not (parameters whose markers did not
+    reach the SQL; both None: Django found the query can match nothing)."""
+
+    compiled: _Compiled | None
+    missing: set[str] | None
+
+
+def _places(slots: tuple[tuple[str, str] | None, ...]) -> tuple[int, ...]:
+    return tuple(i for i, slot in enumerate(slots) if slot)
 
 
 @dataclass(frozen=True)
@@ -151,14 +164,52 @@ class PreparedQuery:
         return rows, compiled
 
     def _compile(self, alias: str) -> _Compiled:
-        markers: dict[str, Any] = {}
-        for position, (name, kind) in enumerate(self._kinds.items()):
-            markers[name] = _marker(kind, position)
+        """The statement, its parameters' places found by compiling with markers in their place:
+        first markers far outside any stored value, then, where Django dropped a comparison for
+        a marker out of a small integer column's range (EmptyResultSet for `=`, `<`; no condition
+        for `>`), markers inside it. Matching nothing with both, the query can match nothing."""
+        tried: list[_Attempt] = []
+        for base in (_MARK, _SMALL_MARK):
+            attempt = self._attempt(alias, base)
+            if attempt.compiled is not None:
+                return attempt.compiled
+            tried.append(attempt)
+        if all(attempt.missing is None for attempt in tried):
+            return _Compiled("", (), {}, empty=True)
+        missing = next(attempt.missing for attempt in tried if attempt.missing is not None)
+        raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as values; prepare another way")
+
+    def _attempt(self, alias: str, base: int) -> _Attempt:
+        markers = {name: _marker(kind, position, base) for position, (name, kind) in enumerate(self._kinds.items())}
         compiler = self._compiler(alias, markers)
         try:
             sql, sql_params = compiler.as_sql()
         except EmptyResultSet:
-            return _Compiled("", (), {}, empty=True)
+            return _Attempt(None, None)
+        slots = self._slots(markers, sql_params)
+        missing = set(markers) - {slot[0] for slot in slots if slot}
+        if missing:
+            return _Attempt(None, missing)
+        if base == _SMALL_MARK and self._slot_places(alias, base - 1000) != _places(slots):
+            # A marker inside a column's range may equal a constant of the query: the places where
+            # other markers give other values are the parameters' places; elsewhere, a constant.
+            raise ValueError("a constant of the query equals a marker of its parameters; prepare another way")
+        converters = {}
+        if getattr(compiler, "select", None) is not None:
+            select = [column[0] for column in compiler.select[: compiler.col_count]]
+            converters = compiler.get_converters(select)
+        shape = _ModelShape.of(compiler, alias) if self._models else None
+        compiled = _Compiled(
+            _constants_inlined(connections[alias], sql, slots, sql_params),
+            tuple(slot for slot in slots if slot),
+            converters,
+            empty=False,
+            shape=shape,
+        )
+        return _Attempt(compiled, None)
+
+    def _slots(self, markers: dict[str, Any], sql_params: Any) -> tuple[tuple[str, str] | None, ...]:
+        """Per parameter of the SQL, the prepared parameter it is (name, how to fill it), or None."""
         found: dict[Any, tuple[str, str]] = {}
         for name, marker in markers.items():
             if self._kinds[name] is IDS:
@@ -166,22 +217,12 @@ class PreparedQuery:
                 found["{" + str(value) + "}"] = (name, "array")
             else:
                 found[marker] = (name, "value")
-        slots = tuple(found.get(param) if _hashable(param) else None for param in sql_params)
-        missing = set(markers) - {slot[0] for slot in slots if slot}
-        if missing:
-            raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as values; prepare another way")
-        converters = {}
-        if getattr(compiler, "select", None) is not None:
-            select = [column[0] for column in compiler.select[: compiler.col_count]]
-            converters = compiler.get_converters(select)
-        shape = _ModelShape.of(compiler, alias) if self._models else None
-        return _Compiled(
-            _constants_inlined(connections[alias], sql, slots, sql_params),
-            tuple(slot for slot in slots if slot),
-            converters,
-            empty=False,
-            shape=shape,
-        )
+        return tuple(found.get(param) if _hashable(param) else None for param in sql_params)
+
+    def _slot_places(self, alias: str, base: int) -> tuple[int, ...]:
+        markers = {name: _marker(kind, position, base) for position, (name, kind) in enumerate(self._kinds.items())}
+        _, sql_params = self._compiler(alias, markers).as_sql()
+        return _places(self._slots(markers, sql_params))
 
     def _compiler(self, alias: str, markers: dict[str, Any]) -> Any:
         return self._build(**markers).query.get_compiler(using=alias)
@@ -317,15 +358,15 @@ class _LoggedWithValues(CursorDebugWrapper):
             return CursorWrapper.execute(self, sql, params)
 
 
-def _marker(kind: ParamKind, position: int) -> Any:
+def _marker(kind: ParamKind, position: int, base: int) -> Any:
     if kind is int:
-        return _MARK - position
+        return base - position if base < 0 else base + position
     if kind is dt.datetime:
         return dt.datetime(1901, 2, 3, 4, 5, 6, position + 1, tzinfo=dt.UTC)
     if kind is str:
         return f"\ufffeprepared-{position}"
     if kind is IDS:
-        return frozenset({_MARK - 1000 - position})
+        return frozenset({_marker(int, position + 100, base)})
     raise TypeError(f"a prepared parameter is an int, a datetime, a str or IDS, not {kind!r}")
 
 

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Host, HostState
 from opsplanner import clock
-from opsplanner.models import WorkItem
+from opsplanner.models import Operation, WorkItem
 from opsplanner.prepared import IDS, PreparedModels, PreparedQuery, PreparedUpdate
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
@@ -217,3 +217,41 @@ def test_constants_with_quotes_and_percent_signs_match_what_the_orm_matches() ->
     query = PreparedQuery(build, pool_id=int)
     for _ in range(3):  # unprepared, then prepared
         assert query.rows(pool_id=pool.pk) == list(build(pool_id=pool.pk)) == [("50%'s-a",)]
+
+
+@pytest.mark.parametrize("lookup", ["priority", "priority__lt", "priority__lte", "priority__gt", "priority__gte"])
+def test_a_comparison_to_a_small_integer_column_gives_what_the_orm_gives(lookup: str) -> None:
+    # The first markers are far out of a small integer column's range, and Django drops such a
+    # comparison when it compiles: `=` and `<` then matched nothing, whatever the value.
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    for priority in (100, 200, 300):
+        operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="small ints", priority=priority)
+
+    def build(*, priority: int) -> QuerySet[Operation]:
+        return Operation.objects.filter(**{lookup: priority}).order_by("id").values_list("id", "priority")
+
+    query = PreparedQuery(build, priority=int)
+    for priority in (100, 200, 300, 0):
+        assert query.rows(priority=priority) == list(build(priority=priority))
+    assert query.rows(priority=200), "every comparison matches something at 200"
+
+
+def test_a_query_that_can_match_nothing_whatever_its_values_asks_nothing() -> None:
+    make_fleet(domains=1, hosts_per_domain=2)
+    query = PreparedQuery(
+        lambda *, pool_id: Host.objects.filter(pool_id=pool_id, pk__in=[]).values_list("id"), pool_id=int
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert query.rows(pool_id=1) == []
+    assert len(queries) == 0
+
+
+def test_a_constant_equal_to_a_small_marker_is_refused_rather_than_taken_for_the_parameter() -> None:
+    # 31013 is the first marker inside a small integer column's range: the prepared statement
+    # would otherwise put the parameter in the constant's place.
+    query = PreparedQuery(
+        lambda *, priority: Operation.objects.filter(priority__gt=priority, max_attempts__lt=31_013).values_list("id"),
+        priority=int,
+    )
+    with pytest.raises(ValueError, match="a constant of the query equals a marker"):
+        query.rows(priority=1)

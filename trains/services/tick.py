@@ -333,8 +333,7 @@ def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.da
         return False
     # Every host of the phase (and a catch-up of an earlier one) finished first: a slow canary host
     # that failed after the graduation counted against no phase, and the rollout had widened. An
-    # EXISTS, asked only of a phase otherwise ready to graduate. Not a PreparedQuery: the marker that
-    # stands for the position is out of a smallint's range, and Django compiles that to match nothing.
+    # EXISTS, asked only of a phase otherwise ready to graduate: too rare to be worth preparing.
     operations = VisitOperation.objects.filter(upgrade_id=upgrade.pk, phase__lte=phase.position)
     return not HostTask.objects.filter(
         operation_id__in=operations.values("operation_id"), state__in=sorted(OPEN_TASK_STATES)

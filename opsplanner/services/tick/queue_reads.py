@@ -122,14 +122,11 @@ def queue_head_unheld(limit: int) -> PreparedQuery:
 
 
 def _after(*, pool_id: int, priority: int, after: int) -> QuerySet[HostTask]:
-    """The queue behind task `after` (of priority `priority`), in order: the index's range from it.
-    The priority is compared as a Value: Django drops a comparison to a small integer field whose
-    value is out of its range, as the prepared statement's marker is."""
+    """The queue behind task `after` (of priority `priority`), in order: the index's range from it."""
     created = Subquery(HostTask.objects.filter(pk=after).order_by().values("created_at")[:1])
-    below = Value(priority)
     return pending_queue(pool_id).filter(
-        Q(priority__lt=below) | Q(created_at__gt=created) | Q(created_at=created, pk__gt=after),
-        priority__lte=below,
+        Q(priority__lt=priority) | Q(created_at__gt=created) | Q(created_at=created, pk__gt=after),
+        priority__lte=priority,
     )
 
 
