@@ -30,7 +30,7 @@ from trains.selectors import DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, UpgradePromise, upgrade_promise, upgrades_forecasts
 from trains.services.budget import Correction, correction_from, recent_visits, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
-from trains.services.upgrades import phase_failures, phase_successes
+from trains.services.upgrades import phase_failures_while_in_force, phase_successes
 
 # Finished trains and upgrades stay on the pages this long, then only the API and the admin show them.
 FINISHED_SHOWN_FOR = dt.timedelta(days=7)
@@ -308,11 +308,13 @@ def _count(
 
 def phases_with_counts(upgrade_ids: list[int]) -> list[UpgradePhase]:
     """Each phase with `successes` and `failures` (phase_successes and phase_failures, the
-    definitions the train tick counts with; one query for every phase of every upgrade)."""
+    definitions the train tick counts with; one query for every phase of every upgrade). A graduated
+    phase shows the failures counted while it was in force (phase_failures_while_in_force): a later
+    failure of its tasks counts against the phase in force, and shows there only."""
     return list(
         UpgradePhase.objects.filter(upgrade_id__in=upgrade_ids)
         .select_related("domain")
-        .annotate(failures=phase_failures(), successes=phase_successes())
+        .annotate(failures=phase_failures_while_in_force(), successes=phase_successes())
         .order_by("upgrade_id", "position")
     )
 

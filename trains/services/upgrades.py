@@ -350,14 +350,29 @@ def _counted_failures(depth: int) -> QuerySet[HostTask, Any]:
 
 def phase_failures() -> Coalesce:
     """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
-    (the one definition: the train tick, offboarding and the pages all count with it). A failed task
-    of the phase's operations counts if it failed since the phase (re)started (a re-onboarded phase
-    counts from its restart) and its failure code is the upgrade's fault (see NOT_THE_UPGRADES_FAULT);
+    (the one definition: the train tick and offboarding count with it, the pages with it bounded by
+    phase_failures_while_in_force). A failed task of the phase's operations counts if it failed
+    since the phase (re)started (a re-onboarded phase counts from its restart) and its failure code
+    is the upgrade's fault (see NOT_THE_UPGRADES_FAULT);
     so does one of an earlier phase's operations that failed since (_counted_failures).
     The policy says how many hosts may fail: a host counts once however often it failed (its catch-up
     and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took."""
-    count = _counted_failures(depth=1).order_by().annotate(n=_COUNT_HOSTS).values("n")
+    return _hosts_in(_counted_failures(depth=1))
+
+
+def _hosts_in(failed: QuerySet[HostTask, Any]) -> Coalesce:
+    count = failed.order_by().annotate(n=_COUNT_HOSTS).values("n")
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+
+
+def phase_failures_while_in_force() -> Coalesce:
+    """phase_failures as it stood while the phase was in force, as an expression on UpgradePhase rows
+    (the pages show each phase's count with it): for a phase not graduated, phase_failures itself;
+    for a graduated one, only the failures before it graduated. A later failure of its tasks (a
+    catch-up) counts against the phase in force then, from its start (the next phase's graduation
+    time): shown with phase_failures, it showed in its own phase too, once per phase since."""
+    graduated = OuterRef("graduated_at")
+    return _hosts_in(_counted_failures(depth=1).filter(Q(IsNull(graduated, True)) | Q(finished_at__lt=graduated)))
 
 
 def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
