@@ -254,6 +254,14 @@ class Arrival:
     upgrade: dict[str, Any] = field(default_factory=dict)
 
 
+# A live train's state as a what-if's snapshot carries it beside train_create's arguments
+# (from_live._trains_snapshot; policies._live_train_create sets it in the lane). The defaults are what the
+# lane played a snapshot taken before the state was: every train running, resuming 3600 s after an autostop.
+LIVE_TRAIN_STATE: dict[str, Any] = {
+    "state": "running", "state_reason": "", "auto_resume_after_s": 3600, "recovered_since": None,
+}  # fmt: skip
+
+
 @dataclass
 class Failure:
     at: dt.datetime

@@ -211,11 +211,12 @@ def _loop(
     last_full = config.start - IDLE_STEP
     last_vacuum = last_analyzed = config.start
     next_due: dt.datetime | None = None
+    wake: dt.datetime | None = None
     profile = SimulatorProfile.current()
     while virtual.now <= config.end:
         now = virtual.now
         # The policy acts where something changed (an arrival, a pool's tick); every pool at
-        # least every IDLE_STEP and at opt-out boundaries, for what depends on time alone.
+        # least every IDLE_STEP, at opt-out boundaries and when the policy asks, for what depends on time alone.
         touched: set[int] | None = set()
         while arrivals and arrivals[0].at <= now:
             arrival = arrivals.pop(0)
@@ -228,7 +229,7 @@ def _loop(
             failure = failures.pop(0)
             if _fail(log, failure):
                 broke.add(log.world.pool(failure.pool).id)
-        if now - last_full >= IDLE_STEP or (boundaries and boundaries[0] <= now):
+        if now - last_full >= IDLE_STEP or (boundaries and boundaries[0] <= now) or (wake and last_full < wake <= now):
             touched, last_full = None, now
         moved = _settle(log, touched, profile, due=next_due is not None and next_due <= now, broke=broke)
         if moved or broke or not log.samples:
@@ -250,6 +251,7 @@ def _loop(
             )
         boundaries = [b for b in boundaries if b > now]
         next_due = _next_due()
+        wake = log.policy.wakes_at()  # on time alone (an autostopped train's countdown): every pool then
         upcoming = [
             t
             for t in (
@@ -257,6 +259,7 @@ def _loop(
                 arrivals[0].at if arrivals else None,
                 failures[0].at if failures else None,
                 boundaries[0] if boundaries else None,
+                wake if wake and wake > now else None,
             )
             if t
         ]

@@ -37,7 +37,7 @@ from fleet.models import (
     ServicePlacement,
 )
 from opsplanner import clock
-from simulation.config import Arrival, Failure, SimulationConfig, Workload
+from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
 from simulation.report import Runs, summarise
 from simulation.runner import (
     Job,
@@ -233,6 +233,11 @@ def _trains_snapshot(pool: Pool) -> dict[str, Any]:
                 "priority": train.priority,
                 "visit_overhead_s": train.visit_overhead_s,
                 "domain_order": list(train.stops.order_by("position").values_list("domain__name", flat=True)) or None,
+                # How it stands live (LIVE_TRAIN_STATE): a stopped train makes no progress there, nor in the lane.
+                "state": train.state,
+                "state_reason": train.state_reason,
+                "auto_resume_after_s": train.auto_resume_after_s,
+                "recovered_since": _iso(train.recovered_since),
             }
             for train in trains
         ],
@@ -268,6 +273,56 @@ def _upgrade_snapshot(upgrade: Any) -> dict[str, Any]:
         "deadline": _iso(upgrade.deadline),
         "duration_s": upgrade.duration_s,
     }
+
+
+def live_train_spec(train: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot's train with its live state, defaulted for a snapshot taken before the state was."""
+    return {**LIVE_TRAIN_STATE, **train}
+
+
+def live_train_notes(snapshot: dict[str, Any], policy: str, days: float) -> list[str]:
+    """What a forecast of this pool under `policy` must say about its trains stopped live: the trains
+    policies play them as they are (a paused train stays paused, an autostopped one resumes only as the
+    live tick would resume it); the others have no train and roll the pending upgrades all the same."""
+    from simulation.policies import POLICY_CLASSES, TrainsPolicy
+    from trains.models import STOPPED_TRAIN_STATES
+
+    runs_trains = issubclass(POLICY_CLASSES.get(policy, object), TrainsPolicy)
+    notes = []
+    for train in map(live_train_spec, snapshot.get("trains") or []):
+        state = train["state"]
+        if state not in STOPPED_TRAIN_STATES:
+            continue
+        why = f" ({train['state_reason']})" if train["state_reason"] else ""
+        said = f"train {train['name']} is {state} on the live fleet{why}"
+        resume_s = train["auto_resume_after_s"]
+        if not runs_trains:
+            notes.append(f"{said}; this policy runs no train and rolls the pending upgrades all the same")
+        elif state == "autostopped" and resume_s is not None:
+            notes.append(
+                f"{said}: the forecast plays it autostopped until the pool's buffers have been recovered for "
+                f"{resume_s} s, when it resumes on its own as the live train would (the hosts out live are taken "
+                "as back when the forecast starts)"
+            )
+        else:
+            held = "it does not resume on its own" if state == "autostopped" else "it stays paused until resumed"
+            span = f"{days:g} day{'' if days == 1 else 's'}"
+            notes.append(
+                f"{said}: the forecast plays it {state} for the whole forecast ({span}), as {held}; it starts no "
+                "visit, and its pending upgrades reach no host through it"
+            )
+    return notes
+
+
+def _runs_noted(runs: Runs, snapshots: list[dict[str, Any]], days: float) -> Runs:
+    """Each shard's pools with the notes on their stopped trains (report.summarise gathers them)."""
+    by_pool = {snapshot["pool"]["name"]: snapshot for snapshot in snapshots}
+    for policy, shards in runs.items():
+        for pool in (pool for shard in shards for pool in shard.get("pools") or []):
+            snapshot = by_pool.get(str(pool.get("name")))
+            if snapshot is not None:
+                pool["notes"] = live_train_notes(snapshot, policy, days)
+    return runs
 
 
 def _decimal(value: Any) -> float | None:
@@ -417,7 +472,7 @@ def live_forecast(
                 say(f"simulate: dropped the lanes no forecast holds (killed or kept): {', '.join(swept)}")
             urls = scratch_databases(lanes, tag=tag)
             try:
-                runs = jobs_run(jobs, urls, Path(work), say=say)
+                runs = _runs_noted(jobs_run(jobs, urls, Path(work), say=say), snapshots, base.days)
             finally:
                 if not keep_databases:
                     scratch_databases_drop(urls)
@@ -449,6 +504,8 @@ def live_forecast_measures(forecast: LiveForecast) -> dict[str, Any]:
         "start_at": forecast.now.isoformat(),
         "days": config.days,
         "hosts": config.hosts,
+        # What the forecast assumed that the measures do not show (a train stopped live, played stopped).
+        "notes": list(dict.fromkeys(note for policy in summary["policies"] for note in summary["notes"][policy])),
         "pools": sorted(
             {str(p.get("name")) for s in forecast.runs.values() for sh in s for p in sh.get("pools") or []}
         ),
@@ -456,6 +513,7 @@ def live_forecast_measures(forecast: LiveForecast) -> dict[str, Any]:
             {
                 "policy": policy,
                 "label": summary["labels"][policy],
+                "notes": summary["notes"][policy],
                 "measures": summary["totals"][policy],
                 "upgrades": _upgrades([pool for shard in forecast.runs.get(policy) or [] for pool in shard["pools"]]),
             }

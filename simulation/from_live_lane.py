@@ -2,7 +2,7 @@
 written back as the scratch lane's world (`live_world_create`, in a `simulate --shard` process):
 the pool, its domains and hosts (every one in service: the work in flight is assumed finished),
 their installed versions, the catalogue and its rules, the services with their opt-out windows and
-reservations still ahead."""
+reservations still ahead, and the trains with their live state (TrainsPolicy recreates them)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from fleet.models import (
 from fleet.versions import version_sort_key
 from opsplanner.bulk import insert_missing
 from simulation.config import SimulationConfig
-from simulation.from_live import snapshot_read
+from simulation.from_live import live_train_spec, snapshot_read
 from simulation.world import SimPool, World
 
 
@@ -72,7 +72,7 @@ def live_world_create(config: SimulationConfig, *, lockstep: bool = False) -> Wo
         components=[name for name, *_ in snapshot["components"]],
         jobs=jobs,
     )  # fmt: skip
-    world.trains = {pool_id: snapshot["trains"]}
+    world.trains = {pool_id: [live_train_spec(train) for train in snapshot["trains"]]}
     world.optout_hours = sum(
         (dt.datetime.fromisoformat(ends) - max(now, dt.datetime.fromisoformat(starts))).total_seconds() / 3600
         for _, starts, ends, _ in snapshot["optouts"]

@@ -25,7 +25,7 @@ from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind
 from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import operation_submit
-from simulation.config import Arrival, SimulationConfig
+from simulation.config import LIVE_TRAIN_STATE, Arrival, SimulationConfig
 from simulation.scenarios import (
     simulated_hardware_apply,
     upgrade_duration_register,
@@ -35,7 +35,7 @@ from simulation.world import World
 from trains.limits import MAX_CYCLE_SLO_S
 
 if TYPE_CHECKING:
-    from trains.models import Upgrade
+    from trains.models import Train, Upgrade
 
 
 def _ticking_trains(**where: Any) -> QuerySet[Any, tuple[int, int]]:
@@ -48,6 +48,22 @@ def _ticking_trains(**where: Any) -> QuerySet[Any, tuple[int, int]]:
 # The trains a policy step ticks, asked at nearly every instant: compiled once.
 _TICKING_TRAINS = PreparedQuery(_ticking_trains)
 _TICKING_TRAINS_OF = PreparedQuery(lambda *, ids: _ticking_trains(pool_id__any=ids), ids=IDS)
+
+
+def _resuming_trains() -> QuerySet[Any, tuple[dt.datetime | None, int | None]]:
+    """The autostopped trains counting down to resuming on their own: since when, and for how long."""
+    from trains.models import Train, TrainState
+
+    return (
+        Train.objects.filter(
+            state=TrainState.AUTOSTOPPED, recovered_since__isnull=False, auto_resume_after_s__isnull=False
+        )
+        .order_by()
+        .values_list("recovered_since", "auto_resume_after_s")
+    )
+
+
+_RESUMING_TRAINS = PreparedQuery(_resuming_trains)
 
 ACTOR = "simulator"
 
@@ -100,6 +116,10 @@ class Policy:
         """Act for these pools (None: all) at the current instant; the pools where it changed something."""
         return set()
 
+    def wakes_at(self) -> dt.datetime | None:
+        """When it has something to do on time alone, nothing else happening (None: nothing)."""
+        return None
+
     def rollouts(self) -> list[Rollout]:
         raise NotImplementedError
 
@@ -107,19 +127,42 @@ class Policy:
 def _live_train_create(pool: Pool, spec: dict[str, Any]) -> None:
     """A live train as it is there, with an SLO its stops may no longer meet: racks the fleet onboarded
     became its stops (trains/services/cycles.py, which alerts), where train_create refuses such an SLO
-    from an operator. The lane forecasts the cycles it then runs, rather than fail the what-if."""
+    from an operator. The lane forecasts the cycles it then runs, rather than fail the what-if. `spec`
+    is from_live.live_train_spec: train_create's arguments and the train's live state."""
     from trains.models import Train
     from trains.services.trains import train_create
 
+    live = {key: spec.get(key, default) for key, default in LIVE_TRAIN_STATE.items()}
+    created = {key: value for key, value in spec.items() if key not in LIVE_TRAIN_STATE}
+    resume = {"auto_resume_after_s": live["auto_resume_after_s"]}  # as live: None never resumes on its own
     try:
-        train_create(pool=pool, auto_resume_after_s=3600, actor=ACTOR, **spec)
+        train = train_create(pool=pool, **resume, actor=ACTOR, **created)
     except ValidationError as refused:
         if set(refused.message_dict) != {"cycle_slo_s"}:
             raise
-        train = train_create(
-            pool=pool, auto_resume_after_s=3600, actor=ACTOR, **{**spec, "cycle_slo_s": MAX_CYCLE_SLO_S}
-        )
-        Train.objects.filter(pk=train.pk).update(cycle_slo_s=spec["cycle_slo_s"])
+        train = train_create(pool=pool, **resume, actor=ACTOR, **{**created, "cycle_slo_s": MAX_CYCLE_SLO_S})
+        Train.objects.filter(pk=train.pk).update(cycle_slo_s=created["cycle_slo_s"])
+    _live_train_stop(train, live)
+
+
+def _live_train_stop(train: Train, live: dict[str, Any]) -> None:
+    """A train paused or autostopped live starts the forecast so: paused, it stays paused (no one
+    resumes it in the lane); autostopped, the train tick resumes it as it would live. Its event is not
+    `train.autostopped`, which the measures count as an autostop of the forecast."""
+    from trains.models import STOPPED_TRAIN_STATES, Train, TrainState
+    from trains.services.trains import train_set_state
+
+    if live["state"] not in STOPPED_TRAIN_STATES:
+        return
+    reason = f"{live['state']} on the live fleet: {live['state_reason'] or 'no reason given'}"
+    train_set_state(
+        train=train, expected={TrainState.RUNNING}, new=live["state"], reason=reason, actor=ACTOR,
+        kind="train.state_copied",
+    )  # fmt: skip
+    if live["recovered_since"] and live["state"] == TrainState.AUTOSTOPPED:
+        # The live countdown to its automatic resumption is under way: the lane's goes on from it.
+        recovered = dt.datetime.fromisoformat(live["recovered_since"])
+        Train.objects.filter(pk=train.pk).update(recovered_since=recovered)
 
 
 class TrainsPolicy(Policy):
@@ -183,6 +226,13 @@ class TrainsPolicy(Policy):
 
         trains = _TICKING_TRAINS.rows() if pool_ids is None else _TICKING_TRAINS_OF.rows(ids=pool_ids)
         return {pool_id for train_id, pool_id in trains if train_tick(train_id=train_id).events}
+
+    def wakes_at(self) -> dt.datetime | None:
+        # The instant an autostopped train's countdown ends, when the train tick resumes it: without
+        # it, the lane looked again only after the engine's idle step (6 h), and resumed that late.
+        rows = _RESUMING_TRAINS.rows()
+        due = (since + dt.timedelta(seconds=after) for since, after in rows if since and after is not None)
+        return min(due, default=None)
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState

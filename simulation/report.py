@@ -11,6 +11,7 @@ service, which stand idle for it; by what began the interruption, as the interru
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,7 @@ def summarise(config: SimulationConfig, runs: Runs) -> dict[str, Any]:
         "labels": {},
         "totals": {},
         "pools": {},
+        "notes": {},  # per policy, what a shard's pools say the run assumed (from_live: a train stopped live)
     }
     for policy in _policy_names(config, runs):
         shards = runs.get(policy) or []
@@ -185,6 +187,7 @@ def summarise(config: SimulationConfig, runs: Runs) -> dict[str, Any]:
             row = dict.fromkeys(row) | {"ran": False, "shards": 0, "violation_samples": []}
         summary["policies"].append(policy)
         summary["labels"][policy] = next((s["label"] for s in shards if s.get("label")), policy)
+        summary["notes"][policy] = list(dict.fromkeys(note for pool in pools for note in pool.get("notes") or []))
         summary["totals"][policy] = row
         summary["pools"][policy] = [
             {"name": str(pool.get("name")), **_measure(config, policy, [pool], fleet=False)} | dict.fromkeys(SHARD_ONLY)
@@ -335,6 +338,15 @@ def _header(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _notes(summary: dict[str, Any]) -> list[str]:
+    """Each note once, naming the policies it is about; a summary from before notes has none."""
+    policies: dict[str, list[str]] = {}
+    for policy, notes in (summary.get("notes") or {}).items():
+        for note in notes:
+            policies.setdefault(note, []).append(policy)
+    return [f"Note ({', '.join(names)}): {note}" for note, names in policies.items()]
+
+
 def _headers(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p, summary["labels"][p] if summary["totals"][p]["ran"] else "not run") for p in summary["policies"]]
 
@@ -342,7 +354,9 @@ def _headers(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def report_text(summary: dict[str, Any]) -> str:
     """A fixed-width report (at most WIDTH characters a line): configuration, policies side by side, then pools."""
     policies = summary["policies"]
-    lines = [*_header(summary), ""]
+    # A note is wrapped, not cut to WIDTH as the other lines are: every word of it matters.
+    notes = [line for note in _notes(summary) for line in textwrap.wrap(note, WIDTH, subsequent_indent="  ")]
+    lines = [*_header(summary), *notes, ""]
     lines += _table("Policies side by side", _headers(summary), [summary["totals"][p] for p in policies], MEASURES)
     for policy in policies:
         for sample in summary["totals"][policy]["violation_samples"] or []:
@@ -491,7 +505,7 @@ def report_html(summary: dict[str, Any], svgs: dict[str, str]) -> str:
     policies = summary["policies"]
     order = [*CAPTIONS, *sorted(set(svgs) - set(CAPTIONS))]
     context = {
-        "header": _header(summary),
+        "header": [*_header(summary), *_notes(summary)],
         "headers": _headers(summary),
         "rows": [(label, [fmt(summary["totals"][p]) for p in policies]) for _, label, fmt in MEASURES],
         "violations": [(p, v) for p in policies for v in summary["totals"][p]["violation_samples"] or []],

@@ -47,6 +47,9 @@ class LiveForecastUpgrade(serializers.Serializer):
 class LiveForecastPolicy(serializers.Serializer):
     policy = serializers.ChoiceField(choices=POLICIES)
     label = serializers.CharField()  # type: ignore[assignment]  # a declared field, popped by the metaclass
+    notes = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="what this policy's forecast assumed (a stopped train)"
+    )
     measures = LiveForecastMeasures()
     upgrades = LiveForecastUpgrade(many=True)
 
@@ -56,6 +59,9 @@ class LiveForecastResult(serializers.Serializer):
     start_at = serializers.DateTimeField(help_text="the live now the forecast started from")
     days = serializers.FloatField()
     hosts = serializers.IntegerField()
+    notes = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="what the forecast assumed, not in its measures"
+    )
     policies = LiveForecastPolicy(many=True)
 
 
