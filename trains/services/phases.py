@@ -58,7 +58,10 @@ def phase_evidence_step(
     needed = phase_evidence_needed(phase)
     hold = ""
     if successes < needed:
-        pending = hosts_below_target(upgrade, allowed).count()
+        # A host escalated to a human gives no evidence until a person returns it, often days later:
+        # counted as pending, a phase short of successes neither held (no alert, no skip to ask
+        # for) nor picked another host, and waited for it in silence.
+        pending = hosts_below_target(upgrade, allowed).exclude(state=HostState.ESCALATED).count()
         short = needed - successes - pending
         if short > 0 and phase.selection == PhaseSelection.ANY:
             picked = _pick(train, upgrade, scope, allowed, short)
@@ -72,7 +75,8 @@ def phase_evidence_step(
             # otherwise the phase's hosts are the last ones and the upgrade completes with them.
             outside = hosts_below_target(upgrade, set(scope) - allowed).count()
             if outside:
-                hold = _hold_reason(upgrade, phase, needed, successes, pending, outside)
+                escalated = hosts_below_target(upgrade, allowed).filter(state=HostState.ESCALATED).count()
+                hold = _hold_reason(upgrade, phase, needed, successes, (pending, escalated), outside)
     _set_hold(upgrade, phase, hold, now)
     return allowed
 
@@ -109,7 +113,12 @@ def _covers(phase: UpgradePhase) -> str:
     return f"domain {phase.domain.name}" if phase.domain is not None else f"{phase.percent}% of the scope"
 
 
-def _hold_reason(upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: int, pending: int, outside: int) -> str:
+def _hold_reason(
+    upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: int, hosts: tuple[int, int], outside: int
+) -> str:
+    """Why the phase holds; `hosts`: the phase's hosts that still need the upgrade, and how many more
+    do but wait for a human (escalated)."""
+    pending, escalated = hosts
     where = _covers(phase)
     if phase.selection == PhaseSelection.ANY:
         where += " and the hosts in service it could pick from the pool"
@@ -118,8 +127,9 @@ def _hold_reason(upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: 
         unblock += ", or create the upgrade with selection 'any' for this phase"
     return (
         f"phase {phase.name} cannot show the {needed} successes it needs before the rollout widens: "
-        f"{successes} succeeded and {where} has {pending} more hosts that still need {upgrade.component_version}; "
-        f"{outside} hosts outside the phase wait. To unblock: {unblock}."
+        f"{successes} succeeded and {where} has {pending} more hosts that still need {upgrade.component_version}"
+        + (f" ({escalated} more escalated to a human give none until one returns them)" if escalated else "")
+        + f"; {outside} hosts outside the phase wait. To unblock: {unblock}."
     )[:500]
 
 

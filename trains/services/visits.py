@@ -3,15 +3,17 @@
 A visit takes, within its budget (trains/services/budget.py), the pending upgrades of its domain in
 (priority, deadline, age) order; per component only the newest pending upgrade is applied to a host
 (an older one counts the host as superseded there, not pending), and the newest takes the best place
-in the queue of the upgrades it supersedes; a multi-cycle one takes at most its hosts_per_visit, the
-older ones the hosts it leaves. An upgrade created while a visit runs joins the visit's
-hosts that are still drained or not yet started, in the same drain, when it fits the budget.
+in the queue of the upgrades it supersedes; a multi-cycle one takes at most its hosts_per_visit
+(where it fits the budget first), the older ones the hosts it leaves. An upgrade created while a
+visit runs joins the visit's hosts that are still drained or not yet started, in the same drain,
+when it fits the budget.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from django.core.exceptions import ValidationError
@@ -77,9 +79,46 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
     A multi-cycle upgrade takes at most its hosts_per_visit hosts; an older release of its component
     takes the hosts it leaves this visit (else they would run neither for as many cycles as the
     newer one needs to reach them)."""
-    below = upgrades_hosts_below([plan.upgrade for plan in plans], set().union(*(p.allowed for p in plans)) & host_ids)
-    pending = [(plan, below[plan.upgrade.pk] & plan.allowed) for plan in plans]
+    pending = _pending(plans, host_ids)
+    return _steps(pending, _hosts_failed_beyond_bound(pending), sizing)
+
+
+def domain_selection(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> Selection:
+    """What a visit over `host_ids` takes within its budget: domain_steps, then select_within_budget.
+    A multi-cycle upgrade's hosts_per_visit places go to hosts where it fits the budget: chosen
+    before the budget, they went to the first hosts by id, and where an upgrade ahead of it had
+    filled a host's share the budget dropped it there and the place went unused, though it fitted on
+    the domain's other hosts. So the steps are made again with the hosts it did not fit on last,
+    until no such upgrade is left on a host another could replace (each round marks one more host
+    at least, and most rounds all of them: `_unfit_hosts`)."""
+    pending = _pending(plans, host_ids)
     failed = _hosts_failed_beyond_bound(pending)
+    unfit: dict[int, set[int]] = defaultdict(set)
+    while True:
+        steps = _steps(pending, failed, sizing, unfit)
+        selection = _select(steps, sizing)
+        more = _unfit_hosts(steps, selection, host_ids)
+        if all(hosts <= unfit[upgrade_id] for upgrade_id, hosts in more.items()):
+            return selection
+        for upgrade_id, hosts in more.items():
+            unfit[upgrade_id] |= hosts
+
+
+def _pending(plans: list[UpgradePlan], host_ids: set[int]) -> list[tuple[UpgradePlan, set[int]]]:
+    """Per plan, its hosts among `host_ids` below its target that its phase allows (one query)."""
+    below = upgrades_hosts_below([plan.upgrade for plan in plans], set().union(*(p.allowed for p in plans)) & host_ids)
+    return [(plan, below[plan.upgrade.pk] & plan.allowed) for plan in plans]
+
+
+def _steps(
+    pending: list[tuple[UpgradePlan, set[int]]],
+    failed: dict[int, set[int]],
+    sizing: VisitSizing,
+    unfit: dict[int, set[int]] | None = None,
+) -> list[Step]:
+    """domain_steps from what it read (no query); `unfit`: per multi-cycle upgrade, the hosts where
+    it does not fit the visit's budget (domain_selection), the last its places go to."""
+    unfit = unfit or {}
     by_component: dict[int, list[tuple[UpgradePlan, set[int]]]] = defaultdict(list)
     for plan, hosts in pending:
         if hosts:
@@ -88,11 +127,14 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
     for entries in by_component.values():
         entries.sort(key=lambda e: _sort_key(e[0].upgrade), reverse=True)  # newest first
         claimed: dict[int, int] = {}  # host -> the newer upgrade that takes it
-        for plan, hosts in entries:
-            own = _within_hosts_per_visit(plan.upgrade, hosts - claimed.keys(), failed.get(plan.upgrade.pk, set()))
+        for i, (plan, hosts) in enumerate(entries):
+            upgrade_id = plan.upgrade.pk
+            olders = [its_hosts for _, its_hosts in entries[i + 1 :]]  # their pending hosts
+            rank = _bound_rank(unfit.get(upgrade_id, set()), failed.get(upgrade_id, set()), olders)
+            own = _within_hosts_per_visit(plan.upgrade, hosts - claimed.keys(), rank)
             step = Step(plan=plan, hosts=own, work_s=sizing.work_s(plan.upgrade))
             for host in own:
-                claimed[host] = plan.upgrade.pk
+                claimed[host] = upgrade_id
             if own:
                 steps.append((upgrade_order_key(plan.upgrade), step))
             superseded_by: dict[int, set[int]] = defaultdict(set)
@@ -100,13 +142,33 @@ def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizi
                 superseded_by[claimed[host]].add(host)
             for newer_id, its_hosts in superseded_by.items():
                 newer = next(s for _, s in steps if s.plan.upgrade.pk == newer_id)
-                newer.superseded[plan.upgrade.pk] = its_hosts
+                newer.superseded[upgrade_id] = its_hosts
     # A newer release takes the best queue place of what it supersedes.
     keys = {id(step): key for key, step in steps}
     for _, step in steps:
         for older in (p for p, _ in pending if p.upgrade.pk in step.superseded):
             keys[id(step)] = min(keys[id(step)], upgrade_order_key(older.upgrade))
     return [step for _, step in sorted(steps, key=lambda ks: keys[id(ks[1])])]
+
+
+def _unfit_hosts(steps: list[Step], selection: Selection, host_ids: set[int]) -> dict[int, set[int]]:
+    """Per multi-cycle upgrade the budget left on some of its hosts, the hosts of the domain where it
+    does not fit: those with at least as much work ahead of it in the visit as the least busy host it
+    was left on (a host's cost only grows with its work, so one round marks them all)."""
+    left = {step.plan.upgrade.pk: step.hosts for step in selection.left if _bound(step.plan.upgrade)}
+    if not left:
+        return {}
+    taken = {step.plan.upgrade.pk: step.hosts for step in selection.taken}
+    ahead = dict.fromkeys(host_ids, 0.0)  # host -> the work the steps taken before this one give it
+    unfit = {}
+    for step in steps:  # in the order the visit takes them
+        upgrade_id = step.plan.upgrade.pk
+        if upgrade_id in left:
+            least = min(ahead[host] for host in left[upgrade_id])
+            unfit[upgrade_id] = {host for host, work in ahead.items() if work >= least}
+        for host in taken.get(upgrade_id, ()):
+            ahead[host] += step.work_s
+    return unfit
 
 
 def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
@@ -142,8 +204,7 @@ def visit_start(
     in_service = set(
         Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
     )
-    steps = domain_steps(plans, in_service, sizing)
-    selection = _select(steps, sizing)
+    selection = domain_selection(plans, in_service, sizing)
     taken: list[Step] = selection.taken
     plan_record = _plan_record(selection, sizing)
     plan_record[CONSIDERED_KEY] = sorted({p.upgrade.pk for p in plans})
@@ -174,14 +235,25 @@ def visit_start(
     return selection
 
 
-def _within_hosts_per_visit(upgrade: Upgrade, hosts: set[int], failed: set[int]) -> set[int]:
+def _within_hosts_per_visit(upgrade: Upgrade, hosts: set[int], rank: Callable[[int], tuple]) -> set[int]:
     """A multi-cycle upgrade takes at most its hosts_per_visit hosts of a visit, as the visit starts
-    or as it joins late: first those that have not failed it, then by id (a host whose install keeps
-    failing would otherwise take the one place each visit, and the rollout crawl at its pace)."""
+    or as it joins late, the first by `rank` (_bound_rank)."""
     bound = _bound(upgrade)
     if not bound or len(hosts) <= bound:
         return hosts
-    return set(sorted(hosts, key=lambda host: (host in failed, host))[:bound])
+    return set(sorted(hosts, key=rank)[:bound])
+
+
+def _bound_rank(unfit: set[int], failed: set[int], older: list[set[int]]) -> Callable[[int], tuple]:
+    """The order a multi-cycle upgrade's places go to hosts in: first those where it fits the visit's
+    budget (domain_selection), then those that have not failed it (a host whose install keeps failing
+    would otherwise take the one place each visit, and the rollout crawl at its pace), then those the
+    most older releases of its component (`older`: their pending hosts) still wait for, then by id.
+    By id alone, a newer release took the hosts an older multi-cycle one had already reached (the
+    first by id, as its rollout goes) and superseded it nowhere: the older one kept its own pace,
+    where the forecast (selectors_forecast._newest_first_takes) counted the newer one's hosts as
+    reached for it too; now one install takes a host past both, as the forecast plays it."""
+    return lambda host: (host in unfit, host in failed, -sum(host in hosts for hosts in older), host)
 
 
 def _hosts_failed_beyond_bound(pending: list[tuple[UpgradePlan, set[int]]]) -> dict[int, set[int]]:
