@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, TypeVar
 
@@ -411,6 +411,7 @@ def select_within_budget(
     hosts_of: Callable[[T], set[int]],
     work_of: Callable[[T], float],
     restrict: Callable[[T, set[int]], T] | None = None,
+    running: Mapping[int, float] | None = None,
 ) -> Selection:
     """First fit in the given order: each candidate joins the visit if the visit still fits the
     budget with it. A visit lasts as long as its busiest host, so the cost counts, per host, the
@@ -423,16 +424,22 @@ def select_within_budget(
     domain-paced visit longer than its budget, what does not make it longer still fits
     (`VisitSizing.waits_for_busiest`): in a meta run a kernel left on two hosts of a domain
     stretched its visit, and the other 38 hosts, idle those hours, waited a whole cycle for the
-    upgrades that would have fitted beside it."""
+    upgrades that would have fitted beside it. `running`: per host, the work a running visit
+    already gives it (late joiners): priced with it, and no candidate is taken over the budget
+    (the visit took its first long ago)."""
     selection = Selection()
-    chains: dict[int, float] = {}  # host -> the work it does in this visit
-    busiest = 0.0  # the longest chain so far (kept as work is added: the forecast plays this a lot)
+    chains: dict[int, float] = dict(running or {})  # host -> the work it does in this visit
+    # The longest chain (kept as work is added: the forecast plays this a lot).
+    busiest = max(chains.values(), default=0.0)
+    if chains:
+        selection.cost_s = sizing.cost_s(len(chains), [busiest])
     for candidate in candidates:
         its_hosts, work = hosts_of(candidate), work_of(candidate)
         hosts = chains.keys() | its_hosts
         cost = _chain_cost(sizing, chains, its_hosts, work, len(hosts), busiest)
         limit = max(sizing.budget_s, selection.cost_s) if sizing.waits_for_busiest else sizing.budget_s
-        if cost <= limit or (not selection.taken and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
+        first = running is None and not selection.taken
+        if cost <= limit or (first and (sizing.stretch_s is None or cost <= sizing.stretch_s)):
             selection.over_budget = selection.over_budget or cost > sizing.budget_s
             fitting = its_hosts
         else:  # per host: some may fit (sliding: all of them may, beside a host already over the budget)
@@ -451,11 +458,17 @@ def select_within_budget(
 
 
 def steps_cost_s(
-    sizing: VisitSizing, candidates: Iterable[T], *, hosts_of: Callable[[T], set[int]], work_of: Callable[[T], float]
+    sizing: VisitSizing,
+    candidates: Iterable[T],
+    *,
+    hosts_of: Callable[[T], set[int]],
+    work_of: Callable[[T], float],
+    running: Mapping[int, float] | None = None,
 ) -> float:
-    """What select_within_budget says `candidates`, all taken, cost: their busiest host's chain."""
-    chains: dict[int, float] = {}
-    busiest = 0.0
+    """What select_within_budget says `candidates`, all taken (beside the `running` visit's work),
+    cost: their busiest host's chain."""
+    chains: dict[int, float] = dict(running or {})
+    busiest = max(chains.values(), default=0.0)
     for candidate in candidates:
         busiest = max(busiest, _add_work(chains, hosts_of(candidate), work_of(candidate)))
     return sizing.cost_s(len(chains), [busiest])

@@ -6,7 +6,7 @@ A visit takes, within its budget (trains/services/budget.py), the pending upgrad
 in the queue of the upgrades it supersedes; a multi-cycle one takes at most its hosts_per_visit
 (where it fits the budget first), the older ones the hosts it leaves. An upgrade created while a
 visit runs joins the visit's hosts that are still drained or not yet started, in the same drain,
-when it fits the budget.
+where it fits the budget, chosen the same way.
 """
 
 from __future__ import annotations
@@ -73,31 +73,30 @@ def _sort_key(upgrade: Upgrade) -> str:
     return upgrade.component_version.sort_key
 
 
-def domain_steps(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> list[Step]:
-    """The pending work among `host_ids`, one step per upgrade, newest version per component and
-    host, in the order a visit takes them (a newer release inherits the best place it supersedes).
-    A multi-cycle upgrade takes at most its hosts_per_visit hosts; an older release of its component
-    takes the hosts it leaves this visit (else they would run neither for as many cycles as the
-    newer one needs to reach them)."""
-    pending = _pending(plans, host_ids)
-    return _steps(pending, _hosts_failed_beyond_bound(pending), sizing)
-
-
 def domain_selection(plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing) -> Selection:
-    """What a visit over `host_ids` takes within its budget: domain_steps, then select_within_budget.
-    A multi-cycle upgrade's hosts_per_visit places go to hosts where it fits the budget: chosen
-    before the budget, they went to the first hosts by id, and where an upgrade ahead of it had
-    filled a host's share the budget dropped it there and the place went unused, though it fitted on
-    the domain's other hosts. So the steps are made again with the hosts it did not fit on last,
-    until no such upgrade is left on a host another could replace (each round marks one more host
-    at least, and most rounds all of them: `_unfit_hosts`)."""
-    pending = _pending(plans, host_ids)
+    """What a visit starting over `host_ids` takes within its budget (`_ranked_selection`)."""
+    return _ranked_selection(_pending(plans, host_ids), host_ids, sizing)
+
+
+def _ranked_selection(
+    pending: list[tuple[UpgradePlan, set[int]]],
+    host_ids: set[int],
+    sizing: VisitSizing,
+    running: dict[int, float] | None = None,
+) -> Selection:
+    """domain_steps, then select_within_budget (beside the `running` visit's work, for late
+    joiners). A multi-cycle upgrade's hosts_per_visit places go to hosts where it fits the budget:
+    chosen before the budget, they went to the first hosts by id, and where an upgrade ahead of it
+    had filled a host's share the budget dropped it there and the place went unused, though it
+    fitted on the domain's other hosts. So the steps are made again with the hosts it did not fit
+    on last, until no such upgrade is left on a host another could replace (each round marks one
+    more host at least, and most rounds all of them: `_unfit_hosts`; no query)."""
     failed = _hosts_failed_beyond_bound(pending)
     unfit: dict[int, set[int]] = defaultdict(set)
     while True:
-        steps = _steps(pending, failed, sizing, unfit)
-        selection = _select(steps, sizing)
-        more = _unfit_hosts(steps, selection, host_ids)
+        steps = domain_steps(pending, failed, sizing, unfit)
+        selection = _select(steps, sizing, running)
+        more = _unfit_hosts(steps, selection, host_ids, running)
         if all(hosts <= unfit[upgrade_id] for upgrade_id, hosts in more.items()):
             return selection
         for upgrade_id, hosts in more.items():
@@ -110,14 +109,18 @@ def _pending(plans: list[UpgradePlan], host_ids: set[int]) -> list[tuple[Upgrade
     return [(plan, below[plan.upgrade.pk] & plan.allowed) for plan in plans]
 
 
-def _steps(
+def domain_steps(
     pending: list[tuple[UpgradePlan, set[int]]],
     failed: dict[int, set[int]],
     sizing: VisitSizing,
     unfit: dict[int, set[int]] | None = None,
 ) -> list[Step]:
-    """domain_steps from what it read (no query); `unfit`: per multi-cycle upgrade, the hosts where
-    it does not fit the visit's budget (domain_selection), the last its places go to."""
+    """The `pending` work (_pending), one step per upgrade, newest version per component and host,
+    in the order a visit takes them (a newer release inherits the best place it supersedes; no
+    query). A multi-cycle upgrade takes at most its hosts_per_visit hosts (`failed`: the hosts that
+    failed it; `unfit`: those where it does not fit the visit's budget, _ranked_selection; both
+    ranked last); an older release of its component takes the hosts it leaves this visit (else they
+    would run neither for as many cycles as the newer one needs to reach them)."""
     unfit = unfit or {}
     by_component: dict[int, list[tuple[UpgradePlan, set[int]]]] = defaultdict(list)
     for plan, hosts in pending:
@@ -151,33 +154,47 @@ def _steps(
     return [step for _, step in sorted(steps, key=lambda ks: keys[id(ks[1])])]
 
 
-def _unfit_hosts(steps: list[Step], selection: Selection, host_ids: set[int]) -> dict[int, set[int]]:
-    """Per multi-cycle upgrade the budget left on some of its hosts, the hosts of the domain where it
-    does not fit: those with at least as much work ahead of it in the visit as the least busy host it
-    was left on (a host's cost only grows with its work, so one round marks them all)."""
+def _unfit_hosts(
+    steps: list[Step], selection: Selection, host_ids: set[int], running: dict[int, float] | None
+) -> dict[int, set[int]]:
+    """Per multi-cycle upgrade the budget left on some of its hosts, the hosts of `host_ids` where it
+    does not fit either (_costlier_hosts), from the work the steps taken before it give each host."""
     left = {step.plan.upgrade.pk: step.hosts for step in selection.left if _bound(step.plan.upgrade)}
     if not left:
         return {}
     taken = {step.plan.upgrade.pk: step.hosts for step in selection.taken}
-    ahead = dict.fromkeys(host_ids, 0.0)  # host -> the work the steps taken before this one give it
+    ahead = dict(running or {})  # host in the visit -> the work the steps taken before this one give it
     unfit = {}
     for step in steps:  # in the order the visit takes them
         upgrade_id = step.plan.upgrade.pk
         if upgrade_id in left:
-            least = min(ahead[host] for host in left[upgrade_id])
-            unfit[upgrade_id] = {host for host, work in ahead.items() if work >= least}
+            unfit[upgrade_id] = _costlier_hosts(ahead, left[upgrade_id], host_ids)
         for host in taken.get(upgrade_id, ()):
-            ahead[host] += step.work_s
+            ahead[host] = ahead.get(host, 0.0) + step.work_s
     return unfit
 
 
-def _select(steps: list[Step], sizing: VisitSizing) -> Selection:
+def _costlier_hosts(ahead: dict[int, float], left: set[int], host_ids: set[int]) -> set[int]:
+    """The hosts where the same work costs the visit at least as much as on one of `left`:
+    select_within_budget prices a host by its work ahead and, for a host not yet in the visit (not
+    in `ahead`), by one host more (a wave more, maybe: a host's cost does not grow with its work
+    alone). Where a new host was left, the new ones (its other places were priced with that host
+    more and may fit without it); else the hosts in the visit with at least the work ahead of the
+    least busy one it was left on."""
+    if not left <= ahead.keys():
+        return host_ids - ahead.keys()
+    least = min(ahead[host] for host in left)
+    return {host for host in host_ids if ahead.get(host, -1.0) >= least}
+
+
+def _select(steps: list[Step], sizing: VisitSizing, running: dict[int, float] | None = None) -> Selection:
     return select_within_budget(
         steps,
         sizing=sizing,
         hosts_of=lambda s: s.hosts,
         work_of=lambda s: s.work_s,
         restrict=_restricted,
+        running=running,
     )
 
 
@@ -512,19 +529,36 @@ def visits_join_late(
 
 
 def _visit_chains(visit: Visit, plan: dict) -> dict[int, float]:
-    """Per host of the visit, the work its plan gives it (one query): the upgrades' tasks it has, and
-    for a sliding visit the upgrades it takes when released; a catch-up's are not the visit's plan."""
+    """Per host of the visit (its plan's hosts), the work its plan gives it (one query): the
+    upgrades' tasks it has, and for a sliding visit the upgrades it takes when released; a
+    catch-up's are not the visit's plan."""
     work_of = {int(e["upgrade"]): float(e.get("work_s", 0)) for e in plan.get("upgrades", [])}
-    chains: dict[int, float] = defaultdict(float)
+    chains: dict[int, float] = dict.fromkeys(plan.get("hosts", []), 0.0)
     tasks = HostTask.objects.filter(
         operation__visit_link__visit=visit, operation__visit_link__catch_up=False
     ).values_list("host_id", "operation__visit_link__upgrade_id")
     for host_id, upgrade_id in tasks:
-        chains[host_id] += work_of.get(upgrade_id, 0.0)
+        chains[host_id] = chains.get(host_id, 0.0) + work_of.get(upgrade_id, 0.0)
     for entry in plan.get("unreleased", []):
         for host_id in entry["hosts"]:
-            chains[host_id] += float(entry["work_s"])
-    return dict(chains)
+            chains[host_id] = chains.get(host_id, 0.0) + float(entry["work_s"])
+    return chains
+
+
+def _join_selection(
+    visit: Visit, plans: list[UpgradePlan], host_ids: set[int], sizing: VisitSizing
+) -> tuple[list[Step], dict[int, float]]:
+    """What late joiners take of the running visit's hosts `host_ids`, and the work the visit gave
+    its hosts before them: chosen as a visit starting chooses (_ranked_selection), beside that work,
+    within the budget the visit was given (a cycle behind its deadline gives less), so a multi-cycle
+    one's places go to hosts where it fits, and one that does not fit every host joins where it fits
+    (two queries, three with multi-cycle upgrades over their bound; none without pending hosts)."""
+    pending = _pending(plans, host_ids) if host_ids else []
+    if not any(hosts for _, hosts in pending):
+        return [], {}
+    running = _visit_chains(visit, visit.plan)
+    budget = min(sizing.budget_s, float(visit.plan.get("budget_s", sizing.budget_s)))
+    return _ranked_selection(pending, host_ids, replace(sizing, budget_s=budget), running).taken, running
 
 
 def _join_visit(
@@ -537,23 +571,13 @@ def _join_visit(
             state__in=JOINABLE_TASK_STATES,
         ).values_list("host_id", flat=True)
     )
+    waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
+    steps, running = _join_selection(visit, plans, drained | waiting, sizing)
     plan_record = dict(visit.plan)
     plan_record["late_seen"] = sorted({*plan_record.get("late_seen", []), *seen})
     hosts = set(plan_record.get("hosts", []))
-    # The budget the visit was given when it started (a cycle behind its deadline gives less).
-    budget = min(sizing.budget_s, float(plan_record.get("budget_s", sizing.budget_s)))
-    joins = []
-    waiting = unreleased_hosts(visit)  # a sliding visit's hosts not yet started take it when released
-    steps = domain_steps(plans, drained | waiting, sizing) if drained or waiting else []
-    chains = _visit_chains(visit, plan_record) if steps else {}
+    joins, joined = [], []
     for step in steps:
-        # Priced as the visit was when it started (select_within_budget): by its busiest host's chain
-        # of work, and, at the domain pace, within what the visit already takes if that is longer.
-        current = sizing.cost_s(len(chains), [max(chains.values(), default=0.0)])
-        longest = max([*chains.values(), *(chains.get(h, 0.0) + step.work_s for h in step.hosts)])
-        cost = sizing.cost_s(len(hosts | step.hosts), [longest])
-        if cost > (max(budget, current) if sizing.waits_for_busiest else budget):
-            continue  # it waits for the next cycle, like any work that does not fit
         if step.hosts - waiting:
             refused = visit_steps_submit_compatible(
                 train, visit, [replace(step, hosts=step.hosts - waiting)], joined=True
@@ -565,8 +589,8 @@ def _join_visit(
             _, later = split_release([replace(step, hosts=step.hosts & waiting)], 0)
             plan_record["unreleased"] = [*plan_record.get("unreleased", []), *later]
         hosts |= step.hosts
-        for host in step.hosts:
-            chains[host] = chains.get(host, 0.0) + step.work_s
+        joined.append(step)
+        cost = steps_cost_s(sizing, joined, hosts_of=lambda s: s.hosts, work_of=lambda s: s.work_s, running=running)
         plan_record["upgrades"] = [*plan_record.get("upgrades", []), _entry(step, joined=True)]
         plan_record.update(_cost_record(cost, sizing, hosts=len(hosts)))
         joins.append((visit.pk, step.plan.upgrade.pk, len(step.hosts)))
