@@ -241,6 +241,18 @@ def config_fields() -> list[dataclasses.Field[Any]]:
     return list(dataclasses.fields(SimulationConfig))
 
 
+@dataclass(frozen=True)
+class CarriedPhase:
+    """How far a live upgrade's phase in force had got, written on the lane's first phase after
+    upgrade_create (simulation.from_live_trains): the lane cannot count the evidence itself, the tasks
+    that showed it live are not copied."""
+
+    successes_reached_at: dt.datetime | None = None  # its soak runs since then, as live
+    # Its evidence was in live and it still soaked: it graduates then (the trains policy sees to it).
+    soak_ends_at: dt.datetime | None = None
+    picked_hosts: tuple[str, ...] = ()  # the hosts the phases so far picked from the pool, by name
+
+
 @dataclass
 class Arrival:
     """An upgrade arriving: at `at`, component `component` to `version` in pool number `pool`."""
@@ -252,6 +264,7 @@ class Arrival:
     # upgrade_create's arguments beyond the target (a live upgrade's scope, phases, priority, deadline,
     # duration and failure policy: a what-if on the live fleet); empty: the simulator's own upgrade.
     upgrade: dict[str, Any] = field(default_factory=dict)
+    carried: CarriedPhase | None = None  # a live upgrade's progress in its phase in force (None: none)
 
 
 # A live train's state as a what-if's snapshot carries it beside train_create's arguments

@@ -6,7 +6,9 @@ reservations still ahead, its trains and its pending upgrades, as plain JSON-abl
 (`from_live_lane.live_world_create`, in a `simulate --shard` process on a scratch lane) writes that data back
 as the world, and the pending upgrades arrive when time starts (`live_workload`); failures are drawn
 from the seed as in any run. The work in flight is assumed finished: every host starts in service,
-and a host already running an upgrade's version does not get it again.
+and a host already running an upgrade's version does not get it again. A pending upgrade's phase in
+force goes on from where it stands live (its evidence, its soak, its picked hosts:
+`from_live_trains`), the lane being unable to count again what the live tasks showed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fleet.models import (
 )
 from opsplanner import clock
 from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
+from simulation.from_live_trains import upgrade_arrival, upgrades_snapshot
 from simulation.report import Runs, summarise
 from simulation.runner import (
     Job,
@@ -48,7 +51,6 @@ from simulation.runner import (
     scratch_databases_swept,
 )
 
-PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
 # Whatever a forecast is asked, its work is the live pending upgrades: no arrivals or windows are drawn.
 LIVE_FIXED: dict[str, Any] = {"upgrades_per_week": 0.0, "optout_windows_per_week": 0.0}
 # What live_config takes from the live pool, whatever the command line says: a problem with one of
@@ -219,10 +221,9 @@ def _jobs_snapshot(pool: Pool, host_ids: list[int], now: dt.datetime) -> dict[st
 
 def _trains_snapshot(pool: Pool) -> dict[str, Any]:
     """The pool's trains (not emergency ones) and the upgrades they still have to apply."""
-    from trains.models import LIVE_TRAIN_STATES, Train, Upgrade
+    from trains.models import LIVE_TRAIN_STATES, Train
 
     trains = Train.objects.filter(pool=pool, emergency=False, state__in=LIVE_TRAIN_STATES).order_by("name")
-    upgrades = Upgrade.objects.filter(pool=pool, state__in=PENDING_UPGRADE_STATES, emergency=False)
     return {
         "trains": [
             {
@@ -241,37 +242,7 @@ def _trains_snapshot(pool: Pool) -> dict[str, Any]:
             }
             for train in trains
         ],
-        "upgrades": [
-            _upgrade_snapshot(upgrade)
-            for upgrade in upgrades.select_related("component_version__component")
-            .prefetch_related("phases__domain")
-            .order_by("created_at", "id")
-        ],
-    }
-
-
-def _upgrade_snapshot(upgrade: Any) -> dict[str, Any]:
-    """A pending upgrade as upgrade_create takes it: its target, scope and policy, and the phases it
-    has still to go through (a graduated phase's evidence is in: the lane does not wait for it again)."""
-    phases = [
-        {"name": p.name, "domain": p.domain.name if p.domain else "", "percent": p.percent,
-         "min_successes": p.min_successes, "soak_s": p.soak_s, "selection": p.selection}
-        for p in sorted(upgrade.phases.all(), key=lambda p: p.position)
-        if p.position >= upgrade.current_phase
-    ]  # fmt: skip
-    return {
-        "component": upgrade.component_version.component.name,
-        "version": upgrade.component_version.version,
-        "scope": upgrade.scope,
-        "phases": phases or None,
-        "max_failures": upgrade.max_failures,
-        "max_failure_rate": _decimal(upgrade.max_failure_rate),
-        "failure_rate_min_hosts": upgrade.failure_rate_min_hosts,
-        "multi_cycle": upgrade.multi_cycle,
-        "hosts_per_visit": upgrade.hosts_per_visit if upgrade.multi_cycle else None,  # only bounds multi-cycle
-        "priority": upgrade.priority,
-        "deadline": _iso(upgrade.deadline),
-        "duration_s": upgrade.duration_s,
+        "upgrades": upgrades_snapshot(pool),  # with their phase in force's progress (from_live_trains)
     }
 
 
@@ -373,10 +344,13 @@ def live_config(base: SimulationConfig, snapshot: dict[str, Any], path: Path, no
 def live_workload(config: SimulationConfig) -> Workload:
     """The pool's pending upgrades, all arriving when time starts; hosts break as the seed draws them."""
     snapshot = snapshot_read(config)
-    arrivals = [
-        Arrival(at=config.start, pool=0, component=u["component"], version=u["version"], upgrade=_as_created(u, config))
-        for u in snapshot["upgrades"]
-    ]
+    arrivals = []
+    for upgrade in snapshot["upgrades"]:
+        created, carried = upgrade_arrival(upgrade, config.start)
+        arrivals.append(
+            Arrival(at=config.start, pool=0, component=upgrade["component"], version=upgrade["version"],
+                    upgrade=created, carried=carried)
+        )  # fmt: skip
     seconds = config.days * 86_400
     failures: list[Failure] = []
     rng = random.Random(f"{config.seed}:failures")
@@ -390,15 +364,6 @@ def live_workload(config: SimulationConfig) -> Workload:
         )
         at += rng.expovariate(rate)
     return Workload(arrivals=arrivals, failures=failures)
-
-
-def _as_created(upgrade: dict[str, Any], config: SimulationConfig) -> dict[str, Any]:
-    """upgrade_create's arguments for a live upgrade but its target (Arrival.upgrade)."""
-    fields = {k: v for k, v in upgrade.items() if k not in ("component", "version")}
-    deadline = dt.datetime.fromisoformat(fields["deadline"]) if fields["deadline"] else None
-    # A deadline already missed live is not one the lane can be held to (upgrade_create refuses the past).
-    fields["deadline"] = deadline if deadline is not None and deadline > config.start else None
-    return fields
 
 
 def live_run_tag() -> str:

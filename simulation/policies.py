@@ -26,6 +26,7 @@ from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import operation_submit
 from simulation.config import LIVE_TRAIN_STATE, Arrival, SimulationConfig
+from simulation.from_live_trains import carried_phase_write, carried_soaks_graduate
 from simulation.scenarios import (
     simulated_hardware_apply,
     upgrade_duration_register,
@@ -176,6 +177,9 @@ class TrainsPolicy(Policy):
         # policy keeps them: a selector like 'hosts running C below V' names fewer hosts as the
         # upgrade reaches them, so resolving it at the end would measure reach against the laggards.
         self.scopes: dict[int, list[int]] = {}
+        # upgrade id -> its pool and when its first phase graduates: a live upgrade whose phase in force
+        # had its evidence and still soaked (from_live_trains.carried_soaks_graduate).
+        self.soaking: dict[int, tuple[int, dt.datetime]] = {}
 
     def setup(self) -> None:
         from trains.services.trains import train_create
@@ -220,19 +224,28 @@ class TrainsPolicy(Policy):
         )
         if not scope_is_pool(upgrade):
             self.scopes[upgrade.pk] = upgrade_scope_hosts(upgrade)
+        if arrival.carried is not None:  # a live upgrade's phase in force goes on from where it stands live
+            carried_phase_write(upgrade, arrival.carried)
+            if arrival.carried.soak_ends_at is not None:
+                self.soaking[upgrade.pk] = (pool.pk, arrival.carried.soak_ends_at)
 
     def step(self, pool_ids: set[int] | None) -> set[int]:
         from trains.services.tick import train_tick
 
+        # First, so the train tick plans the widened phase at the same instant, as the live tick would.
+        graduated = carried_soaks_graduate(self.soaking, pool_ids) if self.soaking else set()
         trains = _TICKING_TRAINS.rows() if pool_ids is None else _TICKING_TRAINS_OF.rows(ids=pool_ids)
-        return {pool_id for train_id, pool_id in trains if train_tick(train_id=train_id).events}
+        return graduated | {pool_id for train_id, pool_id in trains if train_tick(train_id=train_id).events}
 
     def wakes_at(self) -> dt.datetime | None:
         # The instant an autostopped train's countdown ends, when the train tick resumes it: without
         # it, the lane looked again only after the engine's idle step (6 h), and resumed that late.
+        # So too when a carried soak ends (one ended already waits for its open tasks: their pool's tick
+        # brings the policy back, and a past instant would hide a later one).
         rows = _RESUMING_TRAINS.rows()
-        due = (since + dt.timedelta(seconds=after) for since, after in rows if since and after is not None)
-        return min(due, default=None)
+        due = [since + dt.timedelta(seconds=after) for since, after in rows if since and after is not None]
+        now = clock.now()
+        return min(due + [ends_at for _, ends_at in self.soaking.values() if ends_at > now], default=None)
 
     def rollouts(self) -> list[Rollout]:
         from trains.models import Upgrade, UpgradeState

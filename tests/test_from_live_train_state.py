@@ -5,7 +5,6 @@ forecast says so. The lanes run in this process, on the test database, so each f
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,16 +17,14 @@ from opsplanner.models.advisor import AdvisorRunKind
 from opsplanner.roles import Role
 from simulation import from_live
 from simulation.config import SimulationConfig
-from simulation.engine import policy_run
 from simulation.from_live import live_snapshot
-from simulation.measure import run_measure
 from simulation.policies import TrainsPolicy
-from simulation.report import report_text, summarise
-from simulation.runner import Job
-from simulation.world import SimPool, World, workload_draw
+from simulation.report import report_text
+from simulation.world import SimPool, World
 from tests.advisor_helpers import client_for, run_section
 from tests.api_helpers import role_client
 from tests.builders import make_fleet
+from tests.from_live_helpers import forecast, policy
 from tests.trains_builders import make_user
 from trains.models import Train, TrainState, Visit
 
@@ -66,32 +63,6 @@ def autostopped(pool: Pool, *, recovered_since: dt.datetime | None = None) -> No
     )  # fmt: skip
     if recovered_since is not None:
         Train.objects.filter(pk=train.pk).update(recovered_since=recovered_since)
-
-
-def forecast(monkeypatch: pytest.MonkeyPatch, pool: Pool, *policies: str) -> dict[str, Any]:
-    """live_forecast_measures of a one-day forecast of `pool`, its shards run here rather than in
-    scratch lanes (each resets the test database, as a lane is, and builds the pool from the snapshot)."""
-
-    def in_process(jobs: list[Job], lanes: list[str], work_dir: Path, **_: Any) -> dict[str, list[dict[str, Any]]]:
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for job in jobs:
-            log = policy_run(job.config, workload_draw(job.config), job.policy, pools=list(job.pools))
-            runs.setdefault(job.key, []).append(run_measure(job.config, log))
-        return runs
-
-    monkeypatch.setattr(from_live, "jobs_run", in_process)
-    monkeypatch.setattr(from_live, "scratch_databases", lambda lanes, tag="": ["in-process"] * lanes)
-    monkeypatch.setattr(from_live, "scratch_databases_drop", lambda urls: None)
-    monkeypatch.setattr(from_live, "scratch_databases_swept", lambda tags: [])
-    base = SimulationConfig(days=1, policies=policies or ("trains",))
-    result = from_live.live_forecast(base, pool.name, lanes=1, say=lambda _: None)
-    return {"runs": result.runs, "summary": summarise(result.config, result.runs)} | from_live.live_forecast_measures(
-        result
-    )
-
-
-def policy(result: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(row for row in result["policies"] if row["policy"] == name)
 
 
 def test_it_snapshots_the_live_trains_state_and_how_it_resumes() -> None:

@@ -1,0 +1,188 @@
+"""What-if on the live fleet: its pending upgrades, from the live snapshot to the lane's arrivals.
+
+The snapshot (`upgrades_snapshot`, read-only) takes each pending upgrade as upgrade_create takes it,
+with the phases it has still to go through, and how far the phase in force has got
+(`phase_progress`): the successes it has shown (counted by trains.services.upgrades, as the train tick
+counts them), since when it soaks, and the hosts the phases so far picked from the pool. The lane
+cannot count that evidence again (the tasks that showed it live are not copied), so it carries it
+(`upgrade_arrival`):
+- evidence in and soak over: the phase is done, the lane starts at the next one (the live tick moves
+  on at its next look; the work in flight is assumed finished, as everywhere in the what-if);
+- evidence in, still soaking: the phase graduates when its live soak ends (`CarriedPhase.soak_ends_at`,
+  `carried_soaks_graduate`), once no task of it is open, as the tick's rule;
+- short of evidence: it needs only what it lacks (at least one success, as upgrade_create asks of a
+  phase before the last), and its soak, if under way, runs from when it began live.
+Whether the phase holds is not copied: the lane's tick decides it with the carried evidence, as the
+live one would (its hosts all in service). A snapshot without `phase_progress` (taken before it was)
+reads as before: the phases as they are, the evidence from zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import transaction
+
+from fleet.models import Host, Pool
+from opsplanner import clock
+from simulation.config import CarriedPhase
+
+PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
+_NOT_CREATED = ("component", "version", "phase_progress")  # the keys that are no upgrade_create argument
+
+
+def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
+    """The pool's pending upgrades (not emergency ones), oldest first, each with its phase's progress."""
+    from trains.models import Upgrade
+    from trains.services.upgrades import upgrades_phase_successes
+
+    upgrades = list(
+        Upgrade.objects.filter(pool=pool, state__in=PENDING_UPGRADE_STATES, emergency=False)
+        .select_related("component_version__component")
+        .prefetch_related("phases__domain")
+        .order_by("created_at", "id")
+    )
+    phases = {u.pk: sorted(u.phases.all(), key=lambda p: p.position) for u in upgrades}
+    in_force = [p for u in upgrades for p in phases[u.pk] if p.position == u.current_phase]
+    successes = upgrades_phase_successes(in_force)  # the tick's own count, one query
+    picked = {h for u in upgrades for p in phases[u.pk] if p.position <= u.current_phase for h in p.picked_hosts}
+    names = dict(Host.objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
+    return [_upgrade_snapshot(u, phases[u.pk], successes.get(u.pk, 0), names) for u in upgrades]
+
+
+def _upgrade_snapshot(upgrade: Any, phases: list[Any], successes: int, names: dict[int, str]) -> dict[str, Any]:
+    """A pending upgrade as upgrade_create takes it: its target, scope and policy, the phases it has
+    still to go through (a graduated phase's evidence is in: the lane does not wait for it again) and
+    how far the first of them, the phase in force, has got."""
+    remaining = [
+        {"name": p.name, "domain": p.domain.name if p.domain else "", "percent": p.percent,
+         "min_successes": p.min_successes, "soak_s": p.soak_s, "selection": p.selection}
+        for p in phases
+        if p.position >= upgrade.current_phase
+    ]  # fmt: skip
+    deadline = upgrade.deadline
+    return {
+        "component": upgrade.component_version.component.name,
+        "version": upgrade.component_version.version,
+        "scope": upgrade.scope,
+        "phases": remaining or None,
+        "max_failures": upgrade.max_failures,
+        "max_failure_rate": None if upgrade.max_failure_rate is None else float(upgrade.max_failure_rate),
+        "failure_rate_min_hosts": upgrade.failure_rate_min_hosts,
+        "multi_cycle": upgrade.multi_cycle,
+        "hosts_per_visit": upgrade.hosts_per_visit if upgrade.multi_cycle else None,  # only bounds multi-cycle
+        "priority": upgrade.priority,
+        "deadline": None if deadline is None else deadline.isoformat(),
+        "duration_s": upgrade.duration_s,
+        "phase_progress": _phase_progress(upgrade, phases, successes, names),
+    }
+
+
+def _phase_progress(upgrade: Any, phases: list[Any], successes: int, names: dict[int, str]) -> dict[str, Any] | None:
+    """How far the phase in force has got: its successes, the evidence it needs (both as the tick
+    judges them), since when it soaks (None: not yet, or afresh since a re-onboarding) and the hosts
+    it and the phases before it picked (the tick lets every later phase touch them too)."""
+    from trains.services.phases import phase_evidence_needed
+
+    phase = next((p for p in phases if p.position == upgrade.current_phase), None)
+    if phase is None:  # no phase in force to go on from: the lane starts the phases afresh, as before
+        return None
+    picked = [names[h] for p in phases if p.position <= phase.position for h in p.picked_hosts if h in names]
+    reached = phase.successes_reached_at
+    return {
+        "successes": successes,
+        "evidence_needed": phase_evidence_needed(phase),
+        "successes_reached_at": None if reached is None else reached.isoformat(),
+        "picked_hosts": list(dict.fromkeys(picked)),
+    }
+
+
+def upgrade_arrival(upgrade: dict[str, Any], start: dt.datetime) -> tuple[dict[str, Any], CarriedPhase | None]:
+    """upgrade_create's arguments for a live upgrade but its target (Arrival.upgrade), and what its
+    first phase carries of the live progress (Arrival.carried; None: nothing, as an older snapshot)."""
+    fields = {k: v for k, v in upgrade.items() if k not in _NOT_CREATED}
+    deadline = dt.datetime.fromisoformat(fields["deadline"]) if fields["deadline"] else None
+    # A deadline already missed live is not one the lane can be held to (upgrade_create refuses the past).
+    fields["deadline"] = deadline if deadline is not None and deadline > start else None
+    progress = upgrade.get("phase_progress")
+    if not progress or not fields["phases"]:
+        return fields, None
+    fields["phases"], carried = _phases_carried([dict(p) for p in fields["phases"]], progress, start)
+    return fields, carried
+
+
+def _phases_carried(
+    phases: list[dict[str, Any]], progress: dict[str, Any], start: dt.datetime
+) -> tuple[list[dict[str, Any]], CarriedPhase]:
+    """The phases the lane creates and what its first one carries, from the live phase in force's progress."""
+    first, picked = phases[0], tuple(progress["picked_hosts"])
+    reached = dt.datetime.fromisoformat(progress["successes_reached_at"]) if progress["successes_reached_at"] else None
+    successes, needed = progress["successes"], progress["evidence_needed"]
+    if len(phases) == 1:  # the last phase opens nothing wider: the upgrade completes with its scope
+        return phases, CarriedPhase(picked_hosts=picked)
+    if successes < needed:
+        if successes:  # what it still lacks; a phase before the last needs one at least (upgrade_create)
+            first["min_successes"] = max(1, needed - successes)
+        return phases, CarriedPhase(successes_reached_at=reached, picked_hosts=picked)
+    # Its evidence is in: the tick stamps when it was reached at its next look if it has not yet.
+    soak_ends_at = (reached or start) + dt.timedelta(seconds=first["soak_s"])
+    if soak_ends_at <= start:
+        return phases[1:], CarriedPhase(picked_hosts=picked)
+    # Soaking: the lane's tick cannot see the evidence, so the phase looks for none of its own (an
+    # 'any' phase would pick hosts the live one never will) and graduates when its soak ends.
+    first["min_successes"], first["selection"] = 1, "fixed"
+    return phases, CarriedPhase(successes_reached_at=reached or start, soak_ends_at=soak_ends_at, picked_hosts=picked)
+
+
+def carried_phase_write(upgrade: Any, carried: CarriedPhase) -> None:
+    """Write on the lane's upgrade (just created) its first phase's carried progress."""
+    from trains.models import UpgradePhase
+
+    if carried.successes_reached_at is None and not carried.picked_hosts:
+        return
+    ids = dict(Host.objects.filter(pool_id=upgrade.pool_id, hostname__in=carried.picked_hosts).values_list(
+        "hostname", "id"
+    ))  # fmt: skip
+    UpgradePhase.objects.filter(upgrade_id=upgrade.pk, position=0).update(
+        successes_reached_at=carried.successes_reached_at,
+        picked_hosts=[ids[name] for name in carried.picked_hosts if name in ids],
+    )
+
+
+def carried_soaks_graduate(soaking: dict[int, tuple[int, dt.datetime]], pool_ids: set[int] | None) -> set[int]:
+    """Graduate the lane's phases whose evidence was in live once their soak is over (`soaking`:
+    upgrade id -> its pool and when its soak ends; an entry settled is removed); the pools where one did."""
+    now = clock.now()
+    moved = set()
+    for upgrade_id, (pool_id, ends_at) in list(soaking.items()):
+        if ends_at > now or (pool_ids is not None and pool_id not in pool_ids):
+            continue
+        graduated = _carried_graduate(upgrade_id, now)
+        if graduated is not None:
+            del soaking[upgrade_id]
+        if graduated:
+            moved.add(pool_id)
+    return moved
+
+
+@transaction.atomic
+def _carried_graduate(upgrade_id: int, now: dt.datetime) -> bool | None:
+    """Graduate the upgrade's first phase (True); False: it left it already (the tick moved it on, it
+    completed or was offboarded); None: not yet, a task of it is still open (the tick's rule: no
+    phase widens over a host whose outcome is not known)."""
+    from opsplanner.models import OPEN_TASK_STATES
+    from trains.models import Upgrade, UpgradeState
+    from trains.services.phases import phase_graduate
+    from trains.services.upgrades import upgrade_tasks
+
+    upgrade = Upgrade.objects.select_related("component_version").get(pk=upgrade_id)
+    if upgrade.state != UpgradeState.ACTIVE or upgrade.current_phase != 0:
+        return False
+    if upgrade_tasks(upgrade).filter(state__in=sorted(OPEN_TASK_STATES)).exists():
+        return None  # every task of the upgrade is of its first phase until it graduates
+    phase, following = list(upgrade.phases.order_by("position")[:2])
+    return phase_graduate(
+        upgrade=upgrade, phase=phase, nxt=following, now=now, data={"carried": True},
+        reason=f"phase {phase.name} had its evidence on the live fleet and has soaked; now {following.name}",
+    )  # fmt: skip
