@@ -387,6 +387,7 @@ ENDPOINTS: list[tuple[str, Call, dict[str, int]]] = [
         ),
         OPERATE_CREATE,
     ),
+    ("POST /upgrades/{id}/replan/", Call("post", "/api/upgrades/{w.upgrade.pk}/replan/", {"priority": 900}), OPERATE),
     ("POST /upgrades/{id}/offboard/", Call("post", "/api/upgrades/{w.upgrade.pk}/offboard/", REASON), OPERATE),
     (
         "POST /upgrades/{id}/reonboard/",

@@ -499,6 +499,7 @@ VALID = [
         body=lambda w: {"pool": w.pool.pk, "component": "gpu-driver", "version": "560.35.03", **REASON},
     ),
     Valid("GET", "/api/upgrades/{id}/", lambda w: w.upgrade.pk),
+    Valid("POST", "/api/upgrades/{id}/replan/", lambda w: w.upgrade.pk, {"priority": 900}),
     Valid("POST", "/api/upgrades/{id}/offboard/", lambda w: w.upgrade.pk, REASON),
     Valid("POST", "/api/upgrades/{id}/reonboard/", lambda w: w.offboarded_upgrade.pk, REASON),
     Valid("POST", "/api/upgrades/{id}/skip-phase/", lambda w: w.held_upgrade.pk, REASON),

@@ -159,3 +159,39 @@ def test_an_operator_creates_an_upgrade_with_two_phases_and_offboards_it_in_the_
         assert refused == []
     finally:
         page.close()
+
+
+def test_an_operator_replans_an_upgrade_in_the_browser(live_server_process, chromium) -> None:
+    from trains.services.upgrades import upgrade_create
+
+    pool, _ = make_fleet(domains=2, hosts_per_domain=2, pool_name="ai-replan-forms")
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="firmware fix")
+    url = live_server_process.url
+    page, refused = operator_page(chromium, live_server_process)
+    try:
+        page.goto(f"{url}/trains/upgrades/{upgrade.pk}/")
+        page.locator(".page-actions").get_by_role("link", name="Replan").click()
+        page.wait_for_url(f"{url}/trains/upgrades/{upgrade.pk}/replan/")
+        # Multi-cycle without a number of hosts per visit is refused next to that field; nothing changes.
+        page.check("input[name=multi_cycle]")
+        page.fill("input[name=hosts_per_visit]", "")
+        submit(page, ".replan-form-page")
+        assert (
+            "needs a number of hosts per visit"
+            in page.locator("[data-field=hosts_per_visit] .field-errors").inner_text()
+        )
+        assert not Upgrade.objects.get(pk=upgrade.pk).multi_cycle
+        screenshot(page, "upgrade_replan_refused")
+
+        page.uncheck("input[name=multi_cycle]")
+        page.fill("input[name=priority]", "900")
+        submit(page, ".replan-form-page")
+        page.wait_for_url(f"{url}/trains/upgrades/{upgrade.pk}/")
+        assert "replanned" in page.locator("#trains-notice").inner_text()
+        assert Upgrade.objects.get(pk=upgrade.pk).priority == 900
+        (event,) = Event.objects.filter(kind="upgrade.replanned", subject_id=upgrade.pk)
+        assert event.data == {"priority": [upgrade.priority, 900]}
+        screenshot(page, "upgrade_replanned")
+        assert refused == []
+    finally:
+        page.close()

@@ -161,6 +161,7 @@ PAGES: list[Page] = [
     Page("/trains/new/", OPERATORS),
     Page("/trains/{w.train.pk}/edit/", OPERATORS),
     Page("/trains/upgrades/new/", OPERATORS),
+    Page("/trains/upgrades/{w.active_upgrade.pk}/replan/", OPERATORS),
     Page("/trains/upgrades/{w.active_upgrade.pk}/offboard/", OPERATORS),
 ]
 
@@ -272,6 +273,7 @@ FORMS: dict[str, Form] = {
     "train new": Form("/trains/new/", _train_form, OPERATORS),
     "train edit": Form("/trains/{w.train.pk}/edit/", TRAIN_EDIT_FORM, OPERATORS),
     "upgrade new": Form("/trains/upgrades/new/", _upgrade_form, OPERATORS),
+    "upgrade replan": Form("/trains/upgrades/{w.active_upgrade.pk}/replan/", {"priority": "777"}, OPERATORS),
     "upgrade offboard": Form("/trains/upgrades/{w.active_upgrade.pk}/offboard/", REASON, OPERATORS),
 }
 # URL patterns proven elsewhere: logging in and out (test_security.py, sessions).

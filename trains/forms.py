@@ -20,11 +20,13 @@ from trains.limits import (
     MAX_CYCLE_SLO_S,
     MAX_DOMAINS_AT_ONCE,
     MAX_SOAK_S,
+    MAX_UPGRADE_PRIORITY,
     MAX_VISIT_ESTIMATE_S,
 )
 from trains.models import Pace
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.offboarding import upgrade_offboard
+from trains.services.replan import REPLAN_FIELDS, upgrade_replan
 from trains.services.trains import train_create, train_update
 from trains.services.upgrades import upgrade_create
 
@@ -360,11 +362,11 @@ class UpgradeForm(ServiceForm):
     )
     priority = forms.IntegerField(
         min_value=0,
-        max_value=1000,
+        max_value=MAX_UPGRADE_PRIORITY,
         initial=DEFAULT_UPGRADE_PRIORITY,
         required=False,
-        help_text=f"Higher goes first when a visit cannot take every pending upgrade (0 to 1000; empty: "
-        f"{DEFAULT_UPGRADE_PRIORITY}).",
+        help_text="Higher goes first when a visit cannot take every pending upgrade "
+        f"(0 to {MAX_UPGRADE_PRIORITY}; empty: {DEFAULT_UPGRADE_PRIORITY}).",
     )
     deadline = forms.DateTimeField(
         label="Deadline (UTC)",
@@ -441,3 +443,53 @@ class OffboardForm(ServiceForm):
                     code="conflict",
                 )
         return True
+
+
+class ReplanForm(ServiceForm):
+    """An active upgrade's priority, deadline and pace, as a deadline alert advises:
+    trains.services.replan.upgrade_replan decides. The form shows the current values; what is posted
+    back unchanged stays as it is."""
+
+    upgrade: Any  # the upgrade replanned (for_upgrade)
+
+    priority = forms.IntegerField(
+        min_value=0,
+        max_value=MAX_UPGRADE_PRIORITY,
+        help_text=f"Higher goes first when a visit cannot take every pending upgrade (0 to {MAX_UPGRADE_PRIORITY}).",
+    )
+    deadline = forms.DateTimeField(
+        label="Deadline (UTC)",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Every host by then; empty: no deadline. A new deadline is judged by the forecast at once.",
+    )
+    multi_cycle = forms.BooleanField(
+        required=False,
+        help_text="Spread over several cycles, a bounded number of hosts per visit; off: every host of a domain "
+        "per visit.",
+    )
+    hosts_per_visit = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_COUNT,
+        required=False,
+        help_text="The bound a multi-cycle upgrade needs; dropped when it is not multi-cycle.",
+    )
+
+    @classmethod
+    def for_upgrade(cls, upgrade: Any, data: Any = None) -> ReplanForm:
+        initial = {name: getattr(upgrade, name) for name in REPLAN_FIELDS}
+        form = cls(data, initial=initial)
+        form.upgrade = upgrade
+        return form
+
+    def replan(self, *, actor: Any) -> Any:
+        return self.call_service(lambda: upgrade_replan(upgrade_id=self.upgrade.pk, actor=actor, **self._given()))
+
+    def _given(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        if not data["multi_cycle"]:
+            data.pop("hosts_per_visit")  # the box may still show the old bound; the service drops it
+        shown = self.upgrade.deadline
+        if shown is not None and data["deadline"] == shown.replace(second=0, microsecond=0):
+            data.pop("deadline")  # shown to the minute and posted back: the exact deadline stays
+        return data

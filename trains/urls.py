@@ -13,6 +13,7 @@ urlpatterns = [
     path("upgrades/", trains_pages.upgrades_list, name="upgrades"),
     path("upgrades/new/", train_forms.upgrade_new, name="upgrade-new"),
     path("upgrades/<int:pk>/", trains_pages.upgrade_detail, name="upgrade-detail"),
+    path("upgrades/<int:pk>/replan/", train_forms.upgrade_replan_view, name="upgrade-replan"),
     path("upgrades/<int:pk>/offboard/", train_forms.upgrade_offboard_view, name="upgrade-offboard"),
     path("upgrades/<int:pk>/reonboard/", trains_pages.upgrade_reonboard_view, name="upgrade-reonboard"),
     path("emergency/new/", emergency.emergency_train_new, name="emergency-new"),

@@ -11,6 +11,7 @@ from django.db.models import Q
 from fleet.models import ComponentVersion, MaintenanceDomain, Pool
 from opsplanner import clock
 from opsplanner.models import Operation
+from trains.limits import MAX_UPGRADE_PRIORITY
 
 DEFAULT_UPGRADE_PRIORITY = 100
 
@@ -46,7 +47,7 @@ class Upgrade(models.Model):
     multi_cycle = models.BooleanField(default=False, help_text="applied to a bounded number of hosts per visit")
     priority = models.PositiveSmallIntegerField(
         default=DEFAULT_UPGRADE_PRIORITY,
-        validators=[MaxValueValidator(1000)],
+        validators=[MaxValueValidator(MAX_UPGRADE_PRIORITY)],
         help_text="higher goes first when a visit cannot take every pending upgrade",
     )
     deadline = models.DateTimeField(

@@ -13,6 +13,7 @@ import datetime as dt
 from django.db.models import Q, TextChoices
 
 from opsplanner.events import event_record
+from trains.limits import MAX_UPGRADE_PRIORITY
 from trains.models import Upgrade, UpgradeState
 from trains.selectors_forecast import (
     ForecastCode,
@@ -24,7 +25,7 @@ from trains.selectors_forecast import (
 )
 from trains.services.actor import ACTOR
 
-TOP_PRIORITY = 1000
+TOP_PRIORITY = MAX_UPGRADE_PRIORITY
 
 
 class DeadlineFix(TextChoices):

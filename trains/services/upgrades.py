@@ -27,7 +27,7 @@ from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedModels, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope, version_of
 from opsplanner.services.compatibility import target_refusal
-from trains.limits import FAILURE_RATE_DECIMALS
+from trains.limits import FAILURE_RATE_DECIMALS, check_deadline, check_visit_bound
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
@@ -182,8 +182,7 @@ def upgrade_create(
         created_at=clock.now(),
     )
     upgrade.full_clean()
-    if deadline is not None and deadline <= upgrade.created_at:
-        raise ValidationError({"deadline": "The deadline is in the past."})
+    check_deadline(deadline, now=upgrade.created_at)
     scope_ids = _checked_scope(pool, scope, target)
     upgrade.save()
     UpgradePhase.objects.bulk_create(_phase_rows(upgrade, specs, scope_ids))
@@ -219,13 +218,7 @@ def _checked_request(
         raise ValidationError({"version": unknown.message_dict["component_version"]}) from None
     if target.withdrawn_at is not None:
         raise ValidationError({"version": f"{target} is withdrawn: {target.withdrawn_reason}"})
-    if multi_cycle and not hosts_per_visit:
-        raise ValidationError({"hosts_per_visit": "A multi-cycle upgrade needs a number of hosts per visit."})
-    if hosts_per_visit is not None and not multi_cycle:  # a visit bounds only a multi-cycle upgrade's hosts
-        raise ValidationError(
-            {"hosts_per_visit": "Only a multi-cycle upgrade takes a number of hosts per visit: make it multi-cycle, "
-             "or leave the number out."}
-        )  # fmt: skip
+    check_visit_bound(multi_cycle=multi_cycle, hosts_per_visit=hosts_per_visit)
     if max_failure_rate is not None and not 0 <= max_failure_rate <= 1:
         raise ValidationError({"max_failure_rate": "The failure rate is between 0 and 1."})
     if max_failure_rate is not None and round(max_failure_rate, FAILURE_RATE_DECIMALS) != max_failure_rate:

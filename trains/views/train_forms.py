@@ -1,5 +1,6 @@
 """The operators' forms for trains and upgrades: create a train, change its SLO, concurrency and
-domain order, create an upgrade with its phases and failure policy, offboard an upgrade.
+domain order, create an upgrade with its phases and failure policy, replan an upgrade (priority,
+deadline, pace), offboard an upgrade.
 
 Each is a plain Django form posted to its own page; it calls the same service the API calls, so a
 refusal is the service's ValidationError, shown next to the field it is about (what concerns no
@@ -18,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 
 from console.web import action_required
 from opsplanner.permissions import Action
-from trains.forms import OffboardForm, TrainEditForm, TrainForm, UpgradeForm
+from trains.forms import OffboardForm, ReplanForm, TrainEditForm, TrainForm, UpgradeForm
 from trains.models import Train, Upgrade
 from trains.selectors_web import (
     domain_suggestions,
@@ -91,6 +92,18 @@ def upgrade_new(request: HttpRequest) -> HttpResponse:
         return redirect("trains:upgrade-detail", upgrade.pk)
     context = {"form": form, "domains": domain_suggestions()}
     return _form_page(request, "trains/upgrade_form.html", context)
+
+
+@action_required(Action.OPERATE)
+@require_http_methods(["GET", "POST"])
+def upgrade_replan_view(request: HttpRequest, pk: int) -> HttpResponse:
+    upgrade = _upgrade(pk)
+    form = ReplanForm.for_upgrade(upgrade, _posted(request))
+    if form.is_bound and form.is_valid() and form.replan(actor=request.user):
+        messages.success(request, f"Upgrade #{upgrade.pk} replanned; the changes apply from its next visit.")
+        return redirect("trains:upgrade-detail", upgrade.pk)
+    context = {"form": form, "row": upgrade_rows([upgrade])[0]}  # a refusal wrote nothing
+    return _form_page(request, "trains/upgrade_replan.html", context)
 
 
 @action_required(Action.OPERATE)

@@ -18,6 +18,7 @@ from trains.limits import (
     MAX_CYCLE_SLO_S,
     MAX_DOMAINS_AT_ONCE,
     MAX_SOAK_S,
+    MAX_UPGRADE_PRIORITY,
     MAX_VISIT_ESTIMATE_S,
 )
 from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
@@ -281,8 +282,25 @@ class UpgradeInput(serializers.Serializer):
     failure_rate_min_hosts = serializers.IntegerField(min_value=1, max_value=MAX_COUNT, default=5)
     multi_cycle = serializers.BooleanField(default=False)
     hosts_per_visit = serializers.IntegerField(min_value=1, max_value=MAX_COUNT, required=False)
-    priority = serializers.IntegerField(min_value=0, max_value=1000, default=DEFAULT_UPGRADE_PRIORITY)
+    priority = serializers.IntegerField(min_value=0, max_value=MAX_UPGRADE_PRIORITY, default=DEFAULT_UPGRADE_PRIORITY)
     deadline = serializers.DateTimeField(required=False, help_text="every host by then; moves the upgrade ahead")
     duration_s = serializers.IntegerField(
         min_value=1, max_value=MAX_SOAK_S, required=False, help_text="expected time to apply it on one host"
+    )
+
+
+class UpgradeReplanInput(serializers.Serializer):
+    """Only the fields sent change (trains.services.replan.upgrade_replan decides the rest)."""
+
+    priority = serializers.IntegerField(
+        min_value=0, max_value=MAX_UPGRADE_PRIORITY, required=False, help_text="higher goes first in a visit"
+    )
+    deadline = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="every host by then; null clears it"
+    )
+    multi_cycle = serializers.BooleanField(
+        required=False, help_text="false: every host of a domain per visit (its hosts per visit are dropped)"
+    )
+    hosts_per_visit = serializers.IntegerField(
+        min_value=1, max_value=MAX_COUNT, required=False, allow_null=True, help_text="a multi-cycle upgrade's bound"
     )

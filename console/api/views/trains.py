@@ -1,4 +1,5 @@
-"""Trains (pause, resume, forecast), visits and upgrades (create, offboard, re-onboard and skip-phase requests)."""
+"""Trains (pause, resume, forecast), visits and upgrades (create, replan, offboard, re-onboard and skip-phase
+requests)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from trains.selectors import train_forecast
 from trains.services.offboarding import upgrade_offboard
 from trains.services.phases import upgrade_phase_skip_request
 from trains.services.reonboarding import upgrade_reonboard_request
+from trains.services.replan import upgrade_replan
 from trains.services.trains import train_create, train_pause, train_resume
 from trains.services.upgrades import upgrade_create
 
@@ -84,6 +86,7 @@ class UpgradeViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = UpgradeFilter
     action_permissions = {
         "create": Action.OPERATE,
+        "replan": Action.OPERATE,
         "offboard": Action.OPERATE,
         "reonboard": Action.OPERATE,
         "skip_phase": Action.OPERATE,
@@ -113,6 +116,15 @@ class UpgradeViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return Response(
             self.get_serializer(self.get_queryset().get(pk=upgrade.pk)).data, status=status.HTTP_201_CREATED
         )
+
+    @extend_schema(request=s.UpgradeReplanInput, responses=s.UpgradeSerializer)
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def replan(self, request: Any, pk: str | None = None) -> Response:
+        """Change an active upgrade's priority, deadline, multi-cycle or hosts per visit (only the fields
+        sent); a visit already running keeps its plan, the next one takes the new values."""
+        upgrade_replan(upgrade_id=self.get_object().pk, actor=request.user, **valid(s.UpgradeReplanInput, request.data))
+        return Response(self.get_serializer(self.get_object()).data)  # read again, in the same transaction
 
     @extend_schema(request=ReasonInput, responses=s.UpgradeSerializer)
     @action(detail=True, methods=["post"])
