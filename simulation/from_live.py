@@ -40,7 +40,7 @@ from fleet.models import (
 )
 from opsplanner import clock
 from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
-from simulation.from_live_trains import upgrade_arrival, upgrades_snapshot
+from simulation.from_live_trains import phase_in_force_note, upgrade_arrival, upgrades_snapshot
 from simulation.report import Runs, summarise
 from simulation.runner import (
     Job,
@@ -292,7 +292,8 @@ def _runs_noted(runs: Runs, snapshots: list[dict[str, Any]], days: float) -> Run
         for pool in (pool for shard in shards for pool in shard.get("pools") or []):
             snapshot = by_pool.get(str(pool.get("name")))
             if snapshot is not None:
-                pool["notes"] = live_train_notes(snapshot, policy, days)
+                upgrades = [phase_in_force_note(upgrade) for upgrade in snapshot["upgrades"]]
+                pool["notes"] = live_train_notes(snapshot, policy, days) + [note for note in upgrades if note]
     return runs
 
 
@@ -347,6 +348,8 @@ def live_workload(config: SimulationConfig) -> Workload:
     arrivals = []
     for upgrade in snapshot["upgrades"]:
         created, carried = upgrade_arrival(upgrade, config.start)
+        if created is None:  # the lane cannot create it (phase_in_force_note says why)
+            continue
         arrivals.append(
             Arrival(at=config.start, pool=0, component=upgrade["component"], version=upgrade["version"],
                     upgrade=created, carried=carried)

@@ -45,13 +45,26 @@ def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
     )
     phases = {u.pk: sorted(u.phases.all(), key=lambda p: p.position) for u in upgrades}
     in_force = [p for u in upgrades for p in phases[u.pk] if p.position == u.current_phase]
+    emptied = {p.upgrade_id for p in in_force if p.domain_id is not None and not _domain_in_scope(p)}
     successes = upgrades_phase_successes(in_force)  # the tick's own count, one query
     picked = {h for u in upgrades for p in phases[u.pk] if p.position <= u.current_phase for h in p.picked_hosts}
     names = dict(Host.objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
-    return [_upgrade_snapshot(u, phases[u.pk], successes.get(u.pk, 0), names) for u in upgrades]
+    return [_upgrade_snapshot(u, phases[u.pk], successes.get(u.pk, 0), names, u.pk not in emptied) for u in upgrades]
 
 
-def _upgrade_snapshot(upgrade: Any, phases: list[Any], successes: int, names: dict[int, str]) -> dict[str, Any]:
+def _domain_in_scope(phase: Any) -> bool:
+    """Whether the domain of a phase has a host in its upgrade's scope now: a scope that selects
+    hosts below the target (`hosts running C below V`) has none left in a canary domain all of whose
+    hosts reached it, and upgrade_create refuses such a phase (the lane creates its upgrades)."""
+    from trains.services.upgrade_scopes import upgrade_scope_hosts
+
+    scope = upgrade_scope_hosts(phase.upgrade)
+    return bool(scope) and Host.objects.filter(pk__in=scope, domain_id=phase.domain_id).exists()
+
+
+def _upgrade_snapshot(
+    upgrade: Any, phases: list[Any], successes: int, names: dict[int, str], in_scope: bool
+) -> dict[str, Any]:
     """A pending upgrade as upgrade_create takes it: its target, scope and policy, the phases it has
     still to go through (a graduated phase's evidence is in: the lane does not wait for it again) and
     how far the first of them, the phase in force, has got."""
@@ -75,14 +88,17 @@ def _upgrade_snapshot(upgrade: Any, phases: list[Any], successes: int, names: di
         "priority": upgrade.priority,
         "deadline": None if deadline is None else deadline.isoformat(),
         "duration_s": upgrade.duration_s,
-        "phase_progress": _phase_progress(upgrade, phases, successes, names),
+        "phase_progress": _phase_progress(upgrade, phases, successes, names, in_scope),
     }
 
 
-def _phase_progress(upgrade: Any, phases: list[Any], successes: int, names: dict[int, str]) -> dict[str, Any] | None:
+def _phase_progress(
+    upgrade: Any, phases: list[Any], successes: int, names: dict[int, str], in_scope: bool
+) -> dict[str, Any] | None:
     """How far the phase in force has got: its successes, the evidence it needs (both as the tick
     judges them), since when it soaks (None: not yet, or afresh since a re-onboarding) and the hosts
-    it and the phases before it picked (the tick lets every later phase touch them too)."""
+    it and the phases before it picked (the tick lets every later phase touch them too); and whether
+    its domain, if it has one, still has a host in scope (`_domain_in_scope`)."""
     from trains.services.phases import phase_evidence_needed
 
     phase = next((p for p in phases if p.position == upgrade.current_phase), None)
@@ -95,12 +111,14 @@ def _phase_progress(upgrade: Any, phases: list[Any], successes: int, names: dict
         "evidence_needed": phase_evidence_needed(phase),
         "successes_reached_at": None if reached is None else reached.isoformat(),
         "picked_hosts": list(dict.fromkeys(picked)),
+        "domain_in_scope": in_scope,
     }
 
 
-def upgrade_arrival(upgrade: dict[str, Any], start: dt.datetime) -> tuple[dict[str, Any], CarriedPhase | None]:
-    """upgrade_create's arguments for a live upgrade but its target (Arrival.upgrade), and what its
-    first phase carries of the live progress (Arrival.carried; None: nothing, as an older snapshot)."""
+def upgrade_arrival(upgrade: dict[str, Any], start: dt.datetime) -> tuple[dict[str, Any] | None, CarriedPhase | None]:
+    """upgrade_create's arguments for a live upgrade but its target (Arrival.upgrade; None: the lane
+    cannot create it, see phase_in_force_note), and what its first phase carries of the live
+    progress (Arrival.carried; None: nothing, as an older snapshot)."""
     fields = {k: v for k, v in upgrade.items() if k not in _NOT_CREATED}
     deadline = dt.datetime.fromisoformat(fields["deadline"]) if fields["deadline"] else None
     # A deadline already missed live is not one the lane can be held to (upgrade_create refuses the past).
@@ -108,7 +126,15 @@ def upgrade_arrival(upgrade: dict[str, Any], start: dt.datetime) -> tuple[dict[s
     progress = upgrade.get("phase_progress")
     if not progress or not fields["phases"]:
         return fields, None
-    fields["phases"], carried = _phases_carried([dict(p) for p in fields["phases"]], progress, start)
+    phases = [dict(p) for p in fields["phases"]]
+    if not progress.get("domain_in_scope", True):
+        # Its domain has no host left in scope: upgrade_create refuses the phase, and the lane cannot
+        # show its evidence. With the evidence in, it widens at once (early by what is left of its
+        # soak); without, it holds live until an operator acts, and the lane leaves it out.
+        if progress["successes"] < progress["evidence_needed"]:
+            return None, None
+        return {**fields, "phases": phases[1:]}, CarriedPhase(picked_hosts=tuple(progress["picked_hosts"]))
+    fields["phases"], carried = _phases_carried(phases, progress, start)
     return fields, carried
 
 
@@ -186,3 +212,18 @@ def _carried_graduate(upgrade_id: int, now: dt.datetime) -> bool | None:
         upgrade=upgrade, phase=phase, nxt=following, now=now, data={"carried": True},
         reason=f"phase {phase.name} had its evidence on the live fleet and has soaked; now {following.name}",
     )  # fmt: skip
+
+
+def phase_in_force_note(upgrade: dict[str, Any]) -> str:
+    """What a forecast says of an upgrade whose phase in force has no host left in scope (upgrade_arrival
+    treats it so); empty for any other."""
+    progress = upgrade.get("phase_progress") or {}
+    phases = upgrade.get("phases") or []
+    if progress.get("domain_in_scope", True):
+        return ""
+    said = (
+        f"upgrade {upgrade['component']} {upgrade['version']}: phase {phases[0]['name']} has no host left in its scope"
+    )
+    if progress["successes"] < progress["evidence_needed"]:
+        return f"{said} and lacks its evidence: it holds on the live fleet until an operator acts; left out here"
+    return f"{said} and has its evidence: the forecast widens it at once (the live fleet, when its soak ends)"

@@ -145,6 +145,7 @@ def test_it_needs_only_the_evidence_the_phase_still_lacks_and_keeps_the_hosts_it
     assert canary.picked_hosts == picked  # live's pick, by name: the lane does not pick another
     assert snapshot["upgrades"][0]["phase_progress"] == {
         "successes": 2, "evidence_needed": 3, "successes_reached_at": None, "picked_hosts": [picked_name],
+        "domain_in_scope": True,
     }  # fmt: skip
 
 
@@ -204,3 +205,54 @@ def test_a_fixed_canary_held_live_for_want_of_hosts_is_held_in_the_forecast_too(
     (upgrade,) = policy(result, "trains")["upgrades"]
     assert upgrade["reach_24h"] < 1.0  # nobody approves a skip in the lane
     assert canary_of(Upgrade.objects.get()).held_code == "too_few_hosts"
+
+
+SELECTED = "hosts running bios below 2.16.0 in pool live-p"  # a scope that drops hosts as they reach it
+
+
+def selected_rollout(canary: dict[str, Any]) -> tuple[Pool, Upgrade]:
+    """live_rollout's pool and upgrade with a scope that selects the hosts still below the target."""
+    from trains.services.trains import train_create
+    from trains.services.upgrades import upgrade_create
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, failure_buffer_hosts=1, pool_name="live-p")
+    train_create(pool=pool, name="train-live-p", cycle_slo_s=24 * HOUR, visit_estimate_s=HOUR, actor="test")
+    upgrade = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="firmware fix", actor="test", scope=SELECTED,
+        phases=[{"name": "canary", "domain": "rack-0001", **canary},
+                {"name": "rest", "percent": 100, "min_successes": 0}],
+    )  # fmt: skip
+    return pool, upgrade
+
+
+def test_a_soaking_canary_whose_hosts_all_left_a_selecting_scope_widens_at_once_with_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lane creates the upgrade again, and upgrade_create refuses a domain phase with no host in
+    # scope: the whole what-if failed ("Phase canary: domain rack-0001 has no host in scope").
+    pool, upgrade = selected_rollout({"min_successes": 2, "soak_s": 10 * HOUR})
+    drive_trains(pool, until=lambda: upgrade_phase_successes(upgrade, 0) >= 2)
+    assert Upgrade.objects.get(pk=upgrade.pk).current_phase == 0  # soaking live
+
+    result = forecast(monkeypatch, pool)
+
+    (row,) = policy(result, "trains")["upgrades"]
+    assert row["reach_24h"] == 1.0  # the four hosts left, within the day
+    (note,) = result["notes"]
+    assert note.startswith("upgrade bios 2.16.0: phase canary has no host left in its scope and has its evidence")
+
+
+def test_a_canary_without_its_evidence_whose_hosts_left_a_selecting_scope_is_left_out_with_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool, _ = selected_rollout({"min_successes": 2, "soak_s": HOUR})
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    for host in Host.objects.filter(pool=pool, domain__name="rack-0001"):
+        installed_version_set(host=host, version=bios)  # by hand: no success of the canary's own
+
+    result = forecast(monkeypatch, pool)
+
+    assert policy(result, "trains")["upgrades"] == []
+    (note,) = result["notes"]
+    assert "lacks its evidence: it holds on the live fleet until an operator acts; left out here" in note
