@@ -241,10 +241,12 @@ class TrainsPolicy(Policy):
         # The instant an autostopped train's countdown ends, when the train tick resumes it: without
         # it, the lane looked again only after the engine's idle step (6 h), and resumed that late.
         # So too when a carried soak ends (one ended already waits for its open tasks: their pool's tick
-        # brings the policy back, and a past instant would hide a later one).
-        rows = _RESUMING_TRAINS.rows()
-        due = [since + dt.timedelta(seconds=after) for since, after in rows if since and after is not None]
+        # brings the policy back, and a past instant would hide a later one). A countdown already over
+        # (a zero delay) is due at the next tick: the engine looks again only at instants to come.
         now = clock.now()
+        soon = now + dt.timedelta(microseconds=1)
+        rows = _RESUMING_TRAINS.rows()
+        due = [max(since + dt.timedelta(seconds=after), soon) for since, after in rows if since and after is not None]
         return min(due + [ends_at for _, ends_at in self.soaking.values() if ends_at > now], default=None)
 
     def rollouts(self) -> list[Rollout]:

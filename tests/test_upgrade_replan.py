@@ -436,3 +436,34 @@ def test_an_offboarding_that_commits_first_is_never_overwritten_by_a_replan() ->
     upgrade.refresh_from_db()
     assert (upgrade.state, upgrade.priority) == (UpgradeState.OFFBOARDED, 100)
     assert replanned_events(upgrade) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replan_beside_a_tick_holding_the_train_waits_for_it_rather_than_deadlocking() -> None:
+    # The tick holds its train and writes the upgrades (a completion, a graduation, the deadline
+    # mark); the replan writes the train (train_says_at_once: the budget verdict). It locked the
+    # upgrade first, and the two deadlocked.
+    pool, _ = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=1)
+    train = make_train(pool, cycle_slo_s=3600, visit_overhead_s=600)
+    slow = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="slow", duration_s=900)
+    locked = threading.Event()
+    order: list[str] = []
+
+    def tick_holding_the_train() -> None:
+        with transaction.atomic():
+            Train.objects.select_for_update(of=("self",)).get(pk=train.pk)
+            locked.set()
+            time.sleep(0.5)  # the replan starts meanwhile
+            Upgrade.objects.filter(pk=slow.pk, deadline_alerted_at__isnull=True).update(deadline_alerted_at=clock.now())
+            order.append("tick")
+
+    def replan_meanwhile() -> None:
+        locked.wait(30)
+        # What the train's over-budget alert advises: a bounded number of hosts per visit.
+        upgrade_replan(upgrade_id=slow.pk, multi_cycle=True, hosts_per_visit=1, actor="alice")
+        order.append("replan")
+
+    assert in_threads(tick_holding_the_train, replan_meanwhile) == []
+    assert order == ["tick", "replan"]
+    slow.refresh_from_db()
+    assert (slow.multi_cycle, slow.hosts_per_visit, slow.deadline_alerted_at) == (True, 1, None)

@@ -14,7 +14,7 @@ from django.db import transaction
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from trains.limits import check_deadline, check_visit_bound
-from trains.models import Upgrade, UpgradeState
+from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState
 from trains.services.upgrades import train_says_at_once
 
 REPLAN_FIELDS = ("priority", "deadline", "multi_cycle", "hosts_per_visit")
@@ -56,8 +56,10 @@ def upgrade_replan(
 
     An emergency upgrade is refused: its own train, approved by a second operator, takes it alone and
     whole (priority, deadline and hosts per visit mean nothing there); changing it would change what
-    was approved. The row is locked, so an offboarding or completion committed first is seen here
-    and refused, and one trying meanwhile waits for this change to commit."""
+    was approved. The pool's train and then the row are locked (the train tick's order), so an
+    offboarding or completion committed first is seen here and refused, and one trying meanwhile
+    waits for this change to commit."""
+    _trains_locked(upgrade_id)
     upgrade = Upgrade.objects.select_for_update(of=("self",)).select_related("pool").filter(pk=upgrade_id).first()
     if upgrade is None:
         raise ValidationError(f"There is no upgrade #{upgrade_id}.", code="not_found")
@@ -93,6 +95,16 @@ def upgrade_replan(
     )
     train_says_at_once(upgrade.pool)  # the budget, the other upgrades' deadlines and this one's
     return upgrade
+
+
+def _trains_locked(upgrade_id: int) -> None:
+    """Lock the upgrade's pool's live regular trains, before the upgrade: the train tick holds its
+    train and writes the upgrades (a completion, a graduation, the deadline mark), and
+    train_says_at_once below writes the train, so taken the other way round the two deadlocked.
+    Held, a tick skips the train until the replan commits, and then judges the new plan."""
+    pool = Upgrade.objects.filter(pk=upgrade_id).values("pool_id")
+    trains = Train.objects.filter(pool_id__in=pool, emergency=False, state__in=LIVE_TRAIN_STATES).order_by("id")
+    list(trains.select_for_update(of=("self",)).values_list("id", flat=True))
 
 
 def _check_replannable(upgrade: Upgrade) -> None:
