@@ -5,6 +5,7 @@ page; only an active, regular upgrade, by an operator; the next visit takes the 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 
@@ -317,6 +318,28 @@ def test_a_replay_with_the_same_idempotency_key_replans_once() -> None:
 
 
 # --- the upgrade's page ---------------------------------------------------------------------------
+INPUT = re.compile(r"<input\b[^>]*>")
+
+
+def as_posted(page: str, **changes: str | None) -> dict[str, str]:
+    """What the page's form posts, as a browser sends it (the values it shows, each field's hidden
+    initial value, a ticked box as "on"), with `changes` typed in (None: emptied or unticked)."""
+    posted = {}
+    for tag in INPUT.findall(page):
+        attrs = dict(re.findall(r'(\w[\w-]*)="([^"]*)"', tag))
+        name = attrs.get("name", "")
+        if not name or name == "csrfmiddlewaretoken":
+            continue
+        if attrs.get("type") == "checkbox":
+            if re.search(r"\schecked\b", tag):
+                posted[name] = "on"
+            continue
+        posted[name] = attrs.get("value", "")
+    for name, value in changes.items():
+        posted.pop(name, None)
+        if value is not None:
+            posted[name] = value
+    return posted
 
 
 def test_an_operator_replans_from_the_upgrade_page() -> None:
@@ -331,7 +354,9 @@ def test_an_operator_replans_from_the_upgrade_page() -> None:
     assert 'name="priority" value="100"' in page
 
     # Multi-cycle unticked with the old bound still in its box: whole visits, the bound dropped.
-    response = client.post(f"/trains/upgrades/{upgrade.pk}/replan/", {"priority": "900", "hosts_per_visit": "1"})
+    changed = as_posted(page, priority="900", multi_cycle=None)
+    assert changed["hosts_per_visit"] == "1"
+    response = client.post(f"/trains/upgrades/{upgrade.pk}/replan/", changed)
 
     assert response.status_code == 302
     upgrade.refresh_from_db()
@@ -356,14 +381,31 @@ def test_a_deadline_shown_to_the_minute_and_posted_back_stays_exact() -> None:
     deadline = (clock.now() + dt.timedelta(days=2)).replace(second=17, microsecond=5)
     upgrade = bios_upgrade(pool, deadline=deadline)
     shown = f"{deadline:%Y-%m-%dT%H:%M}"
-    assert f'value="{shown}"' in operator().get(f"/trains/upgrades/{upgrade.pk}/replan/").content.decode()
+    page = operator().get(f"/trains/upgrades/{upgrade.pk}/replan/").content.decode()
+    assert f'value="{shown}"' in page
 
-    response = operator().post(f"/trains/upgrades/{upgrade.pk}/replan/", {"priority": "200", "deadline": shown})
+    response = operator().post(f"/trains/upgrades/{upgrade.pk}/replan/", as_posted(page, priority="200"))
 
     assert response.status_code == 302
     upgrade.refresh_from_db()
     assert (upgrade.priority, upgrade.deadline) == (200, deadline)
     assert replanned_events(upgrade)[0].data == {"priority": [100, 200]}
+
+
+def test_the_page_replans_only_what_the_operator_changed_not_what_an_api_call_changed_meanwhile() -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    upgrade = bios_upgrade(pool)
+    page = operator().get(f"/trains/upgrades/{upgrade.pk}/replan/").content.decode()  # priority 100 shown
+    upgrade_replan(upgrade_id=upgrade.pk, priority=700, actor="integration")  # meanwhile, through the API
+    deadline = (clock.now() + dt.timedelta(days=3)).replace(second=0, microsecond=0)
+
+    response = operator().post(
+        f"/trains/upgrades/{upgrade.pk}/replan/", as_posted(page, deadline=f"{deadline:%Y-%m-%dT%H:%M}")
+    )
+
+    assert response.status_code == 302
+    upgrade.refresh_from_db()
+    assert (upgrade.priority, upgrade.deadline) == (700, deadline)  # the page showed 100 and left it
 
 
 def test_a_missed_deadline_on_the_upgrade_page_points_an_operator_to_replan() -> None:

@@ -447,8 +447,8 @@ class OffboardForm(ServiceForm):
 
 class ReplanForm(ServiceForm):
     """An active upgrade's priority, deadline and pace, as a deadline alert advises:
-    trains.services.replan.upgrade_replan decides. The form shows the current values; what is posted
-    back unchanged stays as it is."""
+    trains.services.replan.upgrade_replan decides. The form shows the current values; only what the
+    operator changed is replanned."""
 
     upgrade: Any  # the upgrade replanned (for_upgrade)
 
@@ -456,23 +456,27 @@ class ReplanForm(ServiceForm):
         min_value=0,
         max_value=MAX_UPGRADE_PRIORITY,
         help_text=f"Higher goes first when a visit cannot take every pending upgrade (0 to {MAX_UPGRADE_PRIORITY}).",
+        show_hidden_initial=True,
     )
     deadline = forms.DateTimeField(
         label="Deadline (UTC)",
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
         help_text="Every host by then; empty: no deadline. A new deadline is judged by the forecast at once.",
+        show_hidden_initial=True,
     )
     multi_cycle = forms.BooleanField(
         required=False,
         help_text="Spread over several cycles, a bounded number of hosts per visit; off: every host of a domain "
         "per visit.",
+        show_hidden_initial=True,
     )
     hosts_per_visit = forms.IntegerField(
         min_value=1,
         max_value=MAX_COUNT,
         required=False,
         help_text="The bound a multi-cycle upgrade needs; dropped when it is not multi-cycle.",
+        show_hidden_initial=True,
     )
 
     @classmethod
@@ -486,10 +490,13 @@ class ReplanForm(ServiceForm):
         return self.call_service(lambda: upgrade_replan(upgrade_id=self.upgrade.pk, actor=actor, **self._given()))
 
     def _given(self) -> dict[str, Any]:
-        data = dict(self.cleaned_data)
-        if not data["multi_cycle"]:
-            data.pop("hosts_per_visit")  # the box may still show the old bound; the service drops it
-        shown = self.upgrade.deadline
-        if shown is not None and data["deadline"] == shown.replace(second=0, microsecond=0):
-            data.pop("deadline")  # shown to the minute and posted back: the exact deadline stays
+        """Only what the operator changed on the page (each field posts the value it showed, hidden):
+        what an API call changed meanwhile stays, and a deadline shown to the minute and posted back
+        keeps its exact time."""
+        data = {name: self.cleaned_data[name] for name in self.changed_data}
+        if not self.cleaned_data["multi_cycle"]:
+            data.pop("hosts_per_visit", None)  # the box may still show the old bound; the service drops it
+        shown = self.upgrade.deadline  # the box shows it to the minute (its hidden initial, exactly)
+        if "deadline" in data and shown is not None and data["deadline"] == shown.replace(second=0, microsecond=0):
+            data.pop("deadline")
         return data
