@@ -10,11 +10,12 @@ every visit the train's typical length whatever it takes, and a meta run's first
 longer than a visit's share, was forecast at 25.7 h and was still rolling out at 10 days. Each
 visit takes, as the train tick does (trains/services/budget.py), the pending upgrades of its domain
 that fit its budget in (priority, deadline, age) order, the newest release of a component standing
-in for the older ones it supersedes. A visit misses some hosts (a failed drain or execution, work
-deferred to the next cycle): as many as the train's recent visits missed are taken again at their
-domains' next visits (`hosts_missed`). Approximations: rollout phases are assumed to graduate on time, hosts of
-different upgrades in one domain overlap, and the missed hosts are spread evenly over the domains
-the upgrade had hosts pending in.
+in for the older ones it supersedes, a multi-cycle one's places on hosts where it fits
+(`_ranked_takes`). A visit misses some hosts (a failed drain or execution, work deferred to the next
+cycle): as many as the train's recent visits missed are taken again at their domains' next visits
+(`hosts_missed`). Approximations: rollout phases are assumed to graduate on time, hosts of different
+upgrades in one domain overlap (numbered from 0 for each), and the missed hosts are spread evenly
+over the domains the upgrade had hosts pending in.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -36,12 +37,14 @@ from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_pending import pending_by_domain
 from trains.services.budget import (
+    Selection,
     VisitSizing,
     select_within_budget,
     sizing_for,
     sizing_within_cycle,
     upgrade_order_key,
 )
+from trains.services.visits import _bound, _bound_rank, _costlier_hosts, _within_hosts_per_visit
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
@@ -333,46 +336,102 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
     by_component: dict[int, list[Upgrade]] = defaultdict(list)
     for upgrade in waiting:
         by_component[upgrade.component_version.component_id].append(upgrade)
-    candidates = _newest_first_takes(by_component.values(), counts)
-    # As the tick does (visits.domain_steps): an upgrade that does not fit every host is taken on
-    # those where it fits, the rest left for the next cycle.
-    selection = select_within_budget(
-        candidates,
-        sizing=sizing,
-        hosts_of=lambda take: set(take.hosts),
-        work_of=lambda take: sizing.work_s(take.upgrade),
-        restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
-    )
-    for upgrade, its_hosts in selection.taken:  # its own hosts, and as many of each older release's
+    selection = _ranked_takes(list(by_component.values()), counts, sizing)
+    for upgrade, its_hosts in selection.taken:  # its own hosts, and those of each older release it has
         version = upgrade.component_version
         for other in by_component[version.component_id]:
-            if other.pk == upgrade.pk or other.component_version.sort_key < version.sort_key:
-                state.remaining[other.pk][domain_id] = max(0, state.remaining[other.pk][domain_id] - len(its_hosts))
+            older = other.pk != upgrade.pk
+            if older and other.component_version.sort_key >= version.sort_key:
+                continue  # a newer release: not reached by this one
+            has = counts[other.pk]  # an older release's pending hosts are the first numbers: those below
+            reached = sum(h < has for h in its_hosts) if older and max(its_hosts) >= has else len(its_hosts)
+            state.remaining[other.pk][domain_id] = max(0, state.remaining[other.pk][domain_id] - reached)
     return selection.cost_s
 
 
-def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, int]) -> list[_Take]:
+def _ranked_takes(components: list[list[Upgrade]], counts: dict[int, int], sizing: VisitSizing) -> Selection:
+    """What the visit takes, as the tick's visits._ranked_selection: the takes within the budget (one
+    that does not fit every host taken where it fits, the rest left for the next cycle), a multi-cycle
+    release's places given again away from the hosts where it did not fit until none is left on a
+    host another could replace (`_unfit_places`). Most visits leave no such release: one pass."""
+    unfit: dict[int, set[int]] = {}
+    while True:
+        takes = _newest_first_takes(components, counts, unfit)
+        selection = select_within_budget(
+            takes,
+            sizing=sizing,
+            hosts_of=lambda take: set(take.hosts),
+            work_of=lambda take: sizing.work_s(take.upgrade),
+            restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
+        )
+        more = _unfit_places(takes, selection, counts, sizing) if selection.left else {}
+        if all(hosts <= unfit.get(upgrade_id, set()) for upgrade_id, hosts in more.items()):
+            return selection
+        for upgrade_id, hosts in more.items():
+            unfit.setdefault(upgrade_id, set()).update(hosts)
+
+
+def _unfit_places(takes: list[_Take], selection: Selection, counts: dict, sizing: VisitSizing) -> dict[int, set[int]]:
+    """As visits._unfit_hosts on the played visit's numbered hosts: per multi-cycle release with more
+    hosts than places that the budget left on some, its hosts where it does not fit either
+    (visits._costlier_hosts, from the work the takes taken before it give each host)."""
+    left = {t.upgrade.pk: set(t.hosts) for t in selection.left if (b := _bound(t.upgrade)) and counts[t.upgrade.pk] > b}
+    if not left:
+        return {}
+    taken = {t.upgrade.pk: t.hosts for t in selection.taken}
+    ahead: dict[int, float] = {}  # host -> the work the takes taken before this one give it
+    unfit = {}
+    for take in takes:  # in the order the visit takes them
+        upgrade_id = take.upgrade.pk
+        if upgrade_id in left:
+            unfit[upgrade_id] = _costlier_hosts(ahead, left[upgrade_id], set(range(counts[upgrade_id])))
+        for host in taken.get(upgrade_id, ()):
+            ahead[host] = ahead.get(host, 0.0) + sizing.work_s(take.upgrade)
+    return unfit
+
+
+def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, int], unfit: dict) -> list[_Take]:
     """The takes of a visit, as the tick's visits.domain_steps makes its steps: per component, the
     newest release on its pending hosts, each older one on those of its hosts no newer release
     claims (a narrower hotfix leaves the rest to the release it supersedes), each taking the best
-    queue place of what it supersedes; a multi-cycle release takes at most its hosts_per_visit, and
-    the older releases the hosts it leaves. Hosts are numbered from 0 for every upgrade: an older
-    release's pending hosts are taken to be the first ones a newer one has."""
+    queue place of what it supersedes; a multi-cycle release takes at most its hosts_per_visit
+    (`_places`), and the older releases the hosts it leaves. Hosts are numbered from 0 for every
+    upgrade: an older release's pending hosts are taken to be the first ones a newer one has."""
     keyed: list[tuple[tuple, _Take]] = []
     for releases in components:
         releases = sorted(releases, key=lambda u: u.component_version.sort_key, reverse=True)
-        claimed = 0
+        low, above = 0, set[int]()  # the hosts newer releases claim: every one below `low`, and `above`
         for i, upgrade in enumerate(releases):
             count = counts[upgrade.pk]
-            if count <= claimed:
+            if count <= low:
                 continue
-            own = range(claimed, count)
-            if upgrade.multi_cycle and upgrade.hosts_per_visit:
-                own = own[: upgrade.hosts_per_visit]
-            key = min(upgrade_order_key(u) for u in releases[i:] if counts[u.pk] > claimed)
+            free: Sequence[int] = range(low, count) if not above else [h for h in range(low, count) if h not in above]
+            own = free
+            if upgrade.multi_cycle and upgrade.hosts_per_visit and len(free) > upgrade.hosts_per_visit:
+                own = _places(upgrade, free, unfit.get(upgrade.pk), releases[i + 1 :], counts)
+            key = min(upgrade_order_key(u) for u in releases[i:] if counts[u.pk] > low)
             keyed.append((key, _Take(upgrade, frozenset(own))))
-            claimed = own.stop  # the hosts a multi-cycle release leaves this visit go to the older ones
+            if isinstance(own, range):  # the first ones left (nothing claimed above them)
+                low = own.stop
+                continue
+            above.update(own)
+            while low in above:  # the older releases' hosts start at the first one left
+                above.remove(low)
+                low += 1
     return [take for _, take in sorted(keyed, key=lambda kt: kt[0])]
+
+
+def _places(upgrade: Upgrade, free: Sequence[int], unfit: set | None, olders: list, counts: dict) -> Sequence[int]:
+    """A multi-cycle release's hosts_per_visit places among its `free` hosts (ascending), by the
+    visit's own rule (visits._bound_rank): first where it fits the budget (`unfit`: those where it did
+    not, `_ranked_takes`), then those the most older releases still need, then by number. The older
+    releases' pending hosts are the first numbers, so without unfit hosts that is the first ones.
+    Approximations: which hosts failed it is not known (no query; none ranked as failed), and the other
+    upgrades' work sits on the first numbers (they overlap), as for any take the budget narrows."""
+    if not unfit:
+        return free[: upgrade.hosts_per_visit]
+    rank = _bound_rank(unfit, set(), [set(range(counts[u.pk])) for u in olders])
+    return sorted(_within_hosts_per_visit(upgrade, set(free), rank))
 
 
 def play_forward(
