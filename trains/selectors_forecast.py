@@ -39,12 +39,11 @@ from trains.selectors_pending import pending_by_domain
 from trains.services.budget import (
     Selection,
     VisitSizing,
-    select_within_budget,
     sizing_for,
     sizing_within_cycle,
     upgrade_order_key,
 )
-from trains.services.visits import _bound, _bound_rank, _costlier_hosts, _within_hosts_per_visit
+from trains.services.places import bound_rank, select_ranked, visit_bound, within_hosts_per_visit
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
@@ -350,44 +349,24 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
 
 
 def _ranked_takes(components: list[list[Upgrade]], counts: dict[int, int], sizing: VisitSizing) -> Selection:
-    """What the visit takes, as the tick's visits._ranked_selection: the takes within the budget (one
-    that does not fit every host taken where it fits, the rest left for the next cycle), a multi-cycle
-    release's places given again away from the hosts where it did not fit until none is left on a
-    host another could replace (`_unfit_places`). Most visits leave no such release: one pass."""
-    unfit: dict[int, set[int]] = {}
-    while True:
-        takes = _newest_first_takes(components, counts, unfit)
-        selection = select_within_budget(
-            takes,
-            sizing=sizing,
-            hosts_of=lambda take: set(take.hosts),
-            work_of=lambda take: sizing.work_s(take.upgrade),
-            restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
-        )
-        more = _unfit_places(takes, selection, counts, sizing) if selection.left else {}
-        if all(hosts <= unfit.get(upgrade_id, set()) for upgrade_id, hosts in more.items()):
-            return selection
-        for upgrade_id, hosts in more.items():
-            unfit.setdefault(upgrade_id, set()).update(hosts)
+    """What the visit takes, as the tick's visits._ranked_selection (trains/services/places.py:
+    select_ranked): the takes within the budget (one that does not fit every host taken where it
+    fits, the rest left for the next cycle), a multi-cycle release's places given again away from
+    the hosts where it did not fit. Most visits leave no such release: one pass."""
 
+    def places_of(take: _Take) -> set[int] | None:
+        bound, count = visit_bound(take.upgrade), counts[take.upgrade.pk]
+        return set(range(count)) if bound and count > bound else None
 
-def _unfit_places(takes: list[_Take], selection: Selection, counts: dict, sizing: VisitSizing) -> dict[int, set[int]]:
-    """As visits._unfit_hosts on the played visit's numbered hosts: per multi-cycle release with more
-    hosts than places that the budget left on some, its hosts where it does not fit either
-    (visits._costlier_hosts, from the work the takes taken before it give each host)."""
-    left = {t.upgrade.pk: set(t.hosts) for t in selection.left if (b := _bound(t.upgrade)) and counts[t.upgrade.pk] > b}
-    if not left:
-        return {}
-    taken = {t.upgrade.pk: t.hosts for t in selection.taken}
-    ahead: dict[int, float] = {}  # host -> the work the takes taken before this one give it
-    unfit = {}
-    for take in takes:  # in the order the visit takes them
-        upgrade_id = take.upgrade.pk
-        if upgrade_id in left:
-            unfit[upgrade_id] = _costlier_hosts(ahead, left[upgrade_id], set(range(counts[upgrade_id])))
-        for host in taken.get(upgrade_id, ()):
-            ahead[host] = ahead.get(host, 0.0) + sizing.work_s(take.upgrade)
-    return unfit
+    return select_ranked(
+        lambda unfit: _newest_first_takes(components, counts, unfit),
+        sizing=sizing,
+        hosts_of=lambda take: set(take.hosts),
+        work_of=lambda take: sizing.work_s(take.upgrade),
+        restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
+        upgrade_of=lambda take: take.upgrade,
+        places_of=places_of,
+    )
 
 
 def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, int], unfit: dict) -> list[_Take]:
@@ -423,15 +402,15 @@ def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, i
 
 def _places(upgrade: Upgrade, free: Sequence[int], unfit: set | None, olders: list, counts: dict) -> Sequence[int]:
     """A multi-cycle release's hosts_per_visit places among its `free` hosts (ascending), by the
-    visit's own rule (visits._bound_rank): first where it fits the budget (`unfit`: those where it did
+    visit's own rule (places.bound_rank): first where it fits the budget (`unfit`: those where it did
     not, `_ranked_takes`), then those the most older releases still need, then by number. The older
     releases' pending hosts are the first numbers, so without unfit hosts that is the first ones.
     Approximations: which hosts failed it is not known (no query; none ranked as failed), and the other
     upgrades' work sits on the first numbers (they overlap), as for any take the budget narrows."""
     if not unfit:
         return free[: upgrade.hosts_per_visit]
-    rank = _bound_rank(unfit, set(), [set(range(counts[u.pk])) for u in olders])
-    return sorted(_within_hosts_per_visit(upgrade, set(free), rank))
+    rank = bound_rank(unfit, set(), [set(range(counts[u.pk])) for u in olders])
+    return sorted(within_hosts_per_visit(upgrade, set(free), rank))
 
 
 def play_forward(

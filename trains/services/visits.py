@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from django.core.exceptions import ValidationError
@@ -29,7 +28,8 @@ from opsplanner.services.compatibility import Refusal, targets_refusals
 from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
-from trains.services.budget import Selection, VisitSizing, select_within_budget, steps_cost_s, upgrade_order_key
+from trains.services.budget import Selection, VisitSizing, steps_cost_s, upgrade_order_key
+from trains.services.places import bound_rank, select_ranked, visit_bound, within_hosts_per_visit
 from trains.services.upgrades import hosts_below_target, upgrades_hosts_below
 
 # A host whose visit task is in one of these is still drained for the visit (or not yet started):
@@ -88,19 +88,18 @@ def _ranked_selection(
     joiners). A multi-cycle upgrade's hosts_per_visit places go to hosts where it fits the budget:
     chosen before the budget, they went to the first hosts by id, and where an upgrade ahead of it
     had filled a host's share the budget dropped it there and the place went unused, though it
-    fitted on the domain's other hosts. So the steps are made again with the hosts it did not fit
-    on last, until no such upgrade is left on a host another could replace (each round marks one
-    more host at least, and most rounds all of them: `_unfit_hosts`; no query)."""
+    fitted on the domain's other hosts (trains/services/places.py: select_ranked; no query)."""
     failed = _hosts_failed_beyond_bound(pending)
-    unfit: dict[int, set[int]] = defaultdict(set)
-    while True:
-        steps = domain_steps(pending, failed, sizing, unfit)
-        selection = _select(steps, sizing, running)
-        more = _unfit_hosts(steps, selection, host_ids, running)
-        if all(hosts <= unfit[upgrade_id] for upgrade_id, hosts in more.items()):
-            return selection
-        for upgrade_id, hosts in more.items():
-            unfit[upgrade_id] |= hosts
+    return select_ranked(
+        lambda unfit: domain_steps(pending, failed, sizing, unfit),
+        sizing=sizing,
+        hosts_of=lambda s: s.hosts,
+        work_of=lambda s: s.work_s,
+        restrict=_restricted,
+        upgrade_of=lambda s: s.plan.upgrade,
+        places_of=lambda s: host_ids if visit_bound(s.plan.upgrade) else None,
+        running=running,
+    )
 
 
 def _pending(plans: list[UpgradePlan], host_ids: set[int]) -> list[tuple[UpgradePlan, set[int]]]:
@@ -133,8 +132,8 @@ def domain_steps(
         for i, (plan, hosts) in enumerate(entries):
             upgrade_id = plan.upgrade.pk
             olders = [its_hosts for _, its_hosts in entries[i + 1 :]]  # their pending hosts
-            rank = _bound_rank(unfit.get(upgrade_id, set()), failed.get(upgrade_id, set()), olders)
-            own = _within_hosts_per_visit(plan.upgrade, hosts - claimed.keys(), rank)
+            rank = bound_rank(unfit.get(upgrade_id, set()), failed.get(upgrade_id, set()), olders)
+            own = within_hosts_per_visit(plan.upgrade, hosts - claimed.keys(), rank)
             step = Step(plan=plan, hosts=own, work_s=sizing.work_s(plan.upgrade))
             for host in own:
                 claimed[host] = upgrade_id
@@ -152,50 +151,6 @@ def domain_steps(
         for older in (p for p, _ in pending if p.upgrade.pk in step.superseded):
             keys[id(step)] = min(keys[id(step)], upgrade_order_key(older.upgrade))
     return [step for _, step in sorted(steps, key=lambda ks: keys[id(ks[1])])]
-
-
-def _unfit_hosts(
-    steps: list[Step], selection: Selection, host_ids: set[int], running: dict[int, float] | None
-) -> dict[int, set[int]]:
-    """Per multi-cycle upgrade the budget left on some of its hosts, the hosts of `host_ids` where it
-    does not fit either (_costlier_hosts), from the work the steps taken before it give each host."""
-    left = {step.plan.upgrade.pk: step.hosts for step in selection.left if _bound(step.plan.upgrade)}
-    if not left:
-        return {}
-    taken = {step.plan.upgrade.pk: step.hosts for step in selection.taken}
-    ahead = dict(running or {})  # host in the visit -> the work the steps taken before this one give it
-    unfit = {}
-    for step in steps:  # in the order the visit takes them
-        upgrade_id = step.plan.upgrade.pk
-        if upgrade_id in left:
-            unfit[upgrade_id] = _costlier_hosts(ahead, left[upgrade_id], host_ids)
-        for host in taken.get(upgrade_id, ()):
-            ahead[host] = ahead.get(host, 0.0) + step.work_s
-    return unfit
-
-
-def _costlier_hosts(ahead: dict[int, float], left: set[int], host_ids: set[int]) -> set[int]:
-    """The hosts where the same work costs the visit at least as much as on one of `left`:
-    select_within_budget prices a host by its work ahead and, for a host not yet in the visit (not
-    in `ahead`), by one host more (a wave more, maybe: a host's cost does not grow with its work
-    alone). Where a new host was left, the new ones (its other places were priced with that host
-    more and may fit without it); else the hosts in the visit with at least the work ahead of the
-    least busy one it was left on."""
-    if not left <= ahead.keys():
-        return host_ids - ahead.keys()
-    least = min(ahead[host] for host in left)
-    return {host for host in host_ids if ahead.get(host, -1.0) >= least}
-
-
-def _select(steps: list[Step], sizing: VisitSizing, running: dict[int, float] | None = None) -> Selection:
-    return select_within_budget(
-        steps,
-        sizing=sizing,
-        hosts_of=lambda s: s.hosts,
-        work_of=lambda s: s.work_s,
-        restrict=_restricted,
-        running=running,
-    )
 
 
 def _restricted(step: Step, hosts: set[int]) -> Step:
@@ -252,31 +207,10 @@ def visit_start(
     return selection
 
 
-def _within_hosts_per_visit(upgrade: Upgrade, hosts: set[int], rank: Callable[[int], tuple]) -> set[int]:
-    """A multi-cycle upgrade takes at most its hosts_per_visit hosts of a visit, as the visit starts
-    or as it joins late, the first by `rank` (_bound_rank)."""
-    bound = _bound(upgrade)
-    if not bound or len(hosts) <= bound:
-        return hosts
-    return set(sorted(hosts, key=rank)[:bound])
-
-
-def _bound_rank(unfit: set[int], failed: set[int], older: list[set[int]]) -> Callable[[int], tuple]:
-    """The order a multi-cycle upgrade's places go to hosts in: first those where it fits the visit's
-    budget (domain_selection), then those that have not failed it (a host whose install keeps failing
-    would otherwise take the one place each visit, and the rollout crawl at its pace), then those the
-    most older releases of its component (`older`: their pending hosts) still wait for, then by id.
-    By id alone, a newer release took the hosts an older multi-cycle one had already reached (the
-    first by id, as its rollout goes) and superseded it nowhere: the older one kept its own pace,
-    where the forecast (selectors_forecast._newest_first_takes) counted the newer one's hosts as
-    reached for it too; now one install takes a host past both, as the forecast plays it."""
-    return lambda host: (host in unfit, host in failed, -sum(host in hosts for hosts in older), host)
-
-
 def _hosts_failed_beyond_bound(pending: list[tuple[UpgradePlan, set[int]]]) -> dict[int, set[int]]:
     """{upgrade: its pending hosts that failed one of its tasks}, for the multi-cycle upgrades with
     more hosts pending than they take in a visit (one query; none without such upgrades)."""
-    over = {plan.upgrade.pk: hosts for plan, hosts in pending if len(hosts) > (_bound(plan.upgrade) or len(hosts))}
+    over = {plan.upgrade.pk: hosts for plan, hosts in pending if len(hosts) > (visit_bound(plan.upgrade) or len(hosts))}
     if not over:
         return {}
     rows = (
@@ -292,10 +226,6 @@ def _hosts_failed_beyond_bound(pending: list[tuple[UpgradePlan, set[int]]]) -> d
     for upgrade_id, host_id in rows:
         failed[upgrade_id].add(host_id)
     return failed
-
-
-def _bound(upgrade: Upgrade) -> int | None:
-    return upgrade.hosts_per_visit if upgrade.multi_cycle else None
 
 
 def split_release(steps: list[Step], limit: int) -> tuple[set[int], list[dict]]:
