@@ -509,3 +509,69 @@ def test_a_replan_beside_a_tick_holding_the_train_waits_for_it_rather_than_deadl
     assert order == ["tick", "replan"]
     slow.refresh_from_db()
     assert (slow.multi_cycle, slow.hosts_per_visit, slow.deadline_alerted_at) == (True, 1, None)
+
+
+def test_the_page_keeps_a_deadline_an_api_call_set_meanwhile_though_the_one_it_showed_had_seconds() -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    shown = (clock.now() + dt.timedelta(days=2)).replace(second=17, microsecond=5)
+    upgrade = bios_upgrade(pool, deadline=shown)
+    page = operator().get(f"/trains/upgrades/{upgrade.pk}/replan/").content.decode()
+    meanwhile = (clock.now() + dt.timedelta(days=5)).replace(second=0, microsecond=0)
+    upgrade_replan(upgrade_id=upgrade.pk, deadline=meanwhile, actor="integration")
+
+    response = operator().post(f"/trains/upgrades/{upgrade.pk}/replan/", as_posted(page, priority="200"))
+
+    assert response.status_code == 302
+    upgrade.refresh_from_db()
+    assert (upgrade.priority, upgrade.deadline) == (200, meanwhile)
+
+
+# --- racing other writers of the pool's upgrades ---------------------------------------------------
+
+
+def race_beside_offboarding(*, offboard_both: bool) -> tuple[Upgrade, list[str]]:
+    """An offboarding of the pool's first upgrade (and of its second: a version's withdrawal) holds
+    its row while the second upgrade is replanned; the first had no promise yet, which the replan's
+    forecast check would make."""
+    pool, _ = one_upgrade_per_visit()
+    first, second = create(pool, "bios", "2.16.0"), create(pool, "gpu-driver", "560.35.03")
+    Upgrade.objects.filter(pk=first.pk).update(promise_made_at=None, promised_cycle=None, promised_at=None)
+    holding = threading.Event()
+    errors: list[str] = []
+
+    def offboarding() -> None:
+        with transaction.atomic():
+            upgrade_offboard(upgrade=Upgrade.objects.get(pk=first.pk), reason="withdrawn", actor="file")
+            holding.set()
+            time.sleep(0.5)  # the replan starts meanwhile
+            if offboard_both:
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=second.pk), reason="withdrawn", actor="file")
+
+    def replan() -> None:
+        holding.wait(30)
+        try:
+            upgrade_replan(upgrade_id=second.pk, priority=900, actor="alice")
+        except ValidationError as refused:
+            errors.append(refused.messages[0])
+
+    assert in_threads(offboarding, replan) == []  # no deadlock either way
+    first.refresh_from_db()
+    return first, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replan_beside_a_withdrawal_offboarding_two_upgrades_waits_and_refuses_without_deadlock() -> None:
+    _, errors = race_beside_offboarding(offboard_both=True)
+
+    assert len(errors) == 1
+    assert "is offboarded; only an active upgrade" in errors[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replan_gives_no_promise_to_an_upgrade_offboarded_while_it_waited() -> None:
+    first, errors = race_beside_offboarding(offboard_both=False)
+
+    assert errors == []
+    assert (first.state, first.promise_made_at) == (UpgradeState.OFFBOARDED, None)
+    # Only the promise it was made as it was created (the race begins with it taken away).
+    assert Event.objects.filter(kind="upgrade.promised", subject_id=first.pk).count() == 1

@@ -445,6 +445,19 @@ class OffboardForm(ServiceForm):
         return True
 
 
+class _MinuteDateTimeField(forms.DateTimeField):
+    """A time shown and posted to the minute (a datetime-local box): posted back at that precision,
+    it has not changed, whatever seconds the time it showed had."""
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        try:
+            shown, posted = self.to_python(initial), self.to_python(data)
+        except ValidationError:
+            return True
+        minute = [None if t is None else t.replace(second=0, microsecond=0) for t in (shown, posted)]
+        return minute[0] != minute[1]
+
+
 class ReplanForm(ServiceForm):
     """An active upgrade's priority, deadline and pace, as a deadline alert advises:
     trains.services.replan.upgrade_replan decides. The form shows the current values; only what the
@@ -458,7 +471,7 @@ class ReplanForm(ServiceForm):
         help_text=f"Higher goes first when a visit cannot take every pending upgrade (0 to {MAX_UPGRADE_PRIORITY}).",
         show_hidden_initial=True,
     )
-    deadline = forms.DateTimeField(
+    deadline = _MinuteDateTimeField(
         label="Deadline (UTC)",
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
@@ -496,7 +509,4 @@ class ReplanForm(ServiceForm):
         data = {name: self.cleaned_data[name] for name in self.changed_data}
         if not self.cleaned_data["multi_cycle"]:
             data.pop("hosts_per_visit", None)  # the box may still show the old bound; the service drops it
-        shown = self.upgrade.deadline  # the box shows it to the minute (its hidden initial, exactly)
-        if "deadline" in data and shown is not None and data["deadline"] == shown.replace(second=0, microsecond=0):
-            data.pop("deadline")
         return data

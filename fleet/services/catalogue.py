@@ -150,7 +150,8 @@ def versions_withdrawal_apply(
     from trains.services.offboarding import upgrade_offboard, upgrades_fallen_back_reopen
 
     version_ids = list(version_ids)
-    upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE)
+    # In id order, as every writer of several upgrades (the forecast's promises, a replan's locks).
+    upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE).order_by("id")
     offboarded = [u.component_version_id for u in upgrades if upgrade_offboard(upgrade=u, reason=reason, actor=actor)]
     rollbacks: list[int] = []
     without_previous = 0

@@ -59,7 +59,7 @@ def upgrade_replan(
     was approved. The pool's train and then the row are locked (the train tick's order), so an
     offboarding or completion committed first is seen here and refused, and one trying meanwhile
     waits for this change to commit."""
-    _trains_locked(upgrade_id)
+    _pool_locked(upgrade_id)
     upgrade = Upgrade.objects.select_for_update(of=("self",)).select_related("pool").filter(pk=upgrade_id).first()
     if upgrade is None:
         raise ValidationError(f"There is no upgrade #{upgrade_id}.", code="not_found")
@@ -97,14 +97,17 @@ def upgrade_replan(
     return upgrade
 
 
-def _trains_locked(upgrade_id: int) -> None:
-    """Lock the upgrade's pool's live regular trains, before the upgrade: the train tick holds its
-    train and writes the upgrades (a completion, a graduation, the deadline mark), and
-    train_says_at_once below writes the train, so taken the other way round the two deadlocked.
-    Held, a tick skips the train until the replan commits, and then judges the new plan."""
+def _pool_locked(upgrade_id: int) -> None:
+    """Lock the upgrade's pool's live regular trains, then its active upgrades in id order, before
+    the upgrade itself: train_says_at_once below writes the train and any of those upgrades (a
+    promise, a deadline mark). The train tick holds its train and writes the upgrades, and a
+    version's withdrawal offboards its upgrades in id order: taken in another order, each deadlocked
+    with the replan. Held, a tick skips the train until the replan commits, then judges the new plan."""
     pool = Upgrade.objects.filter(pk=upgrade_id).values("pool_id")
     trains = Train.objects.filter(pool_id__in=pool, emergency=False, state__in=LIVE_TRAIN_STATES).order_by("id")
     list(trains.select_for_update(of=("self",)).values_list("id", flat=True))
+    upgrades = Upgrade.objects.filter(pool_id__in=pool, emergency=False, state=UpgradeState.ACTIVE).order_by("id")
+    list(upgrades.select_for_update(of=("self",)).values_list("id", flat=True))
 
 
 def _check_replannable(upgrade: Upgrade) -> None:

@@ -43,6 +43,7 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     rows = list(
         Upgrade.objects.filter(pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False)
         .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False, deadline_alerted_at__isnull=True))
+        .order_by("id")  # written in id order, as every writer of several upgrades (no deadlock)
         .values_list("id", "deadline", "deadline_alerted_at", "promise_made_at")
     )
     if not rows:
@@ -61,7 +62,9 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
         forecast = upgrade_forecast_of(by_id[upgrade_id], backlog, done)
         if forecast.deadline_met is not False:
             continue
-        if Upgrade.objects.filter(pk=upgrade_id, deadline_alerted_at__isnull=True).update(deadline_alerted_at=now):
+        # Guarded on the state too: an upgrade offboarded since the read gets no alert.
+        active = Upgrade.objects.filter(pk=upgrade_id, state=UpgradeState.ACTIVE)
+        if active.filter(deadline_alerted_at__isnull=True).update(deadline_alerted_at=now):
             _alert(backlog, by_id[upgrade_id], deadline, forecast, now)
             alerted.append(upgrade_id)
     return alerted
@@ -77,10 +80,10 @@ def _promises_make(backlog: PoolBacklog, upgrade_ids: list[int], done: dict, now
         forecast = upgrade_forecast_of(upgrade, backlog, done)
         if forecast.code not in (ForecastCode.SCHEDULED, ForecastCode.BEYOND_HORIZON):
             continue
-        if not Upgrade.objects.filter(pk=upgrade_id, promise_made_at__isnull=True).update(
+        if not Upgrade.objects.filter(pk=upgrade_id, state=UpgradeState.ACTIVE, promise_made_at__isnull=True).update(
             promise_made_at=now, promised_cycle=forecast.cycle, promised_at=forecast.at
         ):
-            continue  # another tick made it
+            continue  # another tick made it, or it was offboarded since the read
         event_record(
             kind="upgrade.promised",
             subject=upgrade,
