@@ -14,7 +14,7 @@ import pytest
 from fleet.models import Component, ComponentVersion
 from tests.builders import make_fleet, make_version
 from tests.driving import drive_trains, instant_simulator
-from tests.trains_builders import make_train
+from tests.trains_builders import bounded_bios_beside_a_busy_host, make_train
 from trains.models import Cycle, Pace, Train, Upgrade, UpgradeState, Visit
 from trains.selectors_forecast import _State, _Visit, _visit_takes, upgrades_forecasts
 from trains.services.budget import VisitSizing
@@ -28,19 +28,8 @@ DOMAIN = 7
 @pytest.mark.parametrize("pace", [Pace.DOMAIN, Pace.SLIDING])
 def test_the_forecast_places_a_multi_cycle_upgrade_beside_a_busy_host_as_the_visit_does(pace: str) -> None:
     instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=3)
-    busy = min(hosts, key=lambda h: h.pk)  # the first by id: where the forecast played the bound's place
-    train = make_train(pool, cycle_slo_s=3600, visit_overhead_s=600, pace=pace)
-    # A long driver upgrade first in line on one host: no room for bios there this visit
-    # (600 + 2400 + 900 s against 3600 s); the other two hosts have room (600 + 900 s).
-    upgrade_create(
-        pool=pool, component="gpu-driver", version="560.35.03", reason="driver",
-        scope=f"hosts: {busy.hostname}", priority=300, duration_s=2400,
-    )  # fmt: skip
-    bios = upgrade_create(
-        pool=pool, component="bios", version="2.16.0", reason="slow flash", duration_s=900,
-        multi_cycle=True, hosts_per_visit=1,
-    )  # fmt: skip
+    # The busy host is the first by id: where the forecast played the bound's place.
+    pool, train, _, _, bios = bounded_bios_beside_a_busy_host(pace)
 
     forecast = upgrades_forecasts([Upgrade.objects.get(pk=bios.pk)])[bios.pk]
 

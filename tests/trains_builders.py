@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from typing import NamedTuple
 
 from django.contrib.auth.models import Group, User
 from django.db.models import F
 
-from fleet.models import ComponentLayer, ComponentVersion, Pool
+from fleet.models import ComponentLayer, ComponentVersion, Host, Pool
 from opsplanner.models import HostTask
 from opsplanner.roles import Role
 from tests.builders import make_component, make_version
-from trains.models import Cycle, Train
+from trains.models import Cycle, Train, Upgrade
 from trains.services.trains import train_create
 
 _counter = itertools.count(1)
@@ -58,3 +59,35 @@ def drains_per_host(pool: Pool) -> Counter[int]:
 
 def cycle_ended(train: Train, number: int) -> bool:
     return Cycle.objects.filter(train=train, number=number, ended_at__isnull=False).exists()
+
+
+class BusyBeside(NamedTuple):
+    """bounded_bios_beside_a_busy_host's world: the pool, its train, the busy host, the others, bios."""
+
+    pool: Pool
+    train: Train
+    busy: Host
+    free: list[Host]
+    bios: Upgrade
+
+
+def bounded_bios_beside_a_busy_host(pace: str) -> BusyBeside:
+    """One domain of 3 hosts (all 3 may be out), a train at `pace` (1 h SLO, 600 s overhead): a long
+    driver upgrade first in line on the first host by id, which leaves no room there for bios this
+    visit (600 + 2400 + 900 s against 3600 s), where the other two have room (600 + 900 s); and bios
+    multi-cycle, one host per visit."""
+    from tests.builders import make_fleet
+    from trains.services.upgrades import upgrade_create
+
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=3, planned_buffer_hosts=3)
+    busy, *free = sorted(hosts, key=lambda h: h.pk)
+    train = make_train(pool, cycle_slo_s=3600, visit_overhead_s=600, pace=pace)
+    upgrade_create(
+        pool=pool, component="gpu-driver", version="560.35.03", reason="driver",
+        scope=f"hosts: {busy.hostname}", priority=300, duration_s=2400,
+    )  # fmt: skip
+    bios = upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="slow flash", duration_s=900,
+        multi_cycle=True, hosts_per_visit=1,
+    )  # fmt: skip
+    return BusyBeside(pool, train, busy, free, bios)
