@@ -20,10 +20,12 @@ from trains.limits import (
     MAX_CYCLE_SLO_S,
     MAX_DOMAINS_AT_ONCE,
     MAX_SOAK_S,
+    MAX_TRAIN_PRIORITY,
     MAX_UPGRADE_PRIORITY,
     MAX_VISIT_ESTIMATE_S,
 )
 from trains.models import Pace
+from trains.models.trains import DEFAULT_TRAIN_PRIORITY
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.offboarding import upgrade_offboard
 from trains.services.replan import REPLAN_FIELDS, upgrade_replan
@@ -225,7 +227,10 @@ class TrainForm(ServiceForm):
     )
     domain_order = _domain_order_field(required=False)
     priority = forms.IntegerField(
-        min_value=0, max_value=1000, initial=200, help_text="Higher goes first where operations overlap (0 to 1000)."
+        min_value=0,
+        max_value=MAX_TRAIN_PRIORITY,
+        initial=DEFAULT_TRAIN_PRIORITY,
+        help_text=f"Higher goes first where operations overlap (0 to {MAX_TRAIN_PRIORITY}).",
     )
     auto_resume_after_s = _seconds(
         "Auto-resume after (seconds)",

@@ -10,6 +10,8 @@ import datetime as dt
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from opsplanner.models import MAX_PRIORITY
+
 DAY_S = 24 * 3600
 MAX_CYCLE_SLO_S = 366 * DAY_S
 MAX_VISIT_ESTIMATE_S = 7 * DAY_S  # also a visit's overhead
@@ -19,6 +21,7 @@ MAX_COUNT = 1_000_000  # failures, successes, hosts per visit
 MAX_SOAK_S = 30 * DAY_S  # a phase's soak, an upgrade's time per host
 FAILURE_RATE_DECIMALS = 4  # Upgrade.max_failure_rate's decimal places
 MAX_UPGRADE_PRIORITY = 1000  # Upgrade.priority's bound (its model validator reads it)
+MAX_TRAIN_PRIORITY = MAX_PRIORITY  # a train's operations carry its priority
 
 
 def check_visit_bound(*, multi_cycle: bool, hosts_per_visit: int | None) -> None:

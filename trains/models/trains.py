@@ -11,6 +11,9 @@ from fleet.models import MaintenanceDomain, Pool
 from fleet.models.pools import NAME_VALIDATOR
 from opsplanner import clock
 from opsplanner.adapters import DRAINER_OVERRIDE_CHOICES, EXECUTOR_OVERRIDE_CHOICES, POOLS_ADAPTER
+from trains.limits import MAX_TRAIN_PRIORITY
+
+DEFAULT_TRAIN_PRIORITY = 200
 
 
 class TrainState(models.TextChoices):
@@ -78,7 +81,9 @@ class Train(models.Model):
     )
     budget_code = models.CharField(max_length=20, choices=BudgetCode.choices, blank=True, default=BudgetCode.NONE)
     budget_reason = models.CharField(max_length=500, blank=True, default="")
-    priority = models.PositiveSmallIntegerField(default=200, validators=[MaxValueValidator(1000)])
+    priority = models.PositiveSmallIntegerField(
+        default=DEFAULT_TRAIN_PRIORITY, validators=[MaxValueValidator(MAX_TRAIN_PRIORITY)]
+    )
     executor = models.CharField(
         max_length=16, choices=EXECUTOR_OVERRIDE_CHOICES, blank=True, default=POOLS_ADAPTER,
         help_text="who runs the steps and checks; empty: the pool's executor",

@@ -11,6 +11,7 @@ from opsplanner.adapters import POOLS_ADAPTER
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import Operation, OperationState
 from trains.models import STOPPED_TRAIN_STATES, Pace, Train, TrainState, TrainStop, VisitOperation, VisitState
+from trains.models.trains import DEFAULT_TRAIN_PRIORITY
 from trains.services.budget import visit_rounds
 
 SUBJECT = "trains.train"
@@ -71,7 +72,7 @@ def train_create(
     visit_estimate_s: int = 3600,
     domain_order: list[str] | None = None,
     visit_concurrency: int = 1,
-    priority: int = 200,
+    priority: int = DEFAULT_TRAIN_PRIORITY,
     auto_resume_after_s: int | None = None,
     visit_overhead_s: int | None = None,
     executor: str = POOLS_ADAPTER,

@@ -18,10 +18,12 @@ from trains.limits import (
     MAX_CYCLE_SLO_S,
     MAX_DOMAINS_AT_ONCE,
     MAX_SOAK_S,
+    MAX_TRAIN_PRIORITY,
     MAX_UPGRADE_PRIORITY,
     MAX_VISIT_ESTIMATE_S,
 )
 from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
+from trains.models.trains import DEFAULT_TRAIN_PRIORITY
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.selectors_forecast import ForecastCode, PromiseState, upgrade_promise, upgrades_forecasts
 
@@ -81,7 +83,7 @@ class TrainInput(serializers.Serializer):
         allow_null=True,
         help_text="drain, checks and return of one visit; empty: half the visit estimate",
     )
-    priority = serializers.IntegerField(min_value=0, max_value=1000, default=200)
+    priority = serializers.IntegerField(min_value=0, max_value=MAX_TRAIN_PRIORITY, default=DEFAULT_TRAIN_PRIORITY)
     auto_resume_after_s = serializers.IntegerField(min_value=1, max_value=MAX_AUTO_RESUME_S, required=False)
     executor = serializers.ChoiceField(choices=EXECUTOR_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
     drainer = serializers.ChoiceField(choices=DRAINER_OVERRIDE_CHOICES, default=POOLS_ADAPTER, allow_blank=True)
