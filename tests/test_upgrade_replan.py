@@ -364,6 +364,21 @@ def test_an_operator_replans_from_the_upgrade_page() -> None:
     assert "replanned" in client.get(response["Location"]).content.decode()
 
 
+def test_the_page_says_nothing_changed_when_the_operator_saves_it_as_shown() -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    upgrade = bios_upgrade(pool, multi_cycle=True, hosts_per_visit=1)
+    client = operator()
+    page = client.get(f"/trains/upgrades/{upgrade.pk}/replan/").content.decode()
+
+    response = client.post(f"/trains/upgrades/{upgrade.pk}/replan/", as_posted(page))
+
+    assert response.status_code == 302
+    shown = client.get(response["Location"]).content.decode()
+    assert f"Nothing changed: upgrade #{upgrade.pk} keeps its plan." in shown
+    assert "replanned;" not in shown
+    assert replanned_events(upgrade) == []
+
+
 def test_a_refused_replan_is_shown_next_to_its_field_and_writes_nothing() -> None:
     pool, _ = make_fleet(domains=1, hosts_per_domain=2)
     upgrade = bios_upgrade(pool)

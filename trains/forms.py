@@ -507,6 +507,11 @@ class ReplanForm(ServiceForm):
     def replan(self, *, actor: Any) -> Any:
         return self.call_service(lambda: upgrade_replan(upgrade_id=self.upgrade.pk, actor=actor, **self._given()))
 
+    @property
+    def changes_something(self) -> bool:
+        """The operator changed a field the replan reads (a valid form only)."""
+        return bool(self._given())
+
     def _given(self) -> dict[str, Any]:
         """Only what the operator changed on the page (each field posts the value it showed, hidden):
         what an API call changed meanwhile stays, and a deadline shown to the minute and posted back

@@ -100,7 +100,10 @@ def upgrade_replan_view(request: HttpRequest, pk: int) -> HttpResponse:
     upgrade = _upgrade(pk)
     form = ReplanForm.for_upgrade(upgrade, _posted(request))
     if form.is_bound and form.is_valid() and form.replan(actor=request.user):
-        messages.success(request, f"Upgrade #{upgrade.pk} replanned; the changes apply from its next visit.")
+        if form.changes_something:  # still refused above if the upgrade can no longer be replanned
+            messages.success(request, f"Upgrade #{upgrade.pk} replanned; the changes apply from its next visit.")
+        else:
+            messages.info(request, f"Nothing changed: upgrade #{upgrade.pk} keeps its plan.")
         return redirect("trains:upgrade-detail", upgrade.pk)
     context = {"form": form, "row": upgrade_rows([upgrade])[0]}  # a refusal wrote nothing
     return _form_page(request, "trains/upgrade_replan.html", context)
