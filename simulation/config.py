@@ -270,8 +270,11 @@ class Arrival:
 # A live train's state as a what-if's snapshot carries it beside train_create's arguments
 # (from_live._trains_snapshot; policies._live_train_create sets it in the lane). The defaults are what the
 # lane played a snapshot taken before the state was: every train running, resuming 3600 s after an autostop.
+# `open_cycle`: where it stands in its open cycle (from_live_trains.open_cycle_snapshot; None: none
+# open, or a snapshot taken before it was: the lane opens a cycle of its own at the first stop).
 LIVE_TRAIN_STATE: dict[str, Any] = {
     "state": "running", "state_reason": "", "auto_resume_after_s": 3600, "recovered_since": None,
+    "open_cycle": None,
 }  # fmt: skip
 
 

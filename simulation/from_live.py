@@ -40,7 +40,13 @@ from fleet.models import (
 )
 from opsplanner import clock
 from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
-from simulation.from_live_trains import phase_in_force_note, upgrade_arrival, upgrades_snapshot
+from simulation.from_live_trains import (
+    open_cycle_note,
+    open_cycle_snapshot,
+    phase_in_force_note,
+    upgrade_arrival,
+    upgrades_snapshot,
+)
 from simulation.report import Runs, summarise
 from simulation.runner import (
     Job,
@@ -239,6 +245,7 @@ def _trains_snapshot(pool: Pool) -> dict[str, Any]:
                 "state_reason": train.state_reason,
                 "auto_resume_after_s": train.auto_resume_after_s,
                 "recovered_since": _iso(train.recovered_since),
+                "open_cycle": open_cycle_snapshot(train),  # the lane goes on from its place in the cycle
             }
             for train in trains
         ],
@@ -261,6 +268,8 @@ def live_train_notes(snapshot: dict[str, Any], policy: str, days: float) -> list
     runs_trains = issubclass(POLICY_CLASSES.get(policy, object), TrainsPolicy)
     notes = []
     for train in map(live_train_spec, snapshot.get("trains") or []):
+        if runs_trains and (cycle_note := open_cycle_note(train)):
+            notes.append(cycle_note)
         state = train["state"]
         if state not in STOPPED_TRAIN_STATES:
             continue

@@ -227,3 +227,69 @@ def phase_in_force_note(upgrade: dict[str, Any]) -> str:
     if progress["successes"] < progress["evidence_needed"]:
         return f"{said} and lacks its evidence: it holds on the live fleet until an operator acts; left out here"
     return f"{said} and has its evidence: the forecast widens it at once (the live fleet, when its soak ends)"
+
+
+def open_cycle_snapshot(train: Any) -> dict[str, Any] | None:
+    """Where a live train stands in its open cycle (None: none open): its number, start and deadline,
+    and the domains it has visited in it. A visit running live is not among them: the lane visits
+    its domain first (its hosts' work in flight is taken as not done, as their versions show)."""
+    from trains.models import Cycle, Visit, VisitState
+
+    cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
+    if cycle is None:
+        return None
+    visited = Visit.objects.filter(cycle=cycle, state=VisitState.DONE).select_related("domain").order_by("position")
+    return {
+        "number": cycle.number,
+        "started_at": cycle.started_at.isoformat(),
+        "deadline_at": cycle.deadline_at.isoformat(),
+        "visited": [
+            {"domain": v.domain.name, "started_at": _iso(v.started_at), "ended_at": _iso(v.ended_at)} for v in visited
+        ],
+    }
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def open_cycle_copy(train: Any, cycle: dict[str, Any] | None) -> None:
+    """Open on the lane's train (just created, its stops the live ones) the live train's open cycle:
+    its number, start and deadline, the domains it visited done as they were. Its tick then visits
+    the other domains first and ends the cycle when the live one would, judged by the live deadline;
+    without it, the lane started a new cycle at the first stop, visiting again the domains just
+    visited live and leaving the others for last."""
+    from trains.models import Cycle, Visit, VisitState
+
+    if not cycle:
+        return
+    opened = Cycle.objects.create(
+        train=train,
+        number=cycle["number"],
+        started_at=dt.datetime.fromisoformat(cycle["started_at"]),
+        deadline_at=dt.datetime.fromisoformat(cycle["deadline_at"]),
+    )
+    visited = {v["domain"]: v for v in cycle["visited"]}
+    visits = []
+    for stop in train.stops.select_related("domain").order_by("position"):
+        visit = Visit(train=train, cycle=opened, domain_id=stop.domain_id, position=stop.position)
+        done = visited.get(stop.domain.name)
+        if done is not None and done["started_at"] and done["ended_at"]:
+            visit.state, visit.outcome = VisitState.DONE, "visited on the live fleet"
+            visit.started_at = dt.datetime.fromisoformat(done["started_at"])
+            visit.ended_at = dt.datetime.fromisoformat(done["ended_at"])
+        visits.append(visit)
+    Visit.objects.bulk_create(visits)
+
+
+def open_cycle_note(train: dict[str, Any]) -> str:
+    """What a forecast says of a live train in the middle of a cycle (empty: none open)."""
+    cycle = train.get("open_cycle")
+    if not cycle:
+        return ""
+    visited = len(cycle["visited"])
+    return (
+        f"train {train['name']} is in cycle {cycle['number']} on the live fleet, {visited} "
+        f"domain{'' if visited == 1 else 's'} visited: the forecast goes on from there, to the cycle's live "
+        f"deadline ({cycle['deadline_at']})"
+    )

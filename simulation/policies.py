@@ -26,7 +26,7 @@ from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import operation_submit
 from simulation.config import LIVE_TRAIN_STATE, Arrival, SimulationConfig
-from simulation.from_live_trains import carried_phase_write, carried_soaks_graduate
+from simulation.from_live_trains import carried_phase_write, carried_soaks_graduate, open_cycle_copy
 from simulation.scenarios import (
     simulated_hardware_apply,
     upgrade_duration_register,
@@ -143,6 +143,7 @@ def _live_train_create(pool: Pool, spec: dict[str, Any]) -> None:
             raise
         train = train_create(pool=pool, **resume, actor=ACTOR, **{**created, "cycle_slo_s": MAX_CYCLE_SLO_S})
         Train.objects.filter(pk=train.pk).update(cycle_slo_s=created["cycle_slo_s"])
+    open_cycle_copy(train, live["open_cycle"])
     _live_train_stop(train, live)
 
 
