@@ -1,7 +1,8 @@
-"""What-if on the live fleet: a train in the middle of a cycle goes on from there in the forecast.
-Before, the lane opened a cycle of its own at the first stop: it visited again the domains just
-visited live and left the others for last, and judged a new cycle's deadline instead of the live one.
-The lanes run in this process, on the test database (tests/from_live_helpers.py)."""
+"""What-if on the live fleet goes on from where the live pool stands: a train in the middle of a cycle
+goes on from there (before, the lane opened a cycle of its own at the first stop: it visited again
+the domains just visited live, left the others for last, and judged a new cycle's deadline instead
+of the live one), and a percentage phase covers the hosts it covers live. The lanes run in this
+process, on the test database (tests/from_live_helpers.py)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,32 @@ def test_the_sliding_pace_also_goes_on_from_the_live_cycle(monkeypatch: pytest.M
     assert (first.cycle.number, first.domain.name) == (LIVE_CYCLE, "rack-0003")
     (upgrade,) = policy(result, "trains-sliding")["upgrades"]
     assert upgrade["reach_24h"] == 1.0
+
+
+def test_a_percentage_phase_covers_the_same_hosts_in_the_forecast_as_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A percentage phase takes the first hosts of its scope by id. The lane created the hosts rack by
+    # rack, so where live ids interleave racks it played the phase on other hosts than live.
+    from fleet.models import Host, InstalledVersion
+    from trains.services.trains import train_create
+    from trains.services.upgrades import upgrade_create
+
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=2, failure_buffer_hosts=1, pool_name="live-q")
+    rack_1, rack_2 = hosts[0].domain_id, hosts[2].domain_id
+    Host.objects.filter(pk=hosts[1].pk).update(domain_id=rack_2)  # live ids now alternate racks
+    Host.objects.filter(pk=hosts[2].pk).update(domain_id=rack_1)
+    train_create(pool=pool, name="train-live-q", cycle_slo_s=24 * 3600, visit_estimate_s=3600, actor="test")
+    upgrade_create(
+        pool=pool, component="bios", version="2.16.0", reason="firmware fix", actor="test",
+        phases=[{"name": "half", "percent": 50, "min_successes": 2, "soak_s": 3 * 86_400},
+                {"name": "rest", "percent": 100, "min_successes": 0}],
+    )  # fmt: skip
+    first_half = {hosts[0].hostname, hosts[1].hostname}  # the first 50% by live id
+
+    forecast(monkeypatch, pool)
+
+    reached = set(
+        InstalledVersion.objects.filter(component__name="bios", version__version="2.16.0").values_list(
+            "host__hostname", flat=True
+        )
+    )
+    assert reached == first_half  # the rest waits for the soak, past the forecast's day
