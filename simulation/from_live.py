@@ -137,9 +137,7 @@ def _pool_snapshot(pool: Pool, now: dt.datetime) -> dict[str, Any]:
     # In live id order: the lane creates them in this order, so its ids follow the live ones, and a
     # percentage phase (the first hosts of its scope by id) covers the same hosts there.
     hosts = list(
-        Host.objects.filter(pool=pool)
-        .order_by("id")
-        .values_list("id", "hostname", "domain__name", "sku", "gpu_count")
+        Host.objects.filter(pool=pool).order_by("id").values_list("id", "hostname", "domain__name", "sku", "gpu_count")
     )
     host_ids = [h[0] for h in hosts]
     return {
