@@ -32,6 +32,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
+from opsplanner.services.tick.checks import withdrawn_targets
 from opsplanner.services.tick.context import (
     ACTOR,
     SUBJECT_HOST,
@@ -43,7 +44,7 @@ from opsplanner.services.tick.context import (
     task_refs_by_id,
 )
 from opsplanner.services.tick.repair import catch_up_repaired, defer_train_work, send_to_repair
-from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors
+from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors, tasks_not_applied
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -176,14 +177,39 @@ def advance(ctx: TickContext, *, budget: int) -> None:
 
 
 def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
+    # Admission refuses a withdrawn target, but an upgrade offboarded while its hosts drained
+    # withdrew it since: installed, it failed the pre-return gate and sent the host to repair.
+    withdrawn = withdrawn_targets(tasks)
     ctx.move_tasks(tasks, expected=TaskState.DRAINING, new=TaskState.RUNNING)
+    for_nothing = [task for task in tasks if task.id in withdrawn]
+    back = _drained_for_nothing(ctx, for_nothing, withdrawn) if for_nothing else []
     ctx.move_hosts(
-        [t.host_id for t in tasks],
+        [t.host_id for t in tasks if t not in back],
         expected=HostState.DRAINING,
         new=HostState.MAINTENANCE,
         reason="drained; work starts",
     )
-    ctx.add_execute_items(tasks)
+    ctx.add_execute_items([t for t in tasks if t.id not in withdrawn])
+
+
+def _drained_for_nothing(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str]) -> list[TaskRef]:
+    """Hosts drained for a target withdrawn meanwhile (`why`, by task): the task installs nothing and
+    ends cancelled, saying why; its host goes on to its next pending task in the same drain (one
+    drain for both, as after applied work), or back to service without the checks, as after a failed
+    drain: nothing was done on it. The tasks whose hosts go back."""
+    by_host = {task.host_id: task for task in tasks}
+    found = successors(ctx, by_host, installed=False)
+    hand_over(ctx, [by_host[host_id] for host_id in found.takers], found, not_applied=why)
+    back = [task for task in tasks if task.host_id not in found.takers]
+    tasks_not_applied(ctx, back, why, then={task.id: "the host returns to service" for task in back})
+    ctx.move_hosts(
+        [task.host_id for task in back],
+        expected=HostState.DRAINING,
+        new=HostState.RETURNING,
+        reason="drained for a target withdrawn meanwhile: nothing applied; returning the host to service",
+    )
+    _undrain(ctx, back)
+    return back
 
 
 def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]]) -> None:
@@ -416,8 +442,14 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         new=HostState.RETURNING,
         reason="verified: work applied, checks passed, versions compatible",
     )
-    # The adapter that took the host out puts it back, whichever task of the drain ends it (even if
-    # the pool's drainer changed since): the drain item's own adapter.
+    _undrain(ctx, returning)
+
+
+def _undrain(ctx: TickContext, returning: list[TaskRef]) -> None:
+    """Put the hosts of these tasks back: the adapter that took a host out puts it back, whichever
+    task of the drain ends it (even if the pool's drainer changed since): the drain item's own adapter."""
+    if not returning:
+        return
     drained_by = dict(_DRAINED_BY.rows(ids={t.drain_key for t in returning if t.drain_key is not None}))
     for task in returning:
         adapter = drained_by.get(task.drain_key, task.drainer) if task.drain_key is not None else task.drainer

@@ -1,4 +1,4 @@
-"""Checks shared by admission and handover."""
+"""Checks shared by admission, the end of a drain and handover."""
 
 from __future__ import annotations
 
@@ -16,13 +16,32 @@ _VERSIONS = PreparedModels(  # asked for every batch the admission considers: co
 )
 
 
-def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
-    """{task_id: reason} for upgrade tasks whose target would now break a compatibility rule on
-    their host (checked at submission too, but the host may have changed since)."""
+def _by_target(tasks: Iterable[TaskRef]) -> dict[int, list[TaskRef]]:
     by_target: dict[int, list[TaskRef]] = defaultdict(list)
     for task in tasks:
         if task.target_version_id:
             by_target[task.target_version_id].append(task)
+    return by_target
+
+
+def withdrawn_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
+    """{task_id: reason} for upgrade tasks whose target is withdrawn (one query, none without an
+    upgrade): what a drain just done must not install (its upgrade offboarded while it drained)."""
+    by_target = _by_target(tasks)
+    if not by_target:
+        return {}
+    reasons: dict[int, str] = {}
+    for version in _VERSIONS.objects(ids=set(by_target)):
+        withdrawn = withdrawn_refusal(version)
+        if withdrawn is not None:
+            reasons.update((task.id, withdrawn.message) for task in by_target[version.pk])
+    return reasons
+
+
+def incompatible_targets(tasks: Iterable[TaskRef]) -> dict[int, str]:
+    """{task_id: reason} for upgrade tasks whose target would now break a compatibility rule on
+    their host (checked at submission too, but the host may have changed since)."""
+    by_target = _by_target(tasks)
     reasons: dict[int, str] = {}
     versions = {version.pk: version for version in _VERSIONS.objects(ids=set(by_target))}
     checked: list[list[TaskRef]] = []

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from fleet.models import ComponentVersion, InstalledVersion
 from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.models import DRAIN_READ_STATES, HostTask, OperationKind, OperationState, TaskState
+from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery
 from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
@@ -54,20 +55,22 @@ class Successors(NamedTuple):
     waiting: dict[int, tuple[TaskRef, TaskRef]]
 
 
-def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> Successors:
+def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool = True) -> Successors:
     """The pending task that takes each host next, in (priority, age) order. The next task takes the
     host only if admission would let it: not one whose target became incompatible (it keeps waiting,
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
     end here instead: one older than a newer target of the component applied in its drain
     (superseded), one at or below what the host runs (nothing to do); one older than a newer target
-    pending for the host waits for hand_over (superseded once that one takes the host)."""
+    pending for the host waits for hand_over (superseded once that one takes the host).
+    `installed` False: the tasks ending (the first of their drains) installed nothing, and nothing
+    in their drains is applied yet."""
     candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
     left = list(candidates.values())
     applied_newer: dict[int, TaskRef] = {}
-    if any(task.target_version_id for task in left):  # only upgrades can be older than what was applied
+    if installed and any(task.target_version_id for task in left):  # only upgrades can be older than what was applied
         applied_newer = supersede.older_than_applied(left, _applied_in_drains(applied))
     left = [task for task in left if task.id not in applied_newer]
     pending_newer = supersede.newer_pending(left, may_replace=lambda _, new: new.id not in incompatible)
@@ -89,11 +92,14 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef]) -> Successors:
     return Successors(takers, waiting)
 
 
-def hand_over(ctx: TickContext, givers: list[TaskRef], found: Successors) -> None:
+def hand_over(
+    ctx: TickContext, givers: list[TaskRef], found: Successors, *, not_applied: dict[int, str] | None = None
+) -> None:
     """Each giver (a running task whose work was applied) passes its host to the pending task that
     takes it next (`found.takers`, by host) without returning it to service: the giver ends handed
     over, saying to which task; the taker runs at once, in the giver's drain, and the older upgrades
-    it supersedes end superseded (not before: were it not handed the host, they would still be due)."""
+    it supersedes end superseded (not before: were it not handed the host, they would still be due).
+    A giver in `not_applied` ({task: why}) installed nothing: it ends cancelled, saying why."""
     if not givers:
         return
     takers = found.takers
@@ -103,18 +109,19 @@ def hand_over(ctx: TickContext, givers: list[TaskRef], found: Successors) -> Non
         {older.id: older for older, _ in found.waiting.values()},
         {older.id: newer for older, newer in found.waiting.values() if older.host_id in hosts},
     )
-    ctx.move_tasks(
-        givers,
-        expected=TaskState.RUNNING,
-        new=TaskState.HANDED_OVER,
-        finished_at=ctx.now,
-        reason="applied; host handed over",
-        reasons={
-            task.id: f"applied; host handed over to task {nxt.id} of operation {nxt.operation_id}"
-            for task in givers
-            for nxt in [takers[task.host_id]]
-        },
-    )
+    handed = {task.id: f"host handed over to task {nxt.id} of operation {nxt.operation_id}"
+              for task in givers for nxt in [takers[task.host_id]]}  # fmt: skip
+    if not_applied is None:
+        ctx.move_tasks(
+            givers,
+            expected=TaskState.RUNNING,
+            new=TaskState.HANDED_OVER,
+            finished_at=ctx.now,
+            reason="applied; host handed over",
+            reasons={task_id: f"applied; {said}" for task_id, said in handed.items()},
+        )
+    else:
+        tasks_not_applied(ctx, givers, not_applied, then=handed)
     ctx.release_leases([t.id for t in givers], reason="handed over without returning to service")
     taking = [takers[giver.host_id] for giver in givers]
     ctx.move_tasks(
@@ -132,6 +139,24 @@ def hand_over(ctx: TickContext, givers: list[TaskRef], found: Successors) -> Non
     ctx.grant_leases(taking, reason="handover")
     ctx.add_execute_items(taking)
     ctx.counts.handovers += len(taking)
+
+
+def tasks_not_applied(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str], *, then: dict[int, str]) -> None:
+    """Running tasks that installed nothing (`why`, by task: their target was withdrawn while their
+    host drained) end cancelled, saying why and what became of their host (`then`, by task)."""
+    by_reason: dict[str, list[TaskRef]] = defaultdict(list)
+    for task in tasks:
+        by_reason[why[task.id]].append(task)
+    for reason, group in by_reason.items():
+        ctx.move_tasks(
+            group,
+            expected=TaskState.RUNNING,
+            new=TaskState.CANCELLED,
+            failure_code=FailureCode.CANCELLED,
+            failure_reason=f"not applied: {reason}"[:500],
+            finished_at=ctx.now,
+            reasons={task.id: f"not applied: {reason}; {then[task.id]}"[:500] for task in group},
+        )
 
 
 # The pre-return gate's reads, compiled once (opsplanner/prepared.py): every verified host asks.
