@@ -32,7 +32,7 @@ from opsplanner.services.operations import operation_cancel, operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.context import task_refs
-from opsplanner.services.tick.returning import _pre_return_problems
+from opsplanner.services.tick.returning import pre_return_refusals
 from tests.builders import make_fleet, make_version
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_user
@@ -427,9 +427,9 @@ def test_the_pre_return_gate_wants_the_newest_target_of_the_drain_not_the_one_ap
     HostTask.objects.filter(pk=older.pk).update(state=TaskState.VERIFYING, drain_key=newer.pk)
     installed_version_set(host=hosts[0], version=bios("2.16.0"))
 
-    problems = _pre_return_problems(list(task_refs(HostTask.objects.filter(pk=older.pk)).values()))
+    refusals = pre_return_refusals(list(task_refs(HostTask.objects.filter(pk=older.pk)).values()))
 
-    assert problems == {older.pk: ["version 2.16.0 installed where the target is 2.18.0"]}
+    assert refusals == {older.pk: (FailureCode.NOT_RETURNABLE, ["version 2.16.0 installed where the target is 2.18.0"])}
 
 
 def test_the_database_keeps_the_code_superseded_for_cancelled_tasks() -> None:

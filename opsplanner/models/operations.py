@@ -137,6 +137,9 @@ class FailureCode(models.TextChoices):
     UNKNOWN_VERSION = "unknown_version", "Executor reported a version not in the catalogue"
     CHECK_FAILED = "check_failed", "Verification failed"
     NOT_RETURNABLE = "not_returnable", "Pre-return gate refused"
+    # The gate refused the host only for running a withdrawn version: a version another upgrade of
+    # the drain installed before it was withdrawn (its upgrade offboarded), not this task's doing.
+    RUNS_WITHDRAWN = "runs_withdrawn", "Pre-return gate refused: runs a withdrawn version"
     RETURN_FAILED = "return_failed", "Return to service failed"
     CANCELLED = "cancelled", "Cancelled"
     # Not applied because a newer version of the same component was pending for, or already applied

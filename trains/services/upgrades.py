@@ -33,10 +33,13 @@ from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
 
 SUBJECT = "trains.upgrade"
-# Failures that say nothing about the upgrade itself (the drainer refused, the return failed; a task
+# Failures that say nothing about the upgrade itself (the drainer refused, the return failed, the
+# host runs a version another upgrade of its drain installed and was withdrawn since; a task
 # superseded by a newer version, which is cancelled, not failed, so never counted anyway): decided
 # by the task's failure code, never by its reason's wording.
-NOT_THE_UPGRADES_FAULT = frozenset({FailureCode.DRAIN_FAILED, FailureCode.RETURN_FAILED, FailureCode.SUPERSEDED})
+NOT_THE_UPGRADES_FAULT = frozenset(
+    {FailureCode.DRAIN_FAILED, FailureCode.RETURN_FAILED, FailureCode.RUNS_WITHDRAWN, FailureCode.SUPERSEDED}
+)
 
 
 @dataclass(frozen=True)

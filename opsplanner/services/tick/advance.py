@@ -44,7 +44,7 @@ from opsplanner.services.tick.context import (
     task_refs_by_id,
 )
 from opsplanner.services.tick.repair import catch_up_repaired, defer_train_work, send_to_repair
-from opsplanner.services.tick.returning import _pre_return_problems, hand_over, successors, tasks_not_applied
+from opsplanner.services.tick.returning import hand_over, pre_return_refusals, successors, tasks_not_applied
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -430,12 +430,12 @@ def _verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list
         else:
             passed.append(task)
     _record_versions(ctx, observed)
-    problems = _pre_return_problems(passed)
+    refusals = pre_return_refusals(passed)
     for task in passed:
-        if task.id in problems:
-            why = "not returned: " + "; ".join(problems[task.id])
-            _fail_verifying(ctx, task, FailureCode.NOT_RETURNABLE, why, repair)
-    returning = [t for t in passed if t.id not in problems]
+        if task.id in refusals:
+            code, reasons = refusals[task.id]
+            _fail_verifying(ctx, task, code, "not returned: " + "; ".join(reasons), repair)
+    returning = [t for t in passed if t.id not in refusals]
     ctx.move_hosts(
         [t.host_id for t in returning if not _is_repair(t)],
         expected=HostState.VERIFYING,

@@ -192,10 +192,32 @@ _RUNNING_WITHDRAWN = PreparedQuery(  # the withdrawn versions the hosts run
 )
 
 
-def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
-    """Invariant 3: every upgrade of this drain is at its target and the versions are compatible."""
+class GateRefusal(NamedTuple):
+    """Why the pre-return gate keeps a host out, and the code its task fails with: RUNS_WITHDRAWN when
+    the host's only fault is a withdrawn version it runs (no upgrade's failure policy counts that),
+    NOT_RETURNABLE otherwise."""
+
+    code: FailureCode
+    reasons: list[str]
+
+
+def pre_return_refusals(tasks: list[TaskRef]) -> dict[int, GateRefusal]:
+    """Invariant 3: every upgrade of this drain is at its target, the versions are compatible and
+    none is withdrawn; the tasks whose host it refuses, with why."""
+    problems, withdrawn = _pre_return_problems(tasks)
+    refusals = {task_id: GateRefusal(FailureCode.NOT_RETURNABLE, reasons) for task_id, reasons in problems.items()}
+    for task in tasks:
+        if task.host_id in withdrawn:
+            code, reasons = refusals.get(task.id, GateRefusal(FailureCode.RUNS_WITHDRAWN, []))
+            refusals[task.id] = GateRefusal(code, [*reasons, *withdrawn[task.host_id]])
+    return refusals
+
+
+def _pre_return_problems(tasks: list[TaskRef]) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Every upgrade of this drain at its target and the versions compatible: what is not, by task;
+    and the withdrawn versions the hosts run, by host."""
     if not tasks:
-        return {}
+        return {}, {}
     by_key = {task.drain_key: task for task in tasks}
     chain = _DRAIN_UPGRADES.rows(keys={key for key in by_key if key is not None})
     # Two upgrades of one component in a drain: the newest target is the one the host must run,
@@ -232,5 +254,4 @@ def _pre_return_problems(tasks: list[TaskRef]) -> dict[int, list[str]]:
         withdrawn[host_id].append(f"runs withdrawn {component} {version} ({why})")
     for task in tasks:
         problems[task.id].extend(incompatible.get(task.host_id, []))
-        problems[task.id].extend(withdrawn.get(task.host_id, []))
-    return {task_id: reasons for task_id, reasons in problems.items() if reasons}
+    return {task_id: reasons for task_id, reasons in problems.items() if reasons}, withdrawn
