@@ -138,7 +138,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
         # Completion, graduation and the hosts still pending matter when a visit could start; while
         # every visit slot is taken (most ticks of a busy train) they wait for the next free slot.
         if train.state != TrainState.RUNNING or len(running) < train.visit_concurrency:
-            plans = _upgrades_progress_step(train, active, now, report)
+            plans = _upgrades_progress_step(train, active, running, now, report)
             if train.state == TrainState.RUNNING:
                 cycle_visits_start(train=train, plans=plans, now=now, events=report.events)
     if train.emergency and emergency_train_finish_if_done(train=train):
@@ -158,7 +158,7 @@ def _slide_step(
         return  # the running visits still have hosts to give before the next domain starts
     # At the end of a cycle (nothing planned, visits still running) nothing could start.
     if room > 0 and (not running or Visit.objects.filter(train=train, state=VisitState.PLANNED).exists()):
-        plans = _upgrades_progress_step(train, active, now, report)
+        plans = _upgrades_progress_step(train, active, running, now, report)
         cycle_visits_start(train=train, plans=plans, now=now, events=report.events, room=room)
 
 
@@ -191,7 +191,7 @@ def _late_joiners_step(
     if not candidates:
         return
     late = {u.pk for upgrades in candidates.values() for u in upgrades}
-    plans = _upgrades_progress_step(train, [a for a in active if a.upgrade.pk in late], now, report)
+    plans = _upgrades_progress_step(train, [a for a in active if a.upgrade.pk in late], running, now, report)
     sizing = train_sizing(train, cycle=running[0].cycle.number)  # running visits are of the one open cycle
     for visit_id, upgrade_id, hosts in visits_join_late(
         train=train, running=running, candidates=candidates, plans=plans, sizing=sizing
@@ -233,11 +233,19 @@ _RUNNING_VISITS = PreparedModels(
 class _Active:
     upgrade: Upgrade
     phases: list[UpgradePhase]
-    successes: int
+    counted: int  # the successes of the phase at `counted_in`, read once as the tick began
+    counted_in: int
 
     @property
     def phase(self) -> UpgradePhase:
         return self.phases[self.upgrade.current_phase]
+
+    @property
+    def successes(self) -> int | None:
+        """The successes of the phase the upgrade is in; None once a graduation earlier in this tick
+        (phase_graduate moves `upgrade.current_phase` in place) left the phase they were counted in:
+        they are the previous phase's, no evidence for this one."""
+        return self.counted if self.upgrade.current_phase == self.counted_in else None
 
 
 def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active]:
@@ -255,15 +263,23 @@ def _upgrades_policy_step(train: Train, report: TrainTickReport) -> list[_Active
             upgrade_offboard(upgrade=upgrade, reason=breach, actor=ACTOR)
             report.events.append(f"offboarded upgrade {upgrade.pk}")
             continue
-        successes = counted.evidence.get(upgrade.pk, 0)
-        active.append(_Active(upgrade=upgrade, phases=phases[upgrade.pk], successes=successes))
+        active.append(
+            _Active(
+                upgrade=upgrade,
+                phases=phases[upgrade.pk],
+                counted=counted.evidence.get(upgrade.pk, 0),
+                counted_in=upgrade.current_phase,
+            )
+        )
     return active
 
 
 def _upgrades_progress_step(
-    train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport
+    train: Train, active: list[_Active], running: list[Visit], now: dt.datetime, report: TrainTickReport
 ) -> list[UpgradePlan]:
-    """Complete the upgrades every host has, graduate phases; the plans of the others."""
+    """Complete the upgrades every host has, graduate phases; the plans of the others. It may run
+    twice in a tick (late joiners, then a free visit slot): an upgrade that graduated in the first
+    run is only planned in its new phase in the second, whose evidence the next tick counts."""
     sharing: dict[str, list[Upgrade]] = defaultdict(list)
     for entry in active:  # the upgrades of a pool mostly share one scope ("pool X"): a query per scope
         sharing[entry.upgrade.scope].append(entry.upgrade)
@@ -285,19 +301,24 @@ def _upgrades_progress_step(
         if phase is phases[-1]:  # nothing wider to open: the upgrade completes when its scope is done
             plans.append(UpgradePlan(upgrade=upgrade, phase=phase, allowed=sets[phase.position]))
             continue
+        successes = entry.successes
+        if successes is None:  # it graduated earlier in this tick: its phase has no count of its own yet
+            plans.append(
+                UpgradePlan(upgrade=upgrade, phase=phase, allowed=phase_allowed_hosts(phases, phase.position, sets))
+            )
+            continue
         allowed = phase_evidence_step(
-            train=train, upgrade=upgrade, phases=phases, sets=sets, scope=scope, successes=entry.successes, now=now
+            train=train, upgrade=upgrade, phases=phases, sets=sets, scope=scope, successes=successes, now=now
         )
         plan = UpgradePlan(upgrade=upgrade, phase=phase, allowed=allowed)
-        if _graduates(upgrade, phase, entry.successes, now):
+        if _graduates(upgrade, phase, successes, running, now):
             following = phases[phase.position + 1]
             if phase_graduate(
                 upgrade=upgrade,
                 phase=phase,
                 nxt=following,
                 now=now,
-                reason=f"phase {phase.name} graduated with {entry.successes} successes after its soak; "
-                f"now {following.name}",
+                reason=f"phase {phase.name} graduated with {successes} successes after its soak; now {following.name}",
             ):
                 report.events.append(f"upgrade {upgrade.pk} graduated to phase {following.position}")
                 plan = UpgradePlan(
@@ -313,10 +334,11 @@ def _done_reason(upgrade: Upgrade, scope: list[int]) -> str:
     return f"all {len(scope)} hosts run {upgrade.component_version} or newer"
 
 
-def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.datetime) -> bool:
-    """Enough successes, then the soak time, and no task of the phase (or an earlier one) still
-    open. A phase with nothing left to do has shown nothing: it never graduates on that (it holds,
-    or picks hosts, in phase_evidence_step)."""
+def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, running: list[Visit], now: dt.datetime) -> bool:
+    """Enough successes, then the soak time, and every host of the phase (or an earlier one)
+    finished: none a running sliding visit has yet to release, no task still open. A phase with
+    nothing left to do has shown nothing: it never graduates on that (it holds, or picks hosts, in
+    phase_evidence_step)."""
     if successes < phase_evidence_needed(phase):
         return False
     if phase.successes_reached_at is None:
@@ -331,6 +353,10 @@ def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.da
         )
     if now < phase.successes_reached_at + dt.timedelta(seconds=phase.soak_s):
         return False
+    # A stopped sliding train releases nothing, yet ticks its upgrades: its canary graduated with
+    # canary hosts not even started. No query: the running visits' plans are read.
+    if _unreleased_in(running, upgrade, phase):
+        return False
     # Every host of the phase (and a catch-up of an earlier one) finished first: a slow canary host
     # that failed after the graduation counted against no phase, and the rollout had widened. An
     # EXISTS, asked only of a phase otherwise ready to graduate: too rare to be worth preparing.
@@ -338,6 +364,16 @@ def _graduates(upgrade: Upgrade, phase: UpgradePhase, successes: int, now: dt.da
     return not HostTask.objects.filter(
         operation_id__in=operations.values("operation_id"), state__in=sorted(OPEN_TASK_STATES)
     ).exists()
+
+
+def _unreleased_in(running: list[Visit], upgrade: Upgrade, phase: UpgradePhase) -> bool:
+    """Whether a running visit has hosts of the upgrade not released yet, planned in `phase` or an
+    earlier one (the plan's "unreleased" entries: trains/services/visits.py, split_release)."""
+    return any(
+        entry["upgrade"] == upgrade.pk and entry["phase"] <= phase.position
+        for visit in running
+        for entry in visit.plan.get("unreleased", [])
+    )
 
 
 def _complete(upgrade: Upgrade, now: dt.datetime, reason: str) -> None:
