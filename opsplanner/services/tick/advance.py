@@ -495,7 +495,15 @@ def _returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
 
 
 _DRAIN_RETURNED = PreparedUpdate(
-    lambda *, keys, now: HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER),
+    # Not the drains whose checks failed: they ran with every upgrade of the drain applied, so they
+    # prove none of them (the host came back through repair; the failure is the last task's).
+    lambda *, keys, now: HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER).exclude(
+        Exists(
+            HostTask.objects.filter(
+                drain_key=OuterRef("drain_key"), state=TaskState.FAILED, failure_code=FailureCode.CHECK_FAILED
+            )
+        )
+    ),
     lambda *, keys, now: {"drain_returned_at": now},
     keys=IDS,
     now=dt.datetime,
