@@ -229,8 +229,9 @@ def train_set_state(*, train: Train, expected: set[str], new: str, reason: str, 
 
 
 def _set_holds(train: Train, *, hold: str) -> None:
-    """A stopped train's visits admit no more hosts (hosts already out finish and return); resumed,
-    they do again. A paused train holds its catch-ups too (trains/services/catch_up.py), those of
+    """A stopped train's visits admit no more hosts (hosts already out finish and return, their held
+    work left for the next cycle: opsplanner/services/tick/advance.py, one drain per host per
+    cycle); resumed, they do again. A paused train holds its catch-ups too (trains/services/catch_up.py), those of
     visits already ended included: an operator stopped its upgrades from spreading, and the host
     in repair returns without them (opsplanner/services/tick/repair.py). An autostopped one lets
     them be: a catch-up takes no host out, and the core hands it the repaired host only with room

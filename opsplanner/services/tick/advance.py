@@ -24,6 +24,7 @@ from opsplanner.models import (
     HostTask,
     Operation,
     OperationKind,
+    OperationSource,
     OperationState,
     TaskState,
     WorkItem,
@@ -44,7 +45,13 @@ from opsplanner.services.tick.context import (
     task_refs_by_id,
 )
 from opsplanner.services.tick.repair import catch_up_repaired, defer_train_work, send_to_repair
-from opsplanner.services.tick.returning import hand_over, pre_return_refusals, successors, tasks_not_applied
+from opsplanner.services.tick.returning import (
+    Successors,
+    hand_over,
+    pre_return_refusals,
+    successors,
+    tasks_not_applied,
+)
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -201,6 +208,7 @@ def _drained_for_nothing(ctx: TickContext, tasks: list[TaskRef], why: dict[int, 
     found = successors(ctx, by_host, installed=False)
     hand_over(ctx, [by_host[host_id] for host_id in found.takers], found, not_applied=why)
     back = [task for task in tasks if task.host_id not in found.takers]
+    _defer_held_train_work(ctx, back, found)
     tasks_not_applied(ctx, back, why, then={task.id: "the host returns to service" for task in back})
     ctx.move_hosts(
         [task.host_id for task in back],
@@ -357,7 +365,16 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
     hand_over(ctx, handing, found)
 
     finishing = [task for task in applied if task.host_id not in found.takers]
+    _defer_held_train_work(ctx, finishing, found)
     start_verification(ctx, finishing)
+
+
+def _defer_held_train_work(ctx: TickContext, ending: list[TaskRef], found: Successors) -> None:
+    """One drain per host per cycle: a host whose train drain ends while its train is stopped (its
+    work held: paused, or autostopped) returns without the held work, which is left for the train's
+    next cycle. Admitted after the train resumed, it drained the host a second time in the cycle."""
+    hosts = {task.host_id for task in ending if task.source == OperationSource.TRAIN and task.host_id in found.held}
+    defer_train_work(ctx, hosts, why="its host's drain ended while its train was stopped")
 
 
 def _is_repair(task: TaskRef) -> bool:

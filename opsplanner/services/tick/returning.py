@@ -26,7 +26,6 @@ _CANDIDATES = PreparedQuery(
             state=TaskState.PENDING,
             operation__state=OperationState.OPEN,
             operation__gang=False,
-            operation__hold_reason="",
         ).order_by("host_id", "-priority", "created_at", "id")
     ),
     hosts=IDS,
@@ -53,6 +52,7 @@ class Successors(NamedTuple):
 
     takers: dict[int, TaskRef]
     waiting: dict[int, tuple[TaskRef, TaskRef]]
+    held: frozenset[int]  # the hosts with pending work of a held operation (a stopped train's), never a taker
 
 
 def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool = True) -> Successors:
@@ -64,7 +64,9 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     pending for the host waits for hand_over (superseded once that one takes the host).
     `installed` False: the tasks ending (the first of their drains) installed nothing, and nothing
     in their drains is applied yet."""
-    candidates = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
+    pending = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
+    held = frozenset(task.host_id for task in pending.values() if task.hold_reason)
+    candidates = {task_id: task for task_id, task in pending.items() if not task.hold_reason}
     incompatible = incompatible_targets(candidates.values())
     # Every candidate not refused is applied in this drain, in turn: the newest of a component may
     # replace the older ones whatever their order.
@@ -89,7 +91,7 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
         for older, newer in pending_newer.items()
         if older not in settled and takers.get(newer.host_id) == newer
     }
-    return Successors(takers, waiting)
+    return Successors(takers, waiting, held)
 
 
 def hand_over(
