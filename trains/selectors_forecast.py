@@ -33,9 +33,18 @@ from django.db.models import Count, Q
 from opsplanner import clock
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
-from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradeState, Visit, VisitState
+from trains.models import (
+    LIVE_TRAIN_STATES,
+    STOPPED_TRAIN_STATES,
+    Train,
+    Upgrade,
+    UpgradeState,
+    Visit,
+    VisitState,
+)
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_pending import pending_by_domain
+from trains.selectors_running_visits import RunningVisit, joins_expected, running_visits_takes
 from trains.services.budget import (
     Selection,
     VisitSizing,
@@ -48,9 +57,9 @@ from trains.services.places import bound_rank, select_ranked, visit_bound, withi
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
 # their active upgrades, the trains' forecasts (4: not when each domain was last visited), the
-# domains' sizes, the installed versions per domain and what the recent visits missed. An upgrade
-# whose scope is narrower than its pool adds two.
-FORECAST_QUERIES = 9
+# domains' sizes, the installed versions per domain, what the recent visits missed and, while a
+# visit runs, its tasks not installed yet. An upgrade whose scope is narrower than its pool adds two.
+FORECAST_QUERIES = 10
 MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
 MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
 # A task that left its host below the target for this pass: it failed before or while installing,
@@ -71,6 +80,7 @@ class ForecastCode(models.TextChoices):
     WAITS_FOR_HUMAN = "waits_for_human", "On every host a visit can take; the rest are escalated to a human"
     BEYOND_HORIZON = "beyond_horizon", f"Not within {MAX_CYCLES} cycles"
     NO_TRAIN = "no_train", "No running train in the pool"
+    TRAIN_STOPPED = "train_stopped", "The pool's train is paused or autostopped: not scheduled until it runs"
     EMERGENCY = "emergency", "Applied by its emergency train"
     NOT_ACTIVE = "not_active", "Not active"
 
@@ -107,6 +117,14 @@ class PoolBacklog:
     # upgrade -> hosts below target escalated to a human: no visit takes them (a visit takes hosts in
     # service) until a human returns them, so they are not played and the forecast names them.
     escalated: dict[int, int] = field(default_factory=dict)
+    # What each running visit has yet to do (running_visits_takes, then _joins_expected).
+    running: dict[int, RunningVisit] = field(default_factory=dict)
+
+    @property
+    def stopped(self) -> bool:
+        """A paused or autostopped train visits nothing until it runs again: its upgrades are not
+        forecast (played as if it ran, they were promised a time it may never keep)."""
+        return self.train.state in STOPPED_TRAIN_STATES
 
     @property
     def next_cycles_stops(self) -> list[int]:
@@ -130,6 +148,9 @@ class _Visit:
 class _State:
     remaining: dict[int, dict[int, int]]
     done: dict[int, tuple[int, dt.datetime]] = field(default_factory=dict)
+    # Per upgrade, (cycle, end) of the latest-ending visit that took any of its hosts: on several
+    # lanes the visit that takes its last hosts need not be the last of its visits to end.
+    last_end: dict[int, tuple[int, dt.datetime]] = field(default_factory=dict)
     # What taking the missed hosts again needs: the hosts pending per domain when the play started,
     # the train's domain order, the share its visits miss, and the upgrades whose misses were added.
     first: dict[int, dict[int, int]] = field(default_factory=dict)
@@ -156,6 +177,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     domains = pools_domain_hosts([t.pool_id for t in trains])
     below = pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
+    running = running_visits_takes([t.pk for t in trains], [v for vs in visits.values() for v in vs.values()])
     backlogs = {}
     for train in trains:
         forecast = forecasts[train.pk]
@@ -179,8 +201,17 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             missed_share=missed.get(train.pk, 0.0),
             added_stops=stops_to_add(train, set(domain_ids), domains),
             escalated={u.pk: n for u in upgrades if u.pool_id == train.pool_id and (n := below.escalated.get(u.pk))},
+            running={v.pk: running[v.pk] for v in visits.get(train.pk, {}).values() if v.pk in running},
         )
+        _joins_expected(backlogs[train.pool_id])
     return backlogs, upgrades
+
+
+def _joins_expected(backlog: PoolBacklog) -> None:
+    """The late joiners the running visits of the backlog's train can expect (joins_expected)."""
+    visits = [backlog.visits[d.domain_id] for d in backlog.forecast.domains if d.domain_id in backlog.visits]
+    running = [v for v in visits if v.pk in backlog.running]
+    joins_expected(running, backlog.running, upgrades=backlog.upgrades, pending=backlog.pending, sizing=backlog.sizing)
 
 
 def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
@@ -218,9 +249,7 @@ def hosts_missed(share: float, hosts: int) -> int:
 
 
 # --- playing the visits forward ---------------------------------------------------------------------
-def _coming_visits(
-    backlog: PoolBacklog, now: dt.datetime, state: _State, upgrades: dict[int, Upgrade]
-) -> Generator[_Visit, float | None, None]:
+def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Generator[_Visit, float | None, None]:
     """The open cycle's remaining visits, then whole cycles in the train's domain order, on the
     train's lanes (visit_concurrency): each visit starts when a lane is free and lasts what its work
     is forecast to take (the cost sent back), so a backlog that makes visits long moves the ones
@@ -235,12 +264,14 @@ def _coming_visits(
         for domain in forecast.domains:
             visit = backlog.visits.get(domain.domain_id)
             if visit is not None and visit.state == VisitState.RUNNING:
-                for upgrade_id, hosts in _running_takes(visit):
+                its = backlog.running.get(visit.pk, RunningVisit({}, 0))
+                ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=its.extra_s)
+                for upgrade_id, hosts in its.takes.items():
                     left = state.remaining.get(upgrade_id, {})
-                    if domain.domain_id in left:
+                    if left.get(domain.domain_id):
                         left[domain.domain_id] = max(0, left[domain.domain_id] - hosts)
-                ends = _running_visit_end(visit, domain.ends_at, now)
-                _note_done(state, upgrades, number, ends)
+                        _note_took(state, upgrade_id, number, ends)
+                _note_done(state, number, ends)
                 running.append((visit.started_at or now, ends))
             elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
                 planned.append(domain.domain_id)
@@ -256,15 +287,6 @@ def _coming_visits(
         start = max(lanes)
         if all(sum(left.values()) == 0 for left in state.remaining.values()):
             return
-
-
-def _running_takes(visit: Visit) -> Iterable[tuple[int, int]]:
-    """(upgrade, hosts) a running visit's plan gives: each entry's own hosts, and the hosts of the
-    older releases it supersedes (they get the newer one: reached too)."""
-    for entry in visit.plan.get("upgrades", []):
-        yield entry["upgrade"], int(entry.get("hosts", 0))
-        for older, hosts in (entry.get("supersedes") or {}).items():
-            yield int(older), int(hosts)
 
 
 def _cycle_visits(
@@ -286,7 +308,15 @@ def _running_visit_end(visit: Visit, forecast_end: dt.datetime | None, now: dt.d
     return max(now, forecast_end or now)
 
 
-def _note_done(state: _State, upgrades: dict[int, Upgrade], cycle: int, at: dt.datetime) -> None:
+def _note_took(state: _State, upgrade_id: int, cycle: int, ends: dt.datetime) -> None:
+    """A visit ending at `ends` took some of the upgrade's hosts."""
+    if upgrade_id not in state.last_end or ends > state.last_end[upgrade_id][1]:
+        state.last_end[upgrade_id] = (cycle, ends)
+
+
+def _note_done(state: _State, cycle: int, at: dt.datetime) -> None:
+    """Each upgrade left with no host pending is done when the last of the visits that took its
+    hosts ends (`at`, the visit just played, if none took any)."""
     for upgrade_id, left in state.remaining.items():
         if upgrade_id in state.done or sum(left.values()) > 0:
             continue
@@ -294,7 +324,7 @@ def _note_done(state: _State, upgrades: dict[int, Upgrade], cycle: int, at: dt.d
         if again:
             state.remaining[upgrade_id] = again
         else:
-            state.done[upgrade_id] = (cycle, at)
+            state.done[upgrade_id] = state.last_end.get(upgrade_id, (cycle, at))
 
 
 def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
@@ -324,8 +354,8 @@ class _Take(NamedTuple):
     hosts: frozenset[int]
 
 
-def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> float:
-    """Apply what the visit would take to the state; its expected length."""
+def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> tuple[float, set[int]]:
+    """Apply what the visit would take to the state; its expected length and the upgrades it reached."""
     domain_id, left_s = visit.domain_id, (visit.deadline - visit.starts_at).total_seconds()
     sizing = sizing_within_cycle(
         backlog.sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left
@@ -336,6 +366,7 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
     for upgrade in waiting:
         by_component[upgrade.component_version.component_id].append(upgrade)
     selection = _ranked_takes(list(by_component.values()), counts, sizing)
+    reached_any: set[int] = set()
     for upgrade, its_hosts in selection.taken:  # its own hosts, and those of each older release it has
         version = upgrade.component_version
         for other in by_component[version.component_id]:
@@ -345,7 +376,9 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
             has = counts[other.pk]  # an older release's pending hosts are the first numbers: those below
             reached = sum(h < has for h in its_hosts) if older and max(its_hosts) >= has else len(its_hosts)
             state.remaining[other.pk][domain_id] = max(0, state.remaining[other.pk][domain_id] - reached)
-    return selection.cost_s
+            if reached:
+                reached_any.add(other.pk)
+    return selection.cost_s, reached_any
 
 
 def _ranked_takes(components: list[list[Upgrade]], counts: dict[int, int], sizing: VisitSizing) -> Selection:
@@ -424,22 +457,24 @@ def play_forward(
     What-if (would it meet a deadline?): `priorities` overrides some upgrades' priority, and the
     multi-cycle upgrades in `whole_visits` are played as taking every host of a visit."""
     upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
-    by_id = {u.pk: u for u in upgrades}
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
         first={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
         stops=backlog.next_cycles_stops,
         missed_share=backlog.missed_share,
     )
-    _note_done(state, by_id, backlog.cycle_number or 1, now)
-    visits = _coming_visits(backlog, now, state, by_id)
+    _note_done(state, backlog.cycle_number or 1, now)
+    visits = _coming_visits(backlog, now, state)
     cost = None
     try:
         while True:
             visit = visits.send(cost)
-            cost = _held_for(backlog, _visit_takes(backlog, state, upgrades, visit))
+            work_s, reached = _visit_takes(backlog, state, upgrades, visit)
+            cost = _held_for(backlog, work_s)
             ends = visit.starts_at + dt.timedelta(seconds=cost)
-            _note_done(state, by_id, visit.cycle, ends)
+            for upgrade_id in reached:
+                _note_took(state, upgrade_id, visit.cycle, ends)
+            _note_done(state, visit.cycle, ends)
     except StopIteration:
         pass
     return state.done
@@ -477,6 +512,14 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
     if backlog is None:
         return UpgradeForecast(upgrade.pk, ForecastCode.NO_TRAIN, text="no running train in the pool: not scheduled")
     escalated = backlog.escalated.get(upgrade.pk, 0)
+    if backlog.stopped:
+        return UpgradeForecast(
+            upgrade.pk,
+            ForecastCode.TRAIN_STOPPED,
+            deadline_met=None if upgrade.deadline is None else False,  # no visit until it runs again
+            text=f"its train is {backlog.train.get_state_display().lower()}: not scheduled until it runs",
+            hosts_escalated=escalated,
+        )
     if upgrade.pk not in done:
         return UpgradeForecast(
             upgrade.pk,
@@ -528,7 +571,7 @@ def upgrades_forecasts(upgrades: list[Upgrade], *, now: dt.datetime | None = Non
     now = now or clock.now()
     pool_ids = sorted({u.pool_id for u in upgrades if u.state == UpgradeState.ACTIVE})
     backlogs, _ = pool_backlogs(pool_ids, now=now) if pool_ids else ({}, [])
-    done = {pool_id: play_forward(backlog, now=now) for pool_id, backlog in backlogs.items()}
+    done = {pool_id: play_forward(backlog, now=now) for pool_id, backlog in backlogs.items() if not backlog.stopped}
     return {u.pk: upgrade_forecast_of(u, backlogs.get(u.pool_id), done.get(u.pool_id, {})) for u in upgrades}
 
 

@@ -3,7 +3,8 @@
 Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promised_at`), made once, to
 be held against when every host ran it (trains.selectors_forecast.upgrade_promise). An upgrade whose
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
-larger buffer, an emergency train), once (deadline_alerted_at). Runs in the caller's transaction;
+larger buffer, an emergency train, resuming its stopped train), once (deadline_alerted_at). A paused
+or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
 one query while every upgrade of the pool has its promise and none waits on a deadline."""
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ class DeadlineFix(TextChoices):
     LARGER_BUFFER = "larger_buffer", "A larger planned buffer"
     EMERGENCY_TRAIN = "emergency_train", "An emergency train"
     RETURN_HOSTS = "return_hosts", "Repair and return the hosts escalated to a human"
+    RESUME_TRAIN = "resume_train", "Resume the pool's paused or autostopped train"
     WHOLE_VISITS = "whole_visits", "Take every host of a domain per visit (not multi-cycle)"
 
 
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     """Give each active upgrade of the pool that has none its promise, and alert for each whose
     deadline the forecast misses (not alerted before); the ids alerted. The train tick and the
-    creation of an upgrade ask it; without a running train it waits for one."""
+    creation of an upgrade ask it; without a train it waits for one, and a stopped train's upgrades
+    get no promise until it runs (their deadlines are at risk meanwhile)."""
     rows = list(
         Upgrade.objects.filter(pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False)
         .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False, deadline_alerted_at__isnull=True))
@@ -52,7 +55,7 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     backlog = backlogs.get(pool_id)
     if backlog is None:
         return []  # no running train: the upgrade page says "not scheduled"
-    done = play_forward(backlog, now=now)
+    done = {} if backlog.stopped else play_forward(backlog, now=now)  # a stopped train promises nothing
     _promises_make(backlog, [upgrade_id for upgrade_id, _, _, made in rows if made is None], done, now)
     alerted = []
     by_id = {u.pk: u for u in backlog.upgrades}
@@ -104,7 +107,10 @@ def _alert(
     fix, advice = _what_would_meet(backlog, upgrade, deadline, forecast, now)
     if forecast.hosts_escalated and fix != DeadlineFix.RETURN_HOSTS:
         advice += f"; the {forecast.hosts_escalated} hosts escalated to a human must also be returned in time"
-    if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
+    if forecast.code == ForecastCode.TRAIN_STOPPED:
+        state = backlog.train.get_state_display().lower()
+        reached = f"is not scheduled while its train is {state}, so at risk to reach every host"
+    elif forecast.code == ForecastCode.WAITS_FOR_HUMAN:
         reached = (
             f"is on every host a visit can take; the {forecast.hosts_escalated} escalated to a human keep it from "
             "every host"
@@ -134,6 +140,8 @@ def _what_would_meet(
     backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
 ) -> tuple[str, str]:
     """The cheapest change the forecast says would meet the deadline, as (code, advice)."""
+    if forecast.code == ForecastCode.TRAIN_STOPPED:
+        return DeadlineFix.RESUME_TRAIN, _resumed_advice(backlog, upgrade, deadline, now)
     if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
         return DeadlineFix.RETURN_HOSTS, (
             f"only repairing and returning the {forecast.hosts_escalated} hosts escalated to a human would meet it: "
@@ -167,4 +175,17 @@ def _what_would_meet(
     return DeadlineFix.EMERGENCY_TRAIN, (
         "even first in line the train's pace misses it; an emergency train for this upgrade (approved by a second "
         "operator, larger domains, down to the hard floor) would meet it"
+    )
+
+
+def _resumed_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
+    """What resuming the stopped train now would give the upgrade (played as if it ran)."""
+    resumed = play_forward(backlog, now=now).get(upgrade.pk)
+    if resumed is None:
+        return "only resuming the train can meet it, and resumed now it reaches every host beyond the forecast"
+    cycle, at = resumed
+    verdict = "would meet it" if at <= deadline else "would still miss it"
+    return (
+        f"only resuming the train can meet it; resumed now it {verdict}: every host by cycle {cycle}, "
+        f"around {at:%Y-%m-%d %H:%M} UTC"
     )
