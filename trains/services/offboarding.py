@@ -27,6 +27,9 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     upgrades that some hosts reached only through it are active again (upgrades_fallen_back_reopen).
     Runs in the caller's transaction."""
     now = clock.now()
+    # The version's row before the upgrade's, as a withdrawal takes them (component_version_withdraw):
+    # the train tick offboarding the upgrade the other way round deadlocked with an operator's withdrawal.
+    ComponentVersion.objects.select_for_update().filter(pk=upgrade.component_version_id).values_list("pk").first()
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
     ):

@@ -212,7 +212,11 @@ def _replace_stops(train: Train, domains: list[MaintenanceDomain]) -> None:
 
 
 def train_set_state(*, train: Train, expected: set[str], new: str, reason: str, actor: Actor, kind: str) -> bool:
-    """Guarded transition; False when the train was not in an expected state (someone else won)."""
+    """Guarded transition; False when the train was not in an expected state (someone else won).
+    Under the pool's tick lock (after the train's, the train tick's order): a pool tick judging its
+    queue as a train stops finishes first, and the next sees the holds. Without it, a tick that read
+    the queue before a pause committed admitted the paused train's hosts after it."""
+    Pool.objects.select_for_update(no_key=True).filter(pk=train.pool_id).values_list("pk").first()
     now = clock.now()
     changed = Train.objects.filter(pk=train.pk, state__in=expected).update(
         state=new, state_reason=reason[:500], state_changed_at=now, recovered_since=None
