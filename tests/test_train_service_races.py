@@ -121,3 +121,49 @@ def test_a_withdrawal_beside_the_train_tick_offboarding_the_same_upgrade_finishe
     assert errors == []
     assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED
     assert ComponentVersion.objects.get(pk=upgrade.component_version_id).withdrawn_at is not None
+
+
+def as_the_train_tick_writes_an_upgrade(pool_id: int, upgrade_id: int, holding: threading.Event) -> None:
+    """The train tick's lock order: the pool's tick lock (a late join, a catch-up), then an upgrade's
+    row (its completion, graduation or promise), here with a pause between the two."""
+    from django.db import transaction
+
+    from fleet.models import Pool
+
+    with transaction.atomic():
+        Pool.objects.select_for_update(no_key=True).filter(pk=pool_id).values_list("pk").first()
+        holding.set()
+        time.sleep(1.0)
+        Upgrade.objects.filter(pk=upgrade_id).update(priority=150)
+
+
+@pytest.mark.parametrize("by", ["withdrawal", "offboarding"])
+def test_an_operator_taking_an_upgrade_out_beside_the_train_tick_writing_it_finishes(by: str) -> None:
+    # Offboarding wrote the upgrade's row, then cancelled its pending work under the pool's lock:
+    # beside a tick holding the pool and about to write the upgrade, one of the two deadlocked.
+    from django.db import transaction
+
+    from trains.services.offboarding import upgrade_offboard
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3)
+    train = make_train(pool)
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="bios")
+    train_tick(train_id=train.pk)  # its visit's tasks are pending: the offboarding cancels them
+    holding = threading.Event()
+
+    def take_it_out() -> None:
+        holding.wait(10)
+        if by == "withdrawal":
+            component_version_withdraw(version_id=upgrade.component_version_id, reason="bricks hosts", actor="alice")
+            return
+        with transaction.atomic():
+            assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks hosts", actor="alice")
+
+    errors: list[BaseException] = []
+    tick = lambda: as_the_train_tick_writes_an_upgrade(pool.pk, upgrade.pk, holding)  # noqa: E731
+    for thread in named_threads(errors, tick=tick, operator=take_it_out):
+        thread.join(60)
+
+    assert errors == []
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED

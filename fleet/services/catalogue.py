@@ -221,6 +221,9 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
     offboarding did stands), so re-onboarding that upgrade no longer lifts it."""
     if not reason.strip():
         raise ValidationError({"reason": "Say why the version is withdrawn."})
+    # Every pool's tick lock in id order before the version's row, as the fleet file's apply does:
+    # offboarding takes a pool, then the version, then the upgrade (trains/services/offboarding.py).
+    list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
     version = ComponentVersion.objects.select_for_update().select_related("component").get(pk=version_id)
     refusal = withdrawn_refusal(version)
     if refusal is not None and version.withdrawn_by != WithdrawnBy.OFFBOARDING:

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef, Q
 
-from fleet.models import ComponentVersion, InstalledVersion, WithdrawnBy
+from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
@@ -27,8 +27,11 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     upgrades that some hosts reached only through it are active again (upgrades_fallen_back_reopen).
     Runs in the caller's transaction."""
     now = clock.now()
-    # The version's row before the upgrade's, as a withdrawal takes them (component_version_withdraw):
-    # the train tick offboarding the upgrade the other way round deadlocked with an operator's withdrawal.
+    # The pool's tick lock, then the version's row, then the upgrade's: the order of the train tick
+    # (which holds the pool while it writes its upgrades) and of a withdrawal. Its pending work's
+    # cancellation takes the pool after the upgrade's row otherwise, and the version's row was
+    # taken after the upgrade's: each way it deadlocked with a tick or an operator's withdrawal.
+    Pool.objects.select_for_update(no_key=True).filter(pk=upgrade.pool_id).values_list("pk").first()
     ComponentVersion.objects.select_for_update().filter(pk=upgrade.component_version_id).values_list("pk").first()
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
