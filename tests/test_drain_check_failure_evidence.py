@@ -1,19 +1,21 @@
 """A drain that applied two upgrades and then failed its checks proves neither: the host that failed
 with both on it came back through repair, and the first upgrade's handed-over task counted that
-return as its success (evidence for a canary to graduate on), while the failure was the last one's."""
+return as its success (evidence for a canary to graduate on), while the failure was the last one's.
+What the repair's catch-up applies after it, in the same drain, passed checks of its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from fleet.models import Host, HostState
-from opsplanner.models import HostTask, TaskState
+from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step, simulator_profile_instant
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
-from tests.driving import drive_trains, instant_simulator
-from tests.trains_builders import make_train
+from tests.driving import drive, drive_trains, instant_simulator
+from tests.trains_builders import make_train, nic_firmware
 from trains.models import UpgradePhase
 from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create, upgrade_phase_failures, upgrade_phase_successes
@@ -58,3 +60,33 @@ def test_a_drain_that_passed_its_checks_proves_every_upgrade_it_applied() -> Non
     drive_trains(pool, until=lambda: HostTask.objects.filter(state=TaskState.DONE).exists())
 
     assert (upgrade_phase_successes(first, 0), upgrade_phase_successes(last, 0)) == (1, 1)
+
+
+def test_the_catch_up_after_a_failed_check_proves_the_upgrades_it_applied() -> None:
+    # The repaired host caught up on two train upgrades in the failed drain (its key): they passed
+    # checks of their own, so the first, handed over to the second, is a success of its upgrade.
+    instant_simulator(verify_failure_rate=1.0)
+    nic_firmware()
+    pool, (host,) = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1, failure_buffer_hosts=1)
+    scope = f"hosts: {host.hostname}"
+    operation_submit(kind=OperationKind.UPGRADE, scope=scope, component="bios", version="2.16.0", reason="now")
+    offered: list[int] = []
+
+    def offer_train_work_while_in_repair() -> None:
+        repairing = HostTask.objects.filter(host=host, operation__kind=OperationKind.REPAIR, state=TaskState.RUNNING)
+        if repairing.exists() and not offered:
+            offered.append(repairing.get().pk)
+            instant_simulator()  # the repair mends the host: the checks pass from now on
+            for component, version, priority in (("gpu-driver", "560.35.03", 300), ("nic-firmware", "22.4", 200)):
+                operation_submit(
+                    kind=OperationKind.UPGRADE, scope=scope, component=component, version=version,
+                    reason="a train's missed work", source=OperationSource.TRAIN, priority=priority,
+                )  # fmt: skip
+
+    drive(pool, each_round=offer_train_work_while_in_repair)
+
+    failed = HostTask.objects.get(host=host, operation__source=OperationSource.AD_HOC)
+    assert failed.failure_code == FailureCode.CHECK_FAILED
+    driver, nic = HostTask.objects.filter(host=host, operation__source=OperationSource.TRAIN).order_by("-priority")
+    assert (driver.state, driver.drain_key, nic.state) == (TaskState.HANDED_OVER, failed.drain_key, TaskState.DONE)
+    assert driver.drain_returned_at is not None

@@ -11,9 +11,10 @@ import pytest
 from django.db.models import F
 
 from fleet.models import Host, HostState, InstalledVersion, Pool
-from opsplanner.models import HostTask, TaskState
+from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.failures import host_failure_report
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
@@ -89,3 +90,32 @@ def test_an_autostop_mid_visit_leaves_the_held_upgrade_for_the_next_cycle_withou
     assert max(drains_per_host_and_cycle(pool).values()) == 1
     driver = set(InstalledVersion.objects.filter(version__version="560.35.03").values_list("host_id", flat=True))
     assert driver == {h.pk for h in hosts}
+
+
+def test_held_work_is_deferred_when_an_ad_hoc_task_ends_the_train_drain() -> None:
+    # The drain ended with a reboot an operator asked for, handed the host by the train's bios
+    # task: the held driver stayed pending and drained the host again after the resume.
+    instant_simulator()
+    pool, (host,) = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
+    train = make_train(pool)
+    bios = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="bios", priority=300)
+    upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver")
+    train_tick(train_id=train.pk)
+    bios_tasks = HostTask.objects.filter(operation__visit_link__upgrade=bios)
+    for _ in range(30):
+        if bios_tasks.get().state == TaskState.RUNNING:
+            break
+        pool_tick(pool_id=pool.pk, kick=False)
+        simulated_work_step()
+    train_pause(train_id=train.pk, reason="change freeze", actor=None)
+    operation_submit(kind=OperationKind.REBOOT, scope=f"hosts: {host.hostname}", reason="kernel patch")
+    reboot = HostTask.objects.filter(operation__source=OperationSource.AD_HOC)
+
+    drive_trains(pool, until=lambda: reboot.get().state == TaskState.DONE)
+
+    assert reboot.get().drain_key == bios_tasks.get().drain_key  # the reboot ran in the train's drain
+    driver = HostTask.objects.get(operation__visit_link__upgrade__component_version__version="560.35.03")
+    assert (driver.state, driver.failure_code) == (TaskState.CANCELLED, FailureCode.DEFERRED)
+    train_resume(train_id=train.pk, reason="freeze over", actor=None)
+    drive_trains(pool, until=lambda: every_upgrade_done(pool))
+    assert max(drains_per_host_and_cycle(pool).values()) == 1

@@ -372,9 +372,27 @@ def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
 def _defer_held_train_work(ctx: TickContext, ending: list[TaskRef], found: Successors) -> None:
     """One drain per host per cycle: a host whose train drain ends while its train is stopped (its
     work held: paused, or autostopped) returns without the held work, which is left for the train's
-    next cycle. Admitted after the train resumed, it drained the host a second time in the cycle."""
-    hosts = {task.host_id for task in ending if task.source == OperationSource.TRAIN and task.host_id in found.held}
+    next cycle. Admitted after the train resumed, it drained the host a second time in the cycle.
+    A train drain: a train task is in it, the one ending or one handed over before (an ad-hoc task
+    may end it); a drain of other work only has not had the train's visit."""
+    held = [task for task in ending if task.host_id in found.held]
+    others = {task.drain_key for task in held if task.source != OperationSource.TRAIN and task.drain_key is not None}
+    train_drains = {key for (key,) in _TRAIN_DRAINS.rows(keys=others)} if others else set()
+    hosts = {task.host_id for task in held if task.source == OperationSource.TRAIN or task.drain_key in train_drains}
     defer_train_work(ctx, hosts, why="its host's drain ended while its train was stopped")
+
+
+_TRAIN_DRAINS = PreparedQuery(  # the drains among these with a train task handed over in them
+    lambda *, keys: (
+        HostTask.objects.filter(
+            drain_key__any=keys, state=TaskState.HANDED_OVER, operation__source=OperationSource.TRAIN
+        )
+        .order_by()
+        .values_list("drain_key")
+        .distinct()
+    ),
+    keys=IDS,
+)
 
 
 def _is_repair(task: TaskRef) -> bool:
@@ -512,12 +530,16 @@ def _returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
 
 
 _DRAIN_RETURNED = PreparedUpdate(
-    # Not the drains whose checks failed: they ran with every upgrade of the drain applied, so they
-    # prove none of them (the host came back through repair; the failure is the last task's).
+    # Not the tasks a failed check came after: the checks ran with their work applied too, so they
+    # prove none of it (the host came back through repair; the failure is the last task's). Those
+    # handed over after it, in the repair's catch-up (the drain's key), passed checks of their own.
     lambda *, keys, now: HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER).exclude(
         Exists(
             HostTask.objects.filter(
-                drain_key=OuterRef("drain_key"), state=TaskState.FAILED, failure_code=FailureCode.CHECK_FAILED
+                drain_key=OuterRef("drain_key"),
+                state=TaskState.FAILED,
+                failure_code=FailureCode.CHECK_FAILED,
+                finished_at__gte=OuterRef("finished_at"),
             )
         )
     ),
