@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Max
+from django.db.models import Max, Q
 
-from fleet.models import MaintenanceDomain
+from fleet.models import HostState, MaintenanceDomain
 from opsplanner.events import event_record
 from opsplanner.services.optouts import optouts_by_domain
-from trains.models import Cycle, Train, TrainState, TrainStop, Visit, VisitOperation, VisitState
+from trains.models import Cycle, Train, TrainStop, Visit, VisitOperation, VisitState
 from trains.selectors import pools_domain_hosts, stops_to_add
 from trains.services.actor import ACTOR
 from trains.services.budget import (
@@ -23,8 +23,10 @@ from trains.services.budget import (
     train_budget_check,
     train_sizing,
 )
-from trains.services.trains import slo_shortfall, train_set_state
+from trains.services.emergency import emergency_cycle_ended, emergency_reachable
+from trains.services.trains import slo_shortfall
 from trains.services.upgrade_forecast import upgrades_forecast_check
+from trains.services.upgrades import hosts_below_target
 from trains.services.visits import UpgradePlan, visit_start
 
 # After a cycle whose visits took nothing (its pending work could not be taken: a target refused as
@@ -89,11 +91,21 @@ def _stops_complete(train: Train) -> list[str]:
     return names
 
 
+def _cycle_has_work(train: Train, plans: list[UpgradePlan]) -> bool:
+    if train.emergency:
+        # Its cycles go on until every host of its scope has the fix, and its visits take only hosts
+        # in service: the next cycle opens once one still below the fix is back in service, not while
+        # they are out for other work or in repair (an empty cycle, then IDLE_AFTER_EMPTY_CYCLE).
+        takeable = emergency_reachable(train) & Q(state=HostState.IN_SERVICE)
+        return any(hosts_below_target(plan.upgrade, plan.allowed).filter(takeable).exists() for plan in plans)
+    return any(plan.has_pending() for plan in plans)
+
+
 def _cycle_open(train: Train, plans: list[UpgradePlan], now: dt.datetime) -> Cycle | None:
     cycle = Cycle.objects.filter(train=train, ended_at__isnull=True).first()
     if cycle is not None:
         return cycle
-    if not any(plan.has_pending() for plan in plans) or _idle_after_empty_cycle(train, now):
+    if not _cycle_has_work(train, plans) or _idle_after_empty_cycle(train, now):
         return None  # nothing to do (or nothing it could take): the train idles rather than spin cycles
     _stops_complete(train)
     number = newest_cycle_number(train) + 1
@@ -203,15 +215,8 @@ def _cycle_end(train: Train, cycle: Cycle, now: dt.datetime) -> None:
         reason=f"cycle {cycle.number} took {seconds:.0f} s; SLO {train.cycle_slo_s} s {'met' if met else 'missed'}",
         data={"train": train.pk, "seconds": seconds, "slo_met": met},
     )
-    if train.emergency:
-        train_set_state(
-            train=train,
-            expected={TrainState.RUNNING},
-            new=TrainState.FINISHED,
-            reason="every domain visited",
-            actor=ACTOR,
-            kind="train.finished",
-        )
+    if train.emergency:  # it finishes once every host of its scope has the fix (emergency_train_finish_if_done)
+        emergency_cycle_ended(train=train, cycle=cycle)
 
 
 def visit_end(*, visit: Visit, now: dt.datetime, outcome: str, plan: dict | None = None) -> None:

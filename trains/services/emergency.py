@@ -6,8 +6,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q, QuerySet
 
-from fleet.models import Host, Pool
+from fleet.models import Host, HostState, Pool
 from fleet.selectors.capacity import pool_capacity
 from opsplanner import clock
 from opsplanner.events import Actor, actor_user, event_record
@@ -17,7 +18,7 @@ from trains.models import LIVE_TRAIN_STATES, Cycle, Train, TrainState, TrainStop
 from trains.services.actor import ACTOR
 from trains.services.trains import _domains_in_order, train_set_state
 from trains.services.upgrade_scopes import upgrade_scope_hosts
-from trains.services.upgrades import upgrade_create
+from trains.services.upgrades import hosts_below_target, upgrade_create
 
 SUBJECT = "trains.train"
 
@@ -126,17 +127,101 @@ def on_emergency_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
 
 
 def emergency_train_finish_if_done(*, train: Train) -> bool:
-    """Finish an emergency train with nothing left to do; whether it finished. It finishes when its
-    cycle ends (trains/services/cycles.py), but one whose upgrade completed, was offboarded or
-    cancelled while no cycle was open (every host ran the target by the approval) never opens one.
-    Runs in the train tick's transaction, under the train's row lock."""
+    """Finish an emergency train with nothing left to do; whether it finished. The one place an
+    emergency train finishes: it runs cycle after cycle until every host of its scope runs the fix
+    (a host out for other work or in repair when its domain was visited is taken by a later cycle,
+    trains/services/cycles.py), until its upgrade is offboarded or cancelled, or until no host left
+    is within its reach (emergency_reachable): then it finishes and says which (_finish_with_hosts_left).
+    Runs in the train tick's transaction, under the train's row lock, while no cycle is open."""
     if train.state not in LIVE_TRAIN_STATES or Cycle.objects.filter(train=train, ended_at__isnull=True).exists():
         return False
     upgrade = Upgrade.objects.filter(pk=train.upgrade_id).first() if train.upgrade_id else None
     if upgrade is not None and upgrade.state == UpgradeState.ACTIVE:
-        return False
+        below = hosts_below_target(upgrade, upgrade_scope_hosts(upgrade))
+        if below.filter(emergency_reachable(train)).exists():
+            return False  # a later cycle takes them once they are back in service
+        left = _named_states(below)
+        if not left:
+            return False  # every host has the fix: the tick's upgrade step completes the upgrade first
+        return _finish_with_hosts_left(train, upgrade, left)
     outcome = f"upgrade #{upgrade.pk} is {upgrade.state}" if upgrade else "it has no upgrade"
     return train_set_state(
         train=train, expected=set(LIVE_TRAIN_STATES), new=TrainState.FINISHED,
         reason=f"nothing left to do: {outcome}", actor=ACTOR, kind="train.finished",
     )  # fmt: skip
+
+
+def emergency_reachable(train: Train) -> Q:
+    """The hosts a later cycle of the emergency train can still take: in a domain it was approved
+    for (its stops; a rack added since is not one) and not escalated to a human."""
+    stops = TrainStop.objects.filter(train=train).values("domain_id")
+    return Q(domain_id__in=stops) & ~Q(state=HostState.ESCALATED)
+
+
+def emergency_hosts_left(upgrade: Upgrade) -> dict[str, str]:
+    """The hosts of the upgrade's scope still below its target: {hostname: state}."""
+    return _named_states(hosts_below_target(upgrade, upgrade_scope_hosts(upgrade)))
+
+
+def _named_states(hosts: QuerySet[Host]) -> dict[str, str]:
+    return dict(hosts.order_by("hostname").values_list("hostname", "state"))
+
+
+def emergency_cycle_ended(*, train: Train, cycle: Cycle) -> None:
+    """Invariant 5: a cycle that ends with hosts of the scope below the fix does not finish the
+    train; say which hosts wait, and why, for the next cycle."""
+    if train.upgrade_id is None:  # never: an emergency train is made with its upgrade
+        return
+    upgrade = Upgrade.objects.filter(pk=train.upgrade_id, state=UpgradeState.ACTIVE).first()
+    left = emergency_hosts_left(upgrade) if upgrade is not None else {}
+    if upgrade is None or not left:
+        return
+    event_record(
+        kind="train.emergency_hosts_left",
+        subject=train,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=f"cycle {cycle.number} ended with {len(left)} hosts below {upgrade.component_version} "
+        f"({_named(left)}): a later cycle takes those within its reach once they are back in service"[:500],
+        data={"upgrade": upgrade.pk, "cycle": cycle.number, "hosts": dict(list(left.items())[:100])},
+    )
+
+
+def _named(left: dict[str, str]) -> str:
+    return ", ".join(f"{hostname} {state}" for hostname, state in left.items())
+
+
+def _finish_with_hosts_left(train: Train, upgrade: Upgrade, left: dict[str, str]) -> bool:
+    """No host left below the fix can be reached (a host escalated to a human may stay out for days;
+    a rack added since the approval is no stop of the train): the train finishes rather than wait,
+    with an alert naming the hosts left, and its upgrade is cancelled with the reason (no train takes
+    an emergency upgrade up again: someone must ask for another emergency train)."""
+    hostnames = sorted(left)
+    why = (
+        f"{len(left)} hosts of its scope are out of its reach (escalated to a human, or in a domain added "
+        f"since its approval) and still run below {upgrade.component_version}: {_named(left)}; request another "
+        "emergency train for them"
+    )[:450]
+    finished = train_set_state(
+        train=train,
+        expected=set(LIVE_TRAIN_STATES),
+        new=TrainState.FINISHED,
+        reason=f"finished with hosts left: {why}",
+        actor=ACTOR,
+        kind="train.finished",
+    )
+    if not finished:
+        return False
+    data = {"upgrade": upgrade.pk, "hosts": hostnames[:100]}
+    if Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
+        state=UpgradeState.CANCELLED,
+        state_reason=f"emergency train {train.name} finished: {why}",
+        finished_at=clock.now(),
+    ):
+        event_record(
+            kind="upgrade.cancelled", subject=upgrade, actor=ACTOR, reason=why, pool_id=train.pool_id, data=data
+        )
+    event_record(
+        kind="alert.emergency_hosts_left", subject=train, actor=ACTOR, reason=why, pool_id=train.pool_id, data=data
+    )
+    return True

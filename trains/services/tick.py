@@ -461,6 +461,11 @@ def _exhausted(train: Train, capacity: PoolCapacity) -> str:
         floor = min(floor, train.pool.hard_floor_hosts)  # an approved emergency goes down to the hard floor
     if capacity.in_service < floor:
         return f"pool {name} is below its floor: {capacity.in_service} in service, floor {floor}"
+    if train.emergency:
+        # Invariant 2: an approved emergency may go past the planned buffer down to the hard floor
+        # (admission bounds its work there: Headroom.remaining); the regular work that fills the
+        # buffer must not stop it.
+        return ""
     # The other work is among the hosts out for planned work: no need to count it unless they fill the buffer.
     if buffers.planned and capacity.planned_out >= buffers.planned:
         # One statement: counted apart, a pool tick committing in between (hosts back, tasks done)
