@@ -102,7 +102,7 @@ def test_a_played_visit_gives_a_multi_cycle_upgrades_place_to_a_host_with_room_b
     driver, bios = upgrade(1, component_id=1, duration_s=2400), upgrade(2, component_id=2, duration_s=900, bound=1)
     state = _State(remaining={driver.pk: {DOMAIN: 1}, bios.pk: {DOMAIN: 4}})
 
-    cost = _visit_takes(backlog(pace), state, [driver, bios], visit())
+    cost = _visit_takes(backlog(pace), state, [driver, bios], visit()).cost_s
 
     # bios's place goes to a host beside the driver's (600 + 900 s), not to the driver's own.
     assert state.remaining == {driver.pk: {DOMAIN: 0}, bios.pk: {DOMAIN: 3}}
@@ -115,7 +115,7 @@ def test_a_played_visit_gives_the_place_to_the_driver_host_when_it_fits_there() 
     driver, bios = upgrade(1, component_id=1, duration_s=600), upgrade(2, component_id=2, duration_s=900, bound=1)
     state = _State(remaining={driver.pk: {DOMAIN: 1}, bios.pk: {DOMAIN: 4}})
 
-    cost = _visit_takes(backlog(Pace.DOMAIN), state, [driver, bios], visit())
+    cost = _visit_takes(backlog(Pace.DOMAIN), state, [driver, bios], visit()).cost_s
 
     assert state.remaining == {driver.pk: {DOMAIN: 0}, bios.pk: {DOMAIN: 3}}
     assert cost == 600 + 600 + 900  # one host carries both

@@ -44,7 +44,7 @@ def test_beside_a_long_upgrade_left_on_one_host_a_forecast_visit_takes_the_other
         # The kernel is left on one host of the domain (its visit missed it); bios is pending on both.
         state = _State(remaining={kernel.pk: {DOMAIN: 1}, bios.pk: {DOMAIN: 2}})
 
-        cost = _visit_takes(backlog(pace), state, [kernel, bios], visit)
+        cost = _visit_takes(backlog(pace), state, [kernel, bios], visit).cost_s
 
         # The kernel's host (2,100 s out, over the 1,800 s budget) keeps bios for the next cycle;
         # the other host takes it now, as the tick's visit would. Unnarrowed, both waited a cycle.

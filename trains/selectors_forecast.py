@@ -36,6 +36,7 @@ from opsplanner.models.operations import FailureCode
 from trains.models import (
     LIVE_TRAIN_STATES,
     STOPPED_TRAIN_STATES,
+    Pace,
     Train,
     Upgrade,
     UpgradeState,
@@ -43,6 +44,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
+from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
 from trains.selectors_pending import pending_by_domain
 from trains.selectors_running_visits import RunningVisit, joins_expected, running_visits_takes
 from trains.services.budget import (
@@ -142,6 +144,14 @@ class _Visit:
     # as the train tick decides them.
     deadline: dt.datetime
     visits_left: int
+    in_flight_s: float = 0.0  # a sliding train's hosts still out come first (budget.sliding_in_flight_s)
+
+
+class _Played(NamedTuple):
+    """What a played visit sends back: how long it holds its hosts, and how many it took."""
+
+    cost_s: float
+    hosts: int
 
 
 @dataclass
@@ -249,14 +259,16 @@ def hosts_missed(share: float, hosts: int) -> int:
 
 
 # --- playing the visits forward ---------------------------------------------------------------------
-def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Generator[_Visit, float | None, None]:
+def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Generator[_Visit, _Played | None, None]:
     """The open cycle's remaining visits, then whole cycles in the train's domain order, on the
     train's lanes (visit_concurrency): each visit starts when a lane is free and lasts what its work
     is forecast to take (the cost sent back), so a backlog that makes visits long moves the ones
     after it, and a cycle that falls behind gives its last visits less, as the tick does. A running
-    visit holds its lane until its plan's estimate (its hosts are counted as reached then)."""
+    visit holds its lane until its plan's estimate (its hosts are counted as reached then). A sliding
+    train has no lanes: it plays its visits as its release rule starts them (`SlidingFlow`)."""
     forecast, number = backlog.forecast, backlog.cycle_number
     lanes_n = backlog.train.visit_concurrency
+    sliding = backlog.train.pace == Pace.SLIDING
     start = now
     if forecast.cycle is not None:
         running: list[tuple[dt.datetime, dt.datetime]] = []  # (started, expected end)
@@ -275,28 +287,68 @@ def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Gen
                 running.append((visit.started_at or now, ends))
             elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
                 planned.append(domain.domain_id)
-        # As the train forecast does: the visits that started first hold the lanes.
-        lanes = [ends for _, ends in sorted(running)[:lanes_n]] + [now] * max(0, lanes_n - len(running))
-        yield from _cycle_visits(planned, number, lanes, forecast.cycle.deadline_at)
-        start = max([now, *lanes, *(ends for _, ends in running)])
+        if sliding:
+            flow = sliding_flow_open(backlog.sizing, backlog.train, now, _running_visits_out(backlog, now))
+            last = yield from _sliding_cycle_visits(planned, number, flow, forecast.cycle.deadline_at)
+            start = max([now, last, *(ends for _, ends in running)])
+        else:
+            # As the train forecast does: the visits that started first hold the lanes.
+            lanes = [ends for _, ends in sorted(running)[:lanes_n]] + [now] * max(0, lanes_n - len(running))
+            yield from _cycle_visits(planned, number, lanes, forecast.cycle.deadline_at)
+            start = max([now, *lanes, *(ends for _, ends in running)])
     stops = backlog.next_cycles_stops
     slo = dt.timedelta(seconds=backlog.train.cycle_slo_s)
     for cycle in range(number + 1, number + 1 + MAX_CYCLES):
-        lanes = [start] * lanes_n
-        yield from _cycle_visits(stops, cycle, lanes, start + slo)
-        start = max(lanes)
+        if sliding:
+            flow = sliding_flow_open(backlog.sizing, backlog.train, start, [])
+            start = yield from _sliding_cycle_visits(stops, cycle, flow, start + slo)
+        else:
+            lanes = [start] * lanes_n
+            yield from _cycle_visits(stops, cycle, lanes, start + slo)
+            start = max(lanes)
         if all(sum(left.values()) == 0 for left in state.remaining.values()):
             return
 
 
 def _cycle_visits(
     domain_ids: list[int], cycle: int, lanes: list[dt.datetime], deadline: dt.datetime
-) -> Generator[_Visit, float | None, None]:
+) -> Generator[_Visit, _Played | None, None]:
     """One cycle's visits in order on `lanes` (their free times, updated in place)."""
     for position, domain_id in enumerate(domain_ids):
         lane = min(range(len(lanes)), key=lambda i: lanes[i])
-        cost = yield _Visit(domain_id, cycle, lanes[lane], deadline, len(domain_ids) - position)
-        lanes[lane] += dt.timedelta(seconds=cost or 0)
+        played = yield _Visit(domain_id, cycle, lanes[lane], deadline, len(domain_ids) - position)
+        lanes[lane] += dt.timedelta(seconds=played.cost_s if played else 0)
+
+
+def _sliding_cycle_visits(
+    domain_ids: list[int], cycle: int, flow: SlidingFlow, deadline: dt.datetime
+) -> Generator[_Visit, _Played | None, dt.datetime]:
+    """One cycle's visits of a sliding train in order, each starting when its release rule would
+    (`flow`), sized with the hosts still out first; when the last of their hosts is back."""
+    last = flow.next_at
+    for position, domain_id in enumerate(domain_ids):
+        starts = flow.next_at
+        played = yield _Visit(domain_id, cycle, starts, deadline, len(domain_ids) - position, flow.in_flight_s())
+        last = max(last, flow.played(starts, played.cost_s, played.hosts) if played else starts)
+    return last
+
+
+def _running_visits_out(backlog: PoolBacklog, now: dt.datetime) -> list[HostsOut]:
+    """A sliding train's running visits as hosts out: each its plan's per-wave estimate until its
+    expected end, its hosts not yet released holding the next domain back until its last wave."""
+    out = []
+    for domain in backlog.forecast.domains:
+        visit = backlog.visits.get(domain.domain_id)
+        if visit is None or visit.state != VisitState.RUNNING:
+            continue
+        plan = visit.plan or {}
+        hosts = len(plan.get("hosts") or [])
+        extra = backlog.running.get(visit.pk, RunningVisit({}, 0)).extra_s
+        ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=extra)
+        waves = backlog.sizing.waves(hosts)
+        per_wave = float(plan.get("estimate_s") or 0) / waves if waves else 0.0
+        out.append(HostsOut(ends, min(hosts, backlog.sizing.hosts_at_once), per_wave, bool(plan.get("unreleased"))))
+    return out
 
 
 def _running_visit_end(visit: Visit, forecast_end: dt.datetime | None, now: dt.datetime) -> dt.datetime:
@@ -354,11 +406,23 @@ class _Take(NamedTuple):
     hosts: frozenset[int]
 
 
-def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> tuple[float, set[int]]:
-    """Apply what the visit would take to the state; its expected length and the upgrades it reached."""
+class VisitTaken(NamedTuple):
+    """What a played visit takes: its expected length, the upgrades it reached, how many hosts."""
+
+    cost_s: float
+    reached: set[int]
+    hosts: int
+
+
+def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], visit: _Visit) -> VisitTaken:
+    """Apply what the visit would take to the state; what it takes (VisitTaken)."""
     domain_id, left_s = visit.domain_id, (visit.deadline - visit.starts_at).total_seconds()
     sizing = sizing_within_cycle(
-        backlog.sizing, train=backlog.train, seconds_left=left_s, visits_left=visit.visits_left
+        backlog.sizing,
+        train=backlog.train,
+        seconds_left=left_s,
+        visits_left=visit.visits_left,
+        in_flight_s=visit.in_flight_s,
     )
     waiting = [u for u in upgrades if state.remaining[u.pk].get(domain_id)]
     counts = {u.pk: state.remaining[u.pk][domain_id] for u in waiting}
@@ -378,7 +442,8 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
             state.remaining[other.pk][domain_id] = max(0, state.remaining[other.pk][domain_id] - reached)
             if reached:
                 reached_any.add(other.pk)
-    return selection.cost_s, reached_any
+    hosts = len(frozenset[int]().union(*(take.hosts for take in selection.taken)))
+    return VisitTaken(selection.cost_s, reached_any, hosts)
 
 
 def _ranked_takes(components: list[list[Upgrade]], counts: dict[int, int], sizing: VisitSizing) -> Selection:
@@ -465,13 +530,13 @@ def play_forward(
     )
     _note_done(state, backlog.cycle_number or 1, now)
     visits = _coming_visits(backlog, now, state)
-    cost = None
+    played = None
     try:
         while True:
-            visit = visits.send(cost)
-            work_s, reached = _visit_takes(backlog, state, upgrades, visit)
-            cost = _held_for(backlog, work_s)
-            ends = visit.starts_at + dt.timedelta(seconds=cost)
+            visit = visits.send(played)
+            work_s, reached, hosts = _visit_takes(backlog, state, upgrades, visit)
+            played = _Played(_held_for(backlog, work_s), hosts)
+            ends = visit.starts_at + dt.timedelta(seconds=played.cost_s)
             for upgrade_id in reached:
                 _note_took(state, upgrade_id, visit.cycle, ends)
             _note_done(state, visit.cycle, ends)

@@ -3,19 +3,21 @@
 Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promised_at`), made once, to
 be held against when every host ran it (trains.selectors_forecast.upgrade_promise). An upgrade whose
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
-larger buffer, an emergency train, resuming its stopped train), once (deadline_alerted_at). A paused
+larger buffer, an emergency train, resuming its stopped train), each played forward before it is
+advised, or that no change the forecast knows meets it; once (deadline_alerted_at). A paused
 or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
 one query while every upgrade of the pool has its promise and none waits on a deadline."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 from django.db.models import Q, TextChoices
 
 from opsplanner.events import event_record
 from trains.limits import MAX_UPGRADE_PRIORITY
-from trains.models import Upgrade, UpgradeState
+from trains.models import Pace, Train, Upgrade, UpgradeState
 from trains.selectors_forecast import (
     ForecastCode,
     PoolBacklog,
@@ -139,7 +141,10 @@ def _alert(
 def _what_would_meet(
     backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
 ) -> tuple[str, str]:
-    """The cheapest change the forecast says would meet the deadline, as (code, advice)."""
+    """The cheapest change the forecast says would meet the deadline, as (code, advice): each is
+    played before it is advised (an advice followed that still missed was the reviewer's finding),
+    and when none the forecast knows meets it, the emergency train, which comes closest, with what it
+    would give."""
     if forecast.code == ForecastCode.TRAIN_STOPPED:
         return DeadlineFix.RESUME_TRAIN, _resumed_advice(backlog, upgrade, deadline, now)
     if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
@@ -149,10 +154,9 @@ def _what_would_meet(
         )
     if upgrade.priority < TOP_PRIORITY:
         raised = play_forward(backlog, now=now, priorities={upgrade.pk: TOP_PRIORITY}).get(upgrade.pk)
-        if raised is not None and raised[1] <= deadline:
+        if _meets(raised, deadline):
             return DeadlineFix.RAISE_PRIORITY, (
-                f"raising its priority to {TOP_PRIORITY} (now {upgrade.priority}) would meet it: every host by "
-                f"cycle {raised[0]}, around {raised[1]:%Y-%m-%d %H:%M} UTC"
+                f"raising its priority to {TOP_PRIORITY} (now {upgrade.priority}) would meet it: {_by(raised)}"
             )
     sizing = backlog.sizing
     if upgrade.multi_cycle and upgrade.hosts_per_visit and upgrade.hosts_per_visit < sizing.largest_domain:
@@ -160,22 +164,96 @@ def _what_would_meet(
         whole = play_forward(
             backlog, now=now, priorities={upgrade.pk: TOP_PRIORITY}, whole_visits=frozenset([upgrade.pk])
         ).get(upgrade.pk)
-        if whole is not None and whole[1] <= deadline:
+        if _meets(whole, deadline):
             return DeadlineFix.WHOLE_VISITS, (
                 f"even first in line its {upgrade.hosts_per_visit} hosts per visit miss it; taking every host of a "
-                f"domain per visit (not multi-cycle), first in line, would meet it: every host by cycle {whole[0]}, "
-                f"around {whole[1]:%Y-%m-%d %H:%M} UTC"
+                f"domain per visit (not multi-cycle), first in line, would meet it: {_by(whole)}"
             )
     elif sizing.waves(sizing.largest_domain) > 1:
-        hosts = sizing.largest_domain * backlog.train.visit_concurrency
-        return DeadlineFix.LARGER_BUFFER, (
-            f"even first in line the train's pace misses it; a planned buffer of {hosts} hosts (whole domains at "
-            "once) or an emergency train would shorten the visits"
+        advice = _larger_buffer_advice(backlog, upgrade, deadline, now)
+        if advice:
+            return DeadlineFix.LARGER_BUFFER, advice
+    return DeadlineFix.EMERGENCY_TRAIN, _emergency_advice(backlog, upgrade, deadline, now)
+
+
+def _larger_buffer_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
+    """A planned buffer that lets every visit take its whole domain at once, played at the upgrade's
+    priority, then first in line: the advice if either meets the deadline, else empty."""
+    larger = _with_whole_domains(backlog)
+    hosts = larger.sizing.hosts_at_once * backlog.train.visit_concurrency
+    buffer = f"a planned buffer of {hosts} hosts (whole domains at once)"
+    alone = play_forward(larger, now=now).get(upgrade.pk)
+    if _meets(alone, deadline):
+        return f"even first in line the train's pace misses it; {buffer} would meet it: {_by(alone)}"
+    if upgrade.priority >= TOP_PRIORITY:
+        return ""
+    first = play_forward(larger, now=now, priorities={upgrade.pk: TOP_PRIORITY}).get(upgrade.pk)
+    if _meets(first, deadline):
+        return (
+            f"{buffer} and its priority raised to {TOP_PRIORITY} (now {upgrade.priority}) would meet it: {_by(first)}"
         )
-    return DeadlineFix.EMERGENCY_TRAIN, (
-        "even first in line the train's pace misses it; an emergency train for this upgrade (approved by a second "
-        "operator, larger domains, down to the hard floor) would meet it"
+    return ""
+
+
+def _emergency_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
+    """What an emergency train for the upgrade alone would give it (`_emergency`), said as it is:
+    the last change the forecast knows, so when it misses too, no change the forecast knows meets it."""
+    train = "an emergency train for this upgrade (approved by a second operator, whole domains, down to the hard floor)"
+    rushed = play_forward(_emergency(backlog, upgrade), now=now, whole_visits=frozenset([upgrade.pk])).get(upgrade.pk)
+    # Its cycles are its own: only the time is said.
+    reached = f"every host around {rushed[1]:%Y-%m-%d %H:%M} UTC" if rushed else "every host beyond the forecast"
+    if _meets(rushed, deadline):
+        return f"even first in line the train's pace misses it; {train} would meet it: {reached}"
+    return (
+        f"no change the forecast knows meets it; the closest, {train}, one domain at a time, reaches {reached}, "
+        "after the deadline (more domains at once may shorten it)"
     )
+
+
+def _with_whole_domains(backlog: PoolBacklog) -> PoolBacklog:
+    """The backlog with a planned buffer that lets each visit take its whole domain at once (the
+    running visits keep their plans)."""
+    return replace(backlog, sizing=replace(backlog.sizing, hosts_at_once=backlog.sizing.largest_domain))
+
+
+def _emergency(backlog: PoolBacklog, upgrade: Upgrade) -> PoolBacklog:
+    """The backlog an emergency train for the upgrade alone would play, as requested by default
+    (emergency.emergency_train_request: one domain at a time, whole domains): a new train, so no open
+    cycle, and nothing else to fill its visits (no typical visit length, `_held_for`), sized with the
+    pool's train's overhead and correction (the same hosts drain the same way). Approximations: the
+    hosts the regular train's running visits hold are played as free, and the domains in its order."""
+    train = Train(
+        pool=backlog.train.pool,
+        emergency=True,
+        visit_concurrency=1,
+        pace=Pace.DOMAIN,
+        cycle_slo_s=backlog.train.cycle_slo_s,
+        visit_estimate_s=backlog.train.visit_estimate_s,
+    )
+    return replace(
+        backlog,
+        train=train,
+        forecast=replace(backlog.forecast, train=train, cycle=None, visit_seconds=0.0),
+        visits={},
+        sizing=replace(
+            backlog.sizing, hosts_at_once=backlog.sizing.largest_domain, stretch_s=None, waits_for_busiest=True
+        ),
+        upgrades=[upgrade],
+        pending={upgrade.pk: backlog.pending.get(upgrade.pk, {})},
+        cycle_number=0,
+        running={},
+    )
+
+
+def _meets(played: tuple[int, dt.datetime] | None, deadline: dt.datetime) -> bool:
+    return played is not None and played[1] <= deadline
+
+
+def _by(played: tuple[int, dt.datetime] | None) -> str:
+    if played is None:
+        return "beyond the forecast"
+    cycle, at = played
+    return f"every host by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
 
 
 def _resumed_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
@@ -183,9 +261,5 @@ def _resumed_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetim
     resumed = play_forward(backlog, now=now).get(upgrade.pk)
     if resumed is None:
         return "only resuming the train can meet it, and resumed now it reaches every host beyond the forecast"
-    cycle, at = resumed
-    verdict = "would meet it" if at <= deadline else "would still miss it"
-    return (
-        f"only resuming the train can meet it; resumed now it {verdict}: every host by cycle {cycle}, "
-        f"around {at:%Y-%m-%d %H:%M} UTC"
-    )
+    verdict = "would meet it" if _meets(resumed, deadline) else "would still miss it"
+    return f"only resuming the train can meet it; resumed now it {verdict}: {_by(resumed)}"
