@@ -173,14 +173,14 @@ def test_a_deadline_a_higher_priority_would_meet_raises_an_alert_saying_so() -> 
     assert Event.objects.filter(kind="alert.upgrade_deadline_at_risk").count() == 1
 
 
-def test_a_deadline_the_trains_pace_cannot_meet_names_an_emergency_train() -> None:
+def test_a_deadline_no_change_can_meet_says_so_with_what_the_closest_an_emergency_train_gives() -> None:
     pool, _ = one_upgrade_per_visit()
 
     rushed = create(pool, "bios", "2.16.0", deadline=clock.now() + dt.timedelta(minutes=30))
 
     alert = Event.objects.get(kind="alert.upgrade_deadline_at_risk", subject_id=rushed.pk)
-    assert alert.data["fix"] == DeadlineFix.EMERGENCY_TRAIN
-    assert "emergency train" in alert.reason
+    assert alert.data["fix"] == DeadlineFix.NONE_KNOWN
+    assert "no change the forecast knows meets it; the closest, an emergency train" in alert.reason
 
 
 def test_a_multi_cycle_upgrades_deadline_alert_advises_whole_visits_not_a_buffer_that_changes_nothing() -> None:

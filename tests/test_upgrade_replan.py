@@ -202,7 +202,7 @@ def test_a_new_deadline_still_missed_is_alerted_again_and_the_promise_is_kept() 
     upgrade_replan(upgrade_id=rushed.pk, deadline=clock.now() + dt.timedelta(minutes=40), actor="alice")
 
     alerts = Event.objects.filter(kind=ALERT, subject_id=rushed.pk).order_by("id")
-    assert [a.data["fix"] for a in alerts] == [DeadlineFix.EMERGENCY_TRAIN] * 2
+    assert [a.data["fix"] for a in alerts] == [DeadlineFix.NONE_KNOWN] * 2
     assert Upgrade.objects.get(pk=rushed.pk).deadline_alerted_at is not None  # judged again at once
     assert Upgrade.objects.values_list("promise_made_at", "promised_cycle", "promised_at").get(pk=rushed.pk) == promised
 

@@ -35,6 +35,9 @@ class DeadlineFix(TextChoices):
     RAISE_PRIORITY = "raise_priority", "Raise its priority"
     LARGER_BUFFER = "larger_buffer", "A larger planned buffer"
     EMERGENCY_TRAIN = "emergency_train", "An emergency train"
+    # Nothing the forecast plays meets the deadline; the advice says what the closest, an emergency
+    # train, would give (a code of its own: integrations must not read "would meet it" into it).
+    NONE_KNOWN = "none_known", "No change the forecast knows meets it"
     RETURN_HOSTS = "return_hosts", "Repair and return the hosts escalated to a human"
     RESUME_TRAIN = "resume_train", "Resume the pool's paused or autostopped train"
     WHOLE_VISITS = "whole_visits", "Take every host of a domain per visit (not multi-cycle)"
@@ -173,7 +176,7 @@ def _what_would_meet(
         advice = _larger_buffer_advice(backlog, upgrade, deadline, now)
         if advice:
             return DeadlineFix.LARGER_BUFFER, advice
-    return DeadlineFix.EMERGENCY_TRAIN, _emergency_advice(backlog, upgrade, deadline, now)
+    return _emergency_advice(backlog, upgrade, deadline, now)
 
 
 def _larger_buffer_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
@@ -195,16 +198,22 @@ def _larger_buffer_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.d
     return ""
 
 
-def _emergency_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
+def _emergency_advice(
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime
+) -> tuple[str, str]:
     """What an emergency train for the upgrade alone would give it (`_emergency`), said as it is:
-    the last change the forecast knows, so when it misses too, no change the forecast knows meets it."""
+    the last change the forecast knows, so when it misses too, no change the forecast knows meets it
+    (NONE_KNOWN)."""
     train = "an emergency train for this upgrade (approved by a second operator, whole domains, down to the hard floor)"
     rushed = play_forward(_emergency(backlog, upgrade), now=now, whole_visits=frozenset([upgrade.pk])).get(upgrade.pk)
     # Its cycles are its own: only the time is said.
     reached = f"every host around {rushed[1]:%Y-%m-%d %H:%M} UTC" if rushed else "every host beyond the forecast"
     if _meets(rushed, deadline):
-        return f"even first in line the train's pace misses it; {train} would meet it: {reached}"
-    return (
+        return (
+            DeadlineFix.EMERGENCY_TRAIN,
+            f"even first in line the train's pace misses it; {train} would meet it: {reached}",
+        )
+    return DeadlineFix.NONE_KNOWN, (
         f"no change the forecast knows meets it; the closest, {train}, one domain at a time, reaches {reached}, "
         "after the deadline (more domains at once may shorten it)"
     )
