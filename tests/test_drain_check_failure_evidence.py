@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import Host, HostState
+from fleet.models import Host, HostState, Pool
 from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
@@ -16,20 +16,26 @@ from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train, nic_firmware
-from trains.models import UpgradePhase
+from trains.models import Upgrade, UpgradePhase
 from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create, upgrade_phase_failures, upgrade_phase_successes
 
 pytestmark = pytest.mark.django_db
 
 
-def test_a_host_that_failed_its_checks_after_two_upgrades_is_no_success_of_the_first() -> None:
+def bios_then_driver_in_one_drain() -> tuple[Pool, Upgrade, Upgrade]:
+    """One host; its train's visit gives it bios (first) then the driver (last) in one drain."""
     instant_simulator()
     pool, _ = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
     train = make_train(pool)
     first = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="bios", priority=300)
     last = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver")
     train_tick(train_id=train.pk)
+    return pool, first, last
+
+
+def test_a_host_that_failed_its_checks_after_two_upgrades_is_no_success_of_the_first() -> None:
+    pool, first, last = bios_then_driver_in_one_drain()
     simulator_profile_instant(verify_failure_rate=1.0)
     last_tasks = HostTask.objects.filter(operation__visit_link__upgrade=last)
     for _ in range(30):
@@ -50,12 +56,7 @@ def test_a_host_that_failed_its_checks_after_two_upgrades_is_no_success_of_the_f
 
 
 def test_a_drain_that_passed_its_checks_proves_every_upgrade_it_applied() -> None:
-    instant_simulator()
-    pool, _ = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1)
-    train = make_train(pool)
-    first = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="bios", priority=300)
-    last = upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="driver")
-    train_tick(train_id=train.pk)
+    pool, first, last = bios_then_driver_in_one_drain()
 
     drive_trains(pool, until=lambda: HostTask.objects.filter(state=TaskState.DONE).exists())
 
