@@ -42,7 +42,7 @@ from opsplanner.models import (
     WorkState,
 )
 from trains.models import Train, TrainState, Upgrade, UpgradeState
-from trains.selectors_forecast import PromiseState, upgrade_promise
+from trains.selectors_promise import PromiseState, upgrade_promise
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RECENT_WINDOW = dt.timedelta(minutes=15)

@@ -190,7 +190,7 @@ def test_an_operation_cancelled_with_tasks_under_way_ends_cancelled_once_they_fi
 
 
 def test_the_sweep_closes_a_cancelled_operation_cancelled_and_an_uncancelled_one_completed(fleet) -> None:
-    from opsplanner.services.tick.advance import operations_close_finished
+    from opsplanner.services.tick.closing import operations_close_finished
 
     cancelled = operation_submit(kind="reboot", scope="pool train", reason="r")
     completed = operation_submit(kind="reboot", scope="pool train", reason="r", priority=50)

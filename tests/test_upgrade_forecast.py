@@ -22,14 +22,12 @@ from trains.models import Cycle, Train, Upgrade, UpgradeState, Visit, VisitState
 from trains.selectors_forecast import (
     FORECAST_QUERIES,
     ForecastCode,
-    PromiseState,
     UpgradeForecast,
-    UpgradePromise,
     play_forward,
     pool_backlogs,
-    upgrade_promise,
     upgrades_forecasts,
 )
+from trains.selectors_promise import PromiseState, UpgradePromise, upgrade_promise
 from trains.services.tick import train_tick
 from trains.services.upgrade_forecast import DeadlineFix, upgrades_forecast_check
 from trains.services.upgrades import upgrade_create
@@ -316,7 +314,7 @@ def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domain
 ) -> None:
     from opsplanner.models import HostTask, TaskState
     from tests.driving import drive_trains
-    from trains.selectors_forecast import hosts_missed, trains_missed_share
+    from trains.selectors_missed import hosts_missed, trains_missed_share
 
     # Cycle 1 runs a BIOS release whose execution fails on every host (kept on by its policy).
     instant_simulator(execute_by_kind={"upgrade:bios:2.16.0": {"failure_rate": 1.0}})
@@ -328,9 +326,9 @@ def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domain
     instant_simulator()  # mended; the forecasts below only read
     driver = create(pool, "gpu-driver", "560.35.03", priority=900)  # first in line: the bios waits behind it
 
-    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 10**6)  # not measured: every host succeeds
+    monkeypatch.setattr("trains.selectors_missed.MISSED_MIN_TASKS", 10**6)  # not measured: every host succeeds
     as_if_none_missed = forecast_of(driver)
-    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 1)
+    monkeypatch.setattr("trains.selectors_missed.MISSED_MIN_TASKS", 1)
     share = trains_missed_share([train.pk], now=clock.now())[train.pk]
     expected = forecast_of(driver)
 
@@ -350,7 +348,7 @@ def test_the_forecast_takes_again_the_hosts_recent_visits_missed_at_their_domain
 def test_a_host_whose_check_failed_after_the_install_is_not_a_missed_host(monkeypatch: pytest.MonkeyPatch) -> None:
     from opsplanner.models import HostTask, TaskState
     from tests.driving import drive_trains
-    from trains.selectors_forecast import trains_missed_share
+    from trains.selectors_missed import trains_missed_share
 
     instant_simulator(verify_failure_rate=1.0)
     pool, _ = make_fleet(domains=3, hosts_per_domain=2, failure_buffer_hosts=6)
@@ -360,14 +358,14 @@ def test_a_host_whose_check_failed_after_the_install_is_not_a_missed_host(monkey
     drive_trains(pool, until=failed.exists)  # a check failed after the install
     instant_simulator()  # the repairs' own checks pass: the hosts come back and the cycle ends
     drive_trains(pool, until=lambda: Cycle.objects.filter(train=train, number=1, ended_at__isnull=False).exists())
-    monkeypatch.setattr("trains.selectors_forecast.MISSED_MIN_TASKS", 1)
+    monkeypatch.setattr("trains.selectors_missed.MISSED_MIN_TASKS", 1)
 
     assert set(failed.values_list("failure_code", flat=True)) == {"check_failed"}
     assert trains_missed_share([train.pk], now=clock.now()) == {train.pk: 0.0}
 
 
 def test_no_host_is_expected_missed_while_fewer_than_half_a_host_would_be() -> None:
-    from trains.selectors_forecast import hosts_missed
+    from trains.selectors_missed import hosts_missed
 
     assert [hosts_missed(0.004, 100), hosts_missed(0.005, 100), hosts_missed(0.006, 1000), hosts_missed(1.0, 6)] == [
         0,

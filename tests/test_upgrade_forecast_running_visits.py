@@ -21,7 +21,8 @@ from tests.forecast_world import World, timed_simulator
 from tests.test_train_robustness import forbid_bios_above
 from tests.trains_builders import make_train, make_user
 from trains.models import Upgrade, Visit, VisitState
-from trains.selectors_forecast import ForecastCode, PromiseState, upgrade_promise, upgrades_forecasts
+from trains.selectors_forecast import ForecastCode, upgrades_forecasts
+from trains.selectors_promise import PromiseState, upgrade_promise
 from trains.services.trains import train_pause, train_resume
 from trains.services.upgrade_forecast import DeadlineFix
 from trains.services.upgrades import hosts_below_target, upgrade_create

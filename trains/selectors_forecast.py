@@ -28,11 +28,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from django.db import models
-from django.db.models import Count, Q
 
 from opsplanner import clock
-from opsplanner.models import HostTask, TaskState
-from opsplanner.models.operations import FailureCode
 from trains.models import (
     LIVE_TRAIN_STATES,
     STOPPED_TRAIN_STATES,
@@ -45,6 +42,7 @@ from trains.models import (
 )
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
+from trains.selectors_missed import hosts_missed, trains_missed_share
 from trains.selectors_pending import pending_by_domain
 from trains.selectors_running_visits import RunningVisit, joins_expected, running_visits_takes
 from trains.services.budget import (
@@ -62,19 +60,6 @@ MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # domains' sizes, the installed versions per domain, what the recent visits missed and, while a
 # visit runs, its tasks not installed yet. An upgrade whose scope is narrower than its pool adds two.
 FORECAST_QUERIES = 10
-MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
-MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
-# A task that left its host below the target for this pass: it failed before or while installing,
-# or was deferred to the next cycle. A failed check or return comes after the install, and the host
-# keeps the version through its repair (a 10-day meta run: 9 of 16 failures, none taken again).
-MISSED_TASK = Q(
-    state=TaskState.FAILED,
-    failure_code__in=[FailureCode.DRAIN_FAILED, FailureCode.EXECUTE_FAILED, FailureCode.UNKNOWN_VERSION],
-) | Q(state=TaskState.CANCELLED, failure_code=FailureCode.DEFERRED)
-
-# A task re-submitted for a host repaired in its visit's drain (trains/services/catch_up.py): one
-# that succeeded makes up for a missed task of the same pass.
-_CATCH_UP = Q(operation__visit_link__catch_up=True)
 
 
 class ForecastCode(models.TextChoices):
@@ -222,40 +207,6 @@ def _joins_expected(backlog: PoolBacklog) -> None:
     visits = [backlog.visits[d.domain_id] for d in backlog.forecast.domains if d.domain_id in backlog.visits]
     running = [v for v in visits if v.pk in backlog.running]
     joins_expected(running, backlog.running, upgrades=backlog.upgrades, pending=backlog.pending, sizing=backlog.sizing)
-
-
-def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
-    """Per train, of the tasks of its visits that ended within MISSED_WINDOW, the share that left
-    their host below the target for that pass (MISSED_TASK, less the catch-ups that made up for
-    one); such a host is taken again at its domain's next visit. Trains with fewer than
-    MISSED_MIN_TASKS such tasks are left out (one query)."""
-    visit = "operation__visit_link__visit__"
-    rows = (
-        HostTask.objects.filter(
-            **{f"{visit}train_id__in": train_ids, f"{visit}ended_at__gte": now - MISSED_WINDOW},
-            state__in=[TaskState.DONE, TaskState.HANDED_OVER, TaskState.FAILED, TaskState.CANCELLED],
-        )
-        .exclude(state=TaskState.CANCELLED, failure_code__in=[FailureCode.CANCELLED, FailureCode.SUPERSEDED])
-        .values_list(f"{visit}train_id")
-        .annotate(
-            finished=Count("id", filter=~_CATCH_UP),
-            missed=Count("id", filter=MISSED_TASK & ~_CATCH_UP),
-            caught_up=Count("id", filter=_CATCH_UP & Q(state__in=[TaskState.DONE, TaskState.HANDED_OVER])),
-        )
-        .order_by()
-    )
-    return {
-        train_id: max(0, missed - caught_up) / finished
-        for train_id, finished, missed, caught_up in rows
-        if finished >= MISSED_MIN_TASKS
-    }
-
-
-def hosts_missed(share: float, hosts: int) -> int:
-    """How many of `hosts` a pass of visits is expected to miss at the measured share: none while
-    fewer than half a host is expected (the forecast reads as if every host succeeds)."""
-    expected = share * hosts
-    return 0 if expected < 0.5 else min(hosts, max(1, round(expected)))
 
 
 # --- playing the visits forward ---------------------------------------------------------------------
@@ -638,52 +589,3 @@ def upgrades_forecasts(upgrades: list[Upgrade], *, now: dt.datetime | None = Non
     backlogs, _ = pool_backlogs(pool_ids, now=now) if pool_ids else ({}, [])
     done = {pool_id: play_forward(backlog, now=now) for pool_id, backlog in backlogs.items() if not backlog.stopped}
     return {u.pk: upgrade_forecast_of(u, backlogs.get(u.pool_id), done.get(u.pool_id, {})) for u in upgrades}
-
-
-# --- the promise: the first forecast, held against what happened ------------------------------------
-class PromiseState(models.TextChoices):
-    NONE = "none", "No promise yet (no running train when it was created, or its emergency train applies it)"
-    BEYOND_HORIZON = "beyond_horizon", f"Promised nothing within {MAX_CYCLES} cycles"
-    PENDING = "pending", "Within its promise so far"
-    OVERDUE = "overdue", "Past its promise, not on every host yet"
-    KEPT = "kept", "On every host by its promise"
-    MISSED = "missed", "On every host, after its promise"
-    ENDED = "ended", "Ended before reaching every host"
-
-
-@dataclass(frozen=True)
-class UpgradePromise:
-    state: str
-    cycle: int | None = None
-    at: dt.datetime | None = None
-    made_at: dt.datetime | None = None
-    late_s: float | None = None  # past the promised time: when every host ran it, or now if not yet; < 0 early
-    text: str = ""
-
-
-def upgrade_promise(upgrade: Upgrade, *, now: dt.datetime) -> UpgradePromise:
-    """The upgrade's promise (the forecast its train first gave it, trains/services/upgrade_forecast.py)
-    against when every host ran it, or against now while it has not (no query)."""
-    made, at, cycle = upgrade.promise_made_at, upgrade.promised_at, upgrade.promised_cycle
-    if made is None:
-        return UpgradePromise(PromiseState.NONE, text="no promise yet")
-    if at is None or cycle is None:
-        return UpgradePromise(
-            PromiseState.BEYOND_HORIZON, made_at=made, text=f"promised nothing within {MAX_CYCLES} cycles"
-        )
-    promised = f"promised every host by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
-    if upgrade.state == UpgradeState.COMPLETED and upgrade.finished_at is not None:
-        late = (upgrade.finished_at - at).total_seconds()
-        state = PromiseState.KEPT if late <= 0 else PromiseState.MISSED
-        how = f"kept, {_hours(-late)} early" if late <= 0 else f"missed by {_hours(late)}"
-        return UpgradePromise(state, cycle, at, made, late, f"{promised}: {how}")
-    if upgrade.state != UpgradeState.ACTIVE:
-        return UpgradePromise(PromiseState.ENDED, cycle, at, made, text=f"{promised}; {upgrade.state} before that")
-    late = (now - at).total_seconds()
-    if late > 0:
-        return UpgradePromise(PromiseState.OVERDUE, cycle, at, made, late, f"{promised}: {_hours(late)} overdue")
-    return UpgradePromise(PromiseState.PENDING, cycle, at, made, late, promised)
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h"

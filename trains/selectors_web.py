@@ -27,7 +27,8 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import DomainForecast, TrainForecast, forecast_from_rows
-from trains.selectors_forecast import UpgradeForecast, UpgradePromise, upgrade_promise, upgrades_forecasts
+from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
+from trains.selectors_promise import UpgradePromise, upgrade_promise
 from trains.services.budget import Correction, correction_from, recent_visits, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
 from trains.services.upgrades import phase_failures_while_in_force, phase_successes

@@ -23,8 +23,8 @@ from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import REPAIR_PRIORITY, HostTask, Lease, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.services.operations import operation_submit
-from opsplanner.services.tick.advance import start_verification
 from opsplanner.services.tick.context import ConcurrentChange, TaskRef, TickContext, task_refs
+from opsplanner.services.tick.verification import start_verification
 
 RETRY, RELEASE = "retry", "release"
 DONE = {RETRY: "retried", RELEASE: "released"}

@@ -29,7 +29,7 @@ from fleet.models import HostState, Pool
 from opsplanner.events import event_record
 from opsplanner.models import OPEN_TASK_STATES, HostTask, OperationKind, TaskState
 from trains.models import Train, Visit, VisitState
-from trains.selectors_forecast import MISSED_TASK
+from trains.selectors_missed import MISSED_TASK
 from trains.services.actor import ACTOR
 from trains.services.pace import ActiveUpgrade, sliding_allowance, train_hosts_out, train_slides
 from trains.services.visits import Step, UpgradePlan, visit_steps_submit
@@ -73,7 +73,7 @@ def _repaired_now(running: list[Visit]) -> dict[int, set[int]]:
 
 def _missed(visit_hosts: Mapping[int, set[int]]) -> dict[tuple[int, int], list[_Missed]]:
     """{(visit, host): the visit's upgrades that left the host below their target (failed before or
-    while installing, or deferred: trains.selectors_forecast.MISSED_TASK) and that it did not get
+    while installing, or deferred: trains.selectors_missed.MISSED_TASK) and that it did not get
     since. An upgrade whose check failed after the install is not missed: the host runs it."""
     hosts = {h for hs in visit_hosts.values() for h in hs}
     rows = (

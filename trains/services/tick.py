@@ -42,7 +42,7 @@ from trains.models import (
     VisitState,
 )
 from trains.selectors import train_forecast
-from trains.selectors_forecast import upgrade_promise
+from trains.selectors_promise import upgrade_promise
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     HOST_TIME_KEY,

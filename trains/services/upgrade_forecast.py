@@ -1,7 +1,7 @@
 """Promises and deadlines, from one forecast of the pool.
 
 Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promised_at`), made once, to
-be held against when every host ran it (trains.selectors_forecast.upgrade_promise). An upgrade whose
+be held against when every host ran it (trains.selectors_promise.upgrade_promise). An upgrade whose
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
 larger buffer, an emergency train, resuming its stopped train), each played forward before it is
 advised, or that no change the forecast knows meets it; once (deadline_alerted_at). A paused

@@ -25,7 +25,8 @@ from trains.limits import (
 from trains.models import Pace, Train, Upgrade, UpgradePhase, UpgradeState, Visit
 from trains.models.trains import DEFAULT_TRAIN_PRIORITY
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
-from trains.selectors_forecast import ForecastCode, PromiseState, upgrade_promise, upgrades_forecasts
+from trains.selectors_forecast import ForecastCode, upgrades_forecasts
+from trains.selectors_promise import PromiseState, upgrade_promise
 
 
 class TrainSerializer(serializers.ModelSerializer):

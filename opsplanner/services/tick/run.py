@@ -19,7 +19,8 @@ from opsplanner.live import LiveBatch, live_batched
 from opsplanner.models import OPEN_TASK_STATES, HostTask, WorkItem, WorkState
 from opsplanner.prepared import PreparedModels
 from opsplanner.services.tick.admission import admit
-from opsplanner.services.tick.advance import advance, expire, operations_close_finished
+from opsplanner.services.tick.advance import advance, expire
+from opsplanner.services.tick.closing import operations_close_finished
 from opsplanner.services.tick.context import (
     WORK_ITEM_COLUMNS,
     ConcurrentChange,
