@@ -1,19 +1,23 @@
 """An approved emergency train beside a regular train and a broken host: it is not stopped by the
-planned buffer the regular work fills, it goes on until every host of its scope runs the fix, and
-when it finishes with hosts left (escalated to a human) it says which."""
+planned buffer the regular work fills, nor by a broken host its pool's failure buffer allows, it
+goes on until every host of its scope runs the fix, and when it finishes with hosts left (escalated
+to a human, or its target now incompatible there) it says which and why."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
-from fleet.models import Host, HostState, InstalledVersion, Pool
+from fleet.models import Component, Host, HostState, InstalledVersion, Pool
 from fleet.services.hosts import host_transition
-from fleet.services.inventory import installed_version_set
+from fleet.services.inventory import compatibility_rule_create, installed_version_set
+from opsplanner import clock
 from opsplanner.models import Approval, Event
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.failures import host_failure_report
 from opsplanner.services.tick import pool_tick
-from tests.builders import make_domain, make_fleet, make_host
+from tests.builders import make_domain, make_fleet, make_host, make_version
 from tests.driving import drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user
 from trains.models import Cycle, Train, TrainState, Upgrade, UpgradeState
@@ -150,3 +154,77 @@ def test_an_emergency_train_finishes_with_an_alert_naming_the_hosts_of_a_rack_ad
     assert Upgrade.objects.get(pk=emergency.upgrade_id).state == UpgradeState.CANCELLED
     [alert] = events_of(emergency, "alert.emergency_hosts_left")
     assert alert.data["hosts"] == [newcomer.hostname]
+
+
+def a_cuda_release_that_forbids_the_fix_on(host: Host) -> None:
+    """After the approval (the request checked every host), the host's job-facing cuda moves to a
+    release that works with no bios above 2.15.0: the fix is now incompatible there, and there only."""
+    cuda = make_version(Component.objects.get(name="cuda-runtime"), "12.8.0")
+    compatibility_rule_create(
+        job_facing_version=cuda, lower_component=Component.objects.get(name="gpu-driver"), min_version="550.54.14"
+    )
+    compatibility_rule_create(
+        job_facing_version=cuda, lower_component=Component.objects.get(name="bios"), max_version="2.15.0"
+    )
+    installed_version_set(host=host, version=cuda)
+
+
+def test_an_emergency_whose_target_became_incompatible_on_one_host_fixes_the_others_and_finishes_naming_it() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=2)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
+    emergency = approved_emergency(pool)
+    incompatible = hosts[0]
+    a_cuda_release_that_forbids_the_fix_on(incompatible)
+    now = [clock.now()]
+
+    def half_a_minute_passes() -> None:  # the refusals came back every IDLE_AFTER_EMPTY_CYCLE
+        now[0] += dt.timedelta(seconds=30)
+
+    with clock.use_clock(lambda: now[0]):
+        drive_trains(pool, until=lambda: until_stopped(emergency), each_round=half_a_minute_passes, max_rounds=200)
+
+    emergency.refresh_from_db()
+    assert emergency.state == TrainState.FINISHED
+    assert {name for name, version in bios_of(pool).items() if version != FIX} == {incompatible.hostname}
+    assert Cycle.objects.filter(train=emergency).count() == 1
+    # Refused once, for that host only: the visit went on with the rest of its rack.
+    [refused] = Event.objects.filter(kind="train.visit_upgrade_refused")
+    assert (refused.data["code"], refused.data["hostnames"]) == ("incompatible", [incompatible.hostname])
+    assert Upgrade.objects.get(pk=emergency.upgrade_id).state == UpgradeState.CANCELLED
+    [alert] = events_of(emergency, "alert.emergency_hosts_left")
+    assert alert.data["hosts"] == [incompatible.hostname]
+    assert alert.data["why"] == {incompatible.hostname: "incompatible"}
+    assert "cuda-runtime 12.8.0" in alert.reason
+
+
+def test_an_emergency_train_goes_on_past_a_broken_host_its_pools_failure_buffer_of_one_allows() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=1)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
+    broken = hosts[0]
+    host_failure_report(host_id=broken.pk, reason="psu")  # repaired within a few rounds
+    emergency = approved_emergency(pool)
+
+    drive_trains(pool, until=lambda: until_stopped(emergency), max_rounds=200)
+
+    emergency.refresh_from_db()
+    assert emergency.state == TrainState.FINISHED, emergency.state_reason
+    assert not events_of(emergency, "alert.train_autostopped")
+    assert set(bios_of(pool).values()) == {FIX}
+
+
+def test_an_emergency_train_stops_itself_once_more_hosts_are_out_broken_than_the_failure_buffer_allows() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=1)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
+    for broken in hosts[:2]:
+        host_transition(host_id=broken.pk, expected="in_service", new="failed", reason="PSU")
+    emergency = approved_emergency(pool)
+
+    train_tick(train_id=emergency.pk)
+
+    emergency.refresh_from_db()
+    assert emergency.state == TrainState.AUTOSTOPPED
+    assert "failure buffer of pool" in emergency.state_reason
+    assert events_of(emergency, "alert.train_autostopped")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from fleet.models import ComponentVersion
+from fleet.models import ComponentVersion, WithdrawnBy
 from fleet.services.catalogue import component_version_withdraw
 from opsplanner.models import Event, HostTask, TaskState
 from opsplanner.services.tick import admission, pool_tick
@@ -167,3 +167,49 @@ def test_an_operator_taking_an_upgrade_out_beside_the_train_tick_writing_it_fini
 
     assert errors == []
     assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED
+
+
+def test_a_re_onboarding_approved_beside_a_withdrawal_of_its_version_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Re-onboarding took the upgrade's row, then the version's, then (cancelling the rollbacks its
+    # offboarding queued) the pool's; the withdrawal takes the pools, then the version: deadlocked.
+    from django.db import transaction
+
+    from opsplanner.services.approvals import approval_decide
+    from tests.test_offboard_rollback import rollout_until_a_host_returns
+    from tests.trains_builders import make_user
+    from trains.services import reonboarding
+    from trains.services.offboarding import upgrade_offboard
+
+    _, upgrade, _ = rollout_until_a_host_returns(domains=2, hosts_per_domain=3)
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bad driver")
+    approval = reonboarding.upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="fixed", actor=make_user())
+    approver = make_user()
+    holding = threading.Event()
+
+    def hold_once_locked() -> None:
+        holding.set()
+        time.sleep(1.0)
+
+    monkeypatch.setattr(
+        reonboarding,
+        "_withdrawal_made_elsewhere_refuse",
+        only_in("reonboard", hold_once_locked, reonboarding._withdrawal_made_elsewhere_refuse),
+    )
+
+    def withdraw() -> None:
+        holding.wait(10)
+        component_version_withdraw(version_id=upgrade.component_version_id, reason="bricks hosts", actor="alice")
+
+    def reonboard() -> None:
+        approval_decide(approval_id=approval.pk, approve=True, reason="fix verified", actor=approver)
+
+    errors: list[BaseException] = []
+    for thread in named_threads(errors, reonboard=reonboard, withdraw=withdraw):
+        thread.join(60)
+
+    assert errors == []
+    # Re-onboarded first, then withdrawn by the operator: offboarded again, the version theirs.
+    assert Event.objects.filter(kind="upgrade.reonboarded", subject_id=upgrade.pk).exists()
+    assert Upgrade.objects.get(pk=upgrade.pk).state == UpgradeState.OFFBOARDED
+    assert ComponentVersion.objects.get(pk=upgrade.component_version_id).withdrawn_by == WithdrawnBy.OPERATOR

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Max, Q
+from django.db.models import Max
 
 from fleet.models import HostState, MaintenanceDomain
 from opsplanner.events import event_record
@@ -23,7 +23,7 @@ from trains.services.budget import (
     train_budget_check,
     train_sizing,
 )
-from trains.services.emergency import emergency_cycle_ended, emergency_reachable
+from trains.services.emergency import emergency_cycle_ended, emergency_within_reach
 from trains.services.trains import slo_shortfall
 from trains.services.upgrade_forecast import upgrades_forecast_check
 from trains.services.upgrades import hosts_below_target
@@ -95,9 +95,14 @@ def _cycle_has_work(train: Train, plans: list[UpgradePlan]) -> bool:
     if train.emergency:
         # Its cycles go on until every host of its scope has the fix, and its visits take only hosts
         # in service: the next cycle opens once one still below the fix is back in service, not while
-        # they are out for other work or in repair (an empty cycle, then IDLE_AFTER_EMPTY_CYCLE).
-        takeable = emergency_reachable(train) & Q(state=HostState.IN_SERVICE)
-        return any(hosts_below_target(plan.upgrade, plan.allowed).filter(takeable).exists() for plan in plans)
+        # they are out for other work or in repair (an empty cycle, then IDLE_AFTER_EMPTY_CYCLE), nor
+        # for one its target would leave incompatible (refused at every visit: out of its reach).
+        return any(
+            emergency_within_reach(
+                train, plan.upgrade, hosts_below_target(plan.upgrade, plan.allowed).filter(state=HostState.IN_SERVICE)
+            )
+            for plan in plans
+        )
     return any(plan.has_pending() for plan in plans)
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Q, QuerySet
 
 from fleet.models import Host, HostState, Pool
 from fleet.selectors.capacity import pool_capacity
+from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.events import Actor, actor_user, event_record
 from opsplanner.models import ApprovalKind, ApprovalState
@@ -21,6 +23,15 @@ from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import hosts_below_target, upgrade_create
 
 SUBJECT = "trains.train"
+
+
+class OutOfReach(models.TextChoices):
+    """Why a host of an emergency train's scope is out of its reach (alert.emergency_hosts_left's
+    data.why, per host): codes, for integrations; the labels are for people."""
+
+    ESCALATED = "escalated", "escalated to a human"
+    NOT_A_STOP = "not_a_stop", "in a domain added since its approval"
+    INCOMPATIBLE = "incompatible", "its target would break a compatibility rule there"
 
 
 @transaction.atomic
@@ -131,16 +142,21 @@ def emergency_train_finish_if_done(*, train: Train) -> bool:
     emergency train finishes: it runs cycle after cycle until every host of its scope runs the fix
     (a host out for other work or in repair when its domain was visited is taken by a later cycle,
     trains/services/cycles.py), until its upgrade is offboarded or cancelled, or until no host left
-    is within its reach (emergency_reachable): then it finishes and says which (_finish_with_hosts_left).
-    Runs in the train tick's transaction, under the train's row lock, while no cycle is open."""
+    is within its reach (emergency_within_reach): then it finishes and says which, and why
+    (_finish_with_hosts_left). Runs in the train tick's transaction, under the train's row lock, while
+    no cycle is open."""
     if train.state not in LIVE_TRAIN_STATES or Cycle.objects.filter(train=train, ended_at__isnull=True).exists():
         return False
-    upgrade = Upgrade.objects.filter(pk=train.upgrade_id).first() if train.upgrade_id else None
+    upgrade = (
+        Upgrade.objects.filter(pk=train.upgrade_id).select_related("component_version__component").first()
+        if train.upgrade_id
+        else None
+    )
     if upgrade is not None and upgrade.state == UpgradeState.ACTIVE:
         below = hosts_below_target(upgrade, upgrade_scope_hosts(upgrade))
-        if below.filter(emergency_reachable(train)).exists():
+        if emergency_within_reach(train, upgrade, below):
             return False  # a later cycle takes them once they are back in service
-        left = _named_states(below)
+        left = _out_of_reach(train, upgrade, below)
         if not left:
             return False  # every host has the fix: the tick's upgrade step completes the upgrade first
         return _finish_with_hosts_left(train, upgrade, left)
@@ -156,6 +172,27 @@ def emergency_reachable(train: Train) -> Q:
     for (its stops; a rack added since is not one) and not escalated to a human."""
     stops = TrainStop.objects.filter(train=train).values("domain_id")
     return Q(domain_id__in=stops) & ~Q(state=HostState.ESCALATED)
+
+
+def emergency_incompatible(upgrade: Upgrade, host_ids: Iterable[int]) -> dict[int, str]:
+    """Of `host_ids`, the hosts the upgrade's target would leave breaking a compatibility rule, with
+    the first reason: the core refuses the target there (opsplanner/services/compatibility.py), as
+    when a rule was made, or another component of the host changed, since the approval. No later
+    cycle can give them the fix while that holds (three queries at most; none without hosts)."""
+    ids = sorted(host_ids)
+    if not ids:
+        return {}
+    problems = host_incompatibilities(ids, planned=[upgrade.component_version])
+    return {host_id: reasons[0] for host_id, reasons in problems.items()}
+
+
+def emergency_within_reach(train: Train, upgrade: Upgrade, below: QuerySet[Host]) -> bool:
+    """Whether a later cycle can still give the fix to one of `below` (hosts under its target): one
+    within its reach (emergency_reachable) that the target keeps compatible. A host the target is
+    incompatible with is refused at every visit: waited for, it kept the train running a cycle of
+    refusals every IDLE_AFTER_EMPTY_CYCLE until an operator acted (trains/services/cycles.py)."""
+    reachable = set(below.filter(emergency_reachable(train)).values_list("id", flat=True))
+    return bool(reachable) and len(emergency_incompatible(upgrade, reachable)) < len(reachable)
 
 
 def emergency_hosts_left(upgrade: Upgrade) -> dict[str, str]:
@@ -191,16 +228,47 @@ def _named(left: dict[str, str]) -> str:
     return ", ".join(f"{hostname} {state}" for hostname, state in left.items())
 
 
-def _finish_with_hosts_left(train: Train, upgrade: Upgrade, left: dict[str, str]) -> bool:
+class _HostLeft(NamedTuple):
+    """A host of the scope below the fix that no cycle can reach, and why (an OutOfReach code)."""
+
+    state: str
+    why: str
+    detail: str = ""
+
+    def said(self, hostname: str) -> str:
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{hostname} {self.state} ({OutOfReach(self.why).label}{detail})"
+
+
+def _out_of_reach(train: Train, upgrade: Upgrade, below: QuerySet[Host]) -> dict[str, _HostLeft]:
+    """{hostname: why it is out of reach} of the hosts `below` the fix, by name (called once none is
+    within reach: a host in a stop, not escalated, is there only because its target is incompatible)."""
+    rows = list(below.order_by("hostname").values_list("id", "hostname", "state", "domain_id"))
+    stops = set(TrainStop.objects.filter(train=train).values_list("domain_id", flat=True))
+    incompatible = emergency_incompatible(upgrade, [host_id for host_id, _, _, domain_id in rows if domain_id in stops])
+    left = {}
+    for host_id, hostname, state, domain_id in rows:
+        if domain_id not in stops:
+            left[hostname] = _HostLeft(state, OutOfReach.NOT_A_STOP)
+        elif state == HostState.ESCALATED:
+            left[hostname] = _HostLeft(state, OutOfReach.ESCALATED)
+        else:
+            left[hostname] = _HostLeft(state, OutOfReach.INCOMPATIBLE, incompatible.get(host_id, ""))
+    return left
+
+
+def _finish_with_hosts_left(train: Train, upgrade: Upgrade, left: dict[str, _HostLeft]) -> bool:
     """No host left below the fix can be reached (a host escalated to a human may stay out for days;
-    a rack added since the approval is no stop of the train): the train finishes rather than wait,
-    with an alert naming the hosts left, and its upgrade is cancelled with the reason (no train takes
-    an emergency upgrade up again: someone must ask for another emergency train)."""
+    a rack added since the approval is no stop of the train; a host its target would leave
+    incompatible is refused at every visit): the train finishes rather than wait, with an alert naming
+    the hosts left and why (data.why: {hostname: OutOfReach code}), and its upgrade is cancelled with
+    the reason (no train takes an emergency upgrade up again: someone must ask for another emergency
+    train)."""
     hostnames = sorted(left)
+    named = ", ".join(host.said(hostname) for hostname, host in left.items())
     why = (
-        f"{len(left)} hosts of its scope are out of its reach (escalated to a human, or in a domain added "
-        f"since its approval) and still run below {upgrade.component_version}: {_named(left)}; request another "
-        "emergency train for them"
+        f"{len(left)} hosts of its scope are out of its reach and still run below {upgrade.component_version}: "
+        f"{named}; request another emergency train for them"
     )[:450]
     finished = train_set_state(
         train=train,
@@ -212,7 +280,11 @@ def _finish_with_hosts_left(train: Train, upgrade: Upgrade, left: dict[str, str]
     )
     if not finished:
         return False
-    data = {"upgrade": upgrade.pk, "hosts": hostnames[:100]}
+    data = {
+        "upgrade": upgrade.pk,
+        "hosts": hostnames[:100],
+        "why": {hostname: left[hostname].why for hostname in hostnames[:100]},
+    }
     if Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.CANCELLED,
         state_reason=f"emergency train {train.name} finished: {why}",

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.models import RELEASED_WHERE, ComponentVersion, WithdrawnBy
+from fleet.models import RELEASED_WHERE, ComponentVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import ApprovalKind, Event, HostTask, Operation, OperationState, TaskState
@@ -43,14 +43,20 @@ def on_reonboard_decided(*, approval: Any, outcome: str, actor: Actor) -> None:
     """Approval handler: an approved re-onboarding puts the upgrade back in its current phase."""
     if outcome != "approved":
         return
+    # The documented lock order (docs/architecture.md): the pool's tick lock, then the version's row,
+    # then the upgrade's, as upgrade_offboard and a withdrawal take them (an upgrade's pool and version
+    # never change). The upgrade's row, then the version's, then the pool's (cancelling the rollbacks)
+    # deadlocked with an operator's withdrawal of the version, which holds the pools as it waits for it.
+    pool_id, version_id = Upgrade.objects.values_list("pool_id", "component_version_id").get(pk=approval.subject_id)
+    Pool.objects.select_for_update(no_key=True).filter(pk=pool_id).values_list("pk").first()
+    version = ComponentVersion.objects.select_for_update().get(pk=version_id)
     upgrade = Upgrade.objects.select_for_update().get(pk=approval.subject_id)
     # Withdrawn by an operator or the file since the request: the approval is refused (the decision rolls back).
-    _withdrawal_made_elsewhere_refuse(ComponentVersion.objects.select_for_update().get(pk=upgrade.component_version_id))
+    _withdrawal_made_elsewhere_refuse(version)
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.OFFBOARDED).update(
         state=UpgradeState.ACTIVE, state_reason=f"re-onboarded by approval #{approval.pk}", finished_at=None
     ):
         return
-    version = upgrade.component_version
     version.withdrawn_at, version.withdrawn_reason, version.withdrawn_by = None, "", WithdrawnBy.NOT_WITHDRAWN
     version.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
     # The phase starts over: failures before the re-onboarding no longer count.

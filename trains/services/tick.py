@@ -452,10 +452,20 @@ def _exhausted(train: Train, capacity: PoolCapacity) -> str:
     buffers = capacity.buffers
     name = train.pool.name
     if capacity.failure_out and capacity.failure_out >= buffers.failure:
-        return (
-            f"failure buffer of pool {name} exhausted: {capacity.failure_out} hosts out broken, "
-            f"buffer {buffers.failure}"
-        )
+        # Invariant 2: an approved emergency may use both buffers down to the hard floor (checked
+        # below); it stops once more hosts are out broken than the failure buffer allows, not as
+        # soon as they fill it (one broken host stopped it on a buffer of 1, the fix undelivered).
+        # What its own fix breaks is bounded by its upgrade's failure policy (offboarding).
+        if not train.emergency:
+            return (
+                f"failure buffer of pool {name} exhausted: {capacity.failure_out} hosts out broken, "
+                f"buffer {buffers.failure}"
+            )
+        if capacity.failure_out > buffers.failure:
+            return (
+                f"failure buffer of pool {name} overrun: {capacity.failure_out} hosts out broken, "
+                f"buffer {buffers.failure}"
+            )
     floor = buffers.floor
     if train.emergency and train.pool.hard_floor_hosts is not None:
         floor = min(floor, train.pool.hard_floor_hosts)  # an approved emergency goes down to the hard floor

@@ -21,7 +21,7 @@ from django.db import transaction
 from fleet.models import FAILURE_OUT_STATES, Host, HostState, Pool
 from fleet.selectors.compatibility import PlannedHosts
 from opsplanner.events import event_record
-from opsplanner.models import HostTask, OperationKind, OperationSource, TaskState
+from opsplanner.models import Event, HostTask, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import WaitingCode
 from opsplanner.refusals import refusal_codes
 from opsplanner.services.compatibility import Refusal, targets_refusals
@@ -29,6 +29,7 @@ from opsplanner.services.operations import OperationRequest, operations_submit
 from trains.models import Train, Upgrade, UpgradePhase, Visit, VisitOperation, VisitState
 from trains.services.actor import ACTOR
 from trains.services.budget import Selection, VisitSizing, steps_cost_s, upgrade_order_key
+from trains.services.emergency import emergency_incompatible
 from trains.services.places import bound_rank, select_ranked, visit_bound, within_hosts_per_visit
 from trains.services.upgrades import hosts_below_target, upgrades_hosts_below
 
@@ -176,6 +177,9 @@ def visit_start(
     in_service = set(
         Host.objects.filter(domain_id=visit.domain_id, state=HostState.IN_SERVICE).values_list("id", flat=True)
     )
+    incompatible = _emergency_incompatible(plans, in_service) if train.emergency else {}
+    if incompatible:  # its other hosts still get the fix (the core refuses a step on any host it breaks)
+        plans = [replace(p, allowed=p.allowed - incompatible.get(p.upgrade.pk, {}).keys()) for p in plans]
     selection = domain_selection(plans, in_service, sizing)
     taken: list[Step] = selection.taken
     plan_record = _plan_record(selection, sizing)
@@ -190,6 +194,8 @@ def visit_start(
     ):
         return None
     visit.state, visit.started_at, visit.train, visit.plan = VisitState.RUNNING, now, train, plan_record
+    for upgrade_id, hosts in incompatible.items():
+        _hosts_refused(train, visit, next(p.upgrade for p in plans if p.upgrade.pk == upgrade_id), hosts)
     if submit:  # a target now incompatible is left out (with an event); the visit goes on with the rest
         refused = visit_steps_submit_compatible(train, visit, submit, joined=False)
         visit_plan_record_refused(visit, refused, cost=_cost_without(taken, refused, sizing))
@@ -386,6 +392,49 @@ def _step_refused(train: Train, visit: Visit, step: Step, why: Refusal) -> None:
         f"{visit.domain.name} ({len(step.hosts)} hosts): {why.message}"[:500],
         data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "upgrade": upgrade.pk,
               "hosts": len(step.hosts), "code": why.code},
+    )  # fmt: skip
+
+
+def _emergency_incompatible(plans: list[UpgradePlan], host_ids: set[int]) -> dict[int, dict[int, str]]:
+    """Per upgrade of an emergency visit (its one), the hosts among `host_ids` below its target that
+    the target would leave incompatible, with why: {upgrade: {host: reason}}. The visit leaves them
+    out and gives the fix to the others; the train counts them out of its reach (emergency.py)."""
+    found = {}
+    for plan in plans:
+        below = hosts_below_target(plan.upgrade, host_ids & plan.allowed).values_list("id", flat=True)
+        if refused := emergency_incompatible(plan.upgrade, below):
+            found[plan.upgrade.pk] = refused
+    return found
+
+
+def _hosts_refused(train: Train, visit: Visit, upgrade: Upgrade, hosts: dict[int, str]) -> None:
+    """Invariant 5, once per host: the emergency visit leaves out `hosts` ({host: reason}) as its
+    target is incompatible there; a host an earlier visit of the train already named for the upgrade
+    is not named again (the train opens no cycle for it, but a cycle for other hosts visits it again)."""
+    named = Event.objects.filter(
+        kind="train.visit_upgrade_refused",
+        subject_type=Visit._meta.label_lower,
+        subject_id__in=Visit.objects.filter(train=train).exclude(pk=visit.pk).values("id"),
+        data__upgrade=upgrade.pk,
+    ).values_list("data", flat=True)
+    said = {hostname for data in named for hostname in data.get("hostnames", [])}
+    names = dict(Host.objects.filter(pk__in=hosts).values_list("id", "hostname"))
+    new = sorted((names[host_id], why) for host_id, why in hosts.items() if names[host_id] not in said)
+    if not new:
+        return
+    event_record(
+        kind="train.visit_upgrade_refused",
+        subject=visit,
+        actor=ACTOR,
+        pool_id=train.pool_id,
+        reason=(
+            f"upgrade #{upgrade.pk} ({upgrade.component_version}) is left out on {len(new)} hosts of domain "
+            f"{visit.domain.name}, the visit goes on with the others: "
+            + "; ".join(f"{hostname}: {why}" for hostname, why in new)
+        )[:500],
+        data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "upgrade": upgrade.pk,
+              "hosts": len(new), "hostnames": [hostname for hostname, _ in new],
+              "code": WaitingCode.INCOMPATIBLE.value},
     )  # fmt: skip
 
 
