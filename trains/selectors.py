@@ -118,9 +118,15 @@ def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.ti
     return "; ".join(causes) or "the remaining visits do not fit before the deadline"
 
 
+# Out broken, on the way back: a failed host has its repair queued (or is escalated when it is
+# cancelled), a host in repair returns to service or, after MAX_REPAIR_ATTEMPTS, is escalated.
+BROKEN_STATES = sorted([HostState.FAILED, HostState.REPAIR])
+
+
 class DomainHosts(NamedTuple):
-    """A domain of a pool as its live hosts make it: how many, when the first of them came, and how
-    many of them wait for a human (escalated: no visit takes them until they return)."""
+    """A domain of a pool as its live hosts make it: how many, when the first of them came, how many
+    of them wait for a human (escalated: no visit takes them until they return), and how many are
+    out broken (failed or in repair: no visit takes them until their repair returns them)."""
 
     pool_id: int
     domain_id: int
@@ -129,6 +135,7 @@ class DomainHosts(NamedTuple):
     hosts: int
     first_host_at: dt.datetime
     escalated: int
+    broken: int = 0
 
 
 def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
@@ -137,7 +144,12 @@ def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
         DomainHosts(*row)
         for row in Host.objects.filter(pool_id__in=sorted(pool_ids))
         .values_list("pool_id", "domain_id", "domain__position", "domain__name")
-        .annotate(n=Count("id"), first=Min("created_at"), escalated=Count("id", filter=Q(state=HostState.ESCALATED)))
+        .annotate(
+            n=Count("id"),
+            first=Min("created_at"),
+            escalated=Count("id", filter=Q(state=HostState.ESCALATED)),
+            broken=Count("id", filter=Q(state__in=BROKEN_STATES)),
+        )
         .order_by()
     ]
 

@@ -11,11 +11,17 @@ longer than a visit's share, was forecast at 25.7 h and was still rolling out at
 visit takes, as the train tick does (trains/services/budget.py), the pending upgrades of its domain
 that fit its budget in (priority, deadline, age) order, the newest release of a component standing
 in for the older ones it supersedes, a multi-cycle one's places on hosts where it fits
-(`_ranked_takes`). A visit misses some hosts (a failed drain or execution, work deferred to the next
+(selectors_forecast_takes.py). A visit misses some hosts (a failed drain or execution, work deferred to the next
 cycle): as many as the train's recent visits missed are taken again at their domains' next visits
 (`hosts_missed`). Approximations: rollout phases are assumed to graduate on time, hosts of different
 upgrades in one domain overlap (numbered from 0 for each), and the missed hosts are spread evenly
 over the domains the upgrade had hosts pending in.
+
+A visit takes hosts in service. One escalated to a human is not played (`hosts_escalated`). One out
+broken (failed, its repair queued, or in repair) is taken at its domain's first visit after its repair
+returns it: played from the cycle after the first one played, whose visits start while it may still
+be out (`PoolBacklog.broken`; a cycle late when the repair ends before its domain's visit there).
+Hosts where every visit refuses the upgrade as incompatible are not played (selectors_incompatible.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,23 +48,27 @@ from trains.models import (
 )
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
+from trains.selectors_forecast_takes import ranked_takes
+from trains.selectors_incompatible import (
+    RULE_MAY_REFUSE,
+    Incompatible,
+    incompatible_text,
+    refused_out,
+    rule_may_refuse,
+    upgrades_refused,
+)
 from trains.selectors_missed import hosts_missed, trains_missed_share
 from trains.selectors_pending import pending_by_domain
 from trains.selectors_running_visits import RunningVisit, joins_expected, running_visits_takes
-from trains.services.budget import (
-    Selection,
-    VisitSizing,
-    sizing_for,
-    sizing_within_cycle,
-    upgrade_order_key,
-)
-from trains.services.places import bound_rank, select_ranked, visit_bound, within_hosts_per_visit
+from trains.services.budget import VisitSizing, sizing_for, sizing_within_cycle
 
 MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
 # their active upgrades, the trains' forecasts (4: not when each domain was last visited), the
 # domains' sizes, the installed versions per domain, what the recent visits missed and, while a
-# visit runs, its tasks not installed yet. An upgrade whose scope is narrower than its pool adds two.
+# visit runs, its tasks not installed yet. An upgrade whose scope is narrower than its pool adds two;
+# upgrades whose target a compatibility rule could refuse add five at most, together
+# (selectors_incompatible.py).
 FORECAST_QUERIES = 10
 
 
@@ -69,6 +79,7 @@ class ForecastCode(models.TextChoices):
     NO_TRAIN = "no_train", "No running train in the pool"
     TRAIN_STOPPED = "train_stopped", "The pool's train is paused or autostopped: not scheduled until it runs"
     EMERGENCY = "emergency", "Applied by its emergency train"
+    INCOMPATIBLE = "incompatible", "Its target breaks a compatibility rule on some hosts: every visit there refuses it"
     NOT_ACTIVE = "not_active", "Not active"
 
 
@@ -83,6 +94,9 @@ class UpgradeForecast:
     # Hosts below its target escalated to a human: not in the forecast (no visit takes them until a
     # human returns them; each is then reached at its domain's next visit).
     hosts_escalated: int = 0
+    # Hosts below its target that every visit refuses it on: their domain has hosts its target would
+    # make incompatible (selectors_incompatible.py). Not in the forecast, nor in `cycle` and `at`.
+    hosts_incompatible: int = 0
 
 
 @dataclass
@@ -106,6 +120,11 @@ class PoolBacklog:
     escalated: dict[int, int] = field(default_factory=dict)
     # What each running visit has yet to do (running_visits_takes, then _joins_expected).
     running: dict[int, RunningVisit] = field(default_factory=dict)
+    # upgrade -> domain -> hosts below target out broken (failed, in repair): played from the cycle
+    # after the first the forecast plays, the visits of which start while they may still be out.
+    broken: dict[int, dict[int, int]] = field(default_factory=dict)
+    # upgrade -> its hosts the visits refuse it on as incompatible: not in `pending` nor `broken`.
+    incompatible: dict[int, Incompatible] = field(default_factory=dict)
 
     @property
     def stopped(self) -> bool:
@@ -152,6 +171,9 @@ class _State:
     stops: list[int] = field(default_factory=list)
     missed_share: float = 0.0
     again: set[int] = field(default_factory=set)
+    # The hosts out broken per upgrade and domain, added to `remaining` as cycle `returns_in` starts.
+    broken: dict[int, dict[int, int]] = field(default_factory=dict)
+    returns_in: int = 0
 
 
 def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, PoolBacklog], list[Upgrade]]:
@@ -163,7 +185,8 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     )
     upgrades = list(
         Upgrade.objects.filter(pool_id__in=pool_ids, emergency=False, state=UpgradeState.ACTIVE)
-        .select_related("pool", "component_version")
+        .select_related("pool", "component_version__component")
+        .annotate(**{RULE_MAY_REFUSE: rule_may_refuse()})
         .order_by("created_at", "id")
     )
     if not trains:
@@ -173,8 +196,17 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     below = pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
     running = running_visits_takes([t.pk for t in trains], [v for vs in visits.values() for v in vs.values()])
+    refused = upgrades_refused(upgrades)
     backlogs = {}
     for train in trains:
+        ours = [u for u in upgrades if u.pool_id == train.pool_id]
+        pending, broken, incompatible = {}, {}, {}
+        for u in ours:
+            pending[u.pk], broken[u.pk], left_out = refused_out(
+                refused.get(u.pk), below.played.get(u.pk, {}), below.broken.get(u.pk, {})
+            )
+            if left_out is not None:
+                incompatible[u.pk] = left_out
         forecast = forecasts[train.pk]
         domain_ids = [d.domain_id for d in forecast.domains]
         largest = max((below.sizes.get(d, 0) for d in domain_ids), default=0)
@@ -190,13 +222,15 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             forecast=forecast,
             visits=visits.get(train.pk, {}),
             sizing=sizing,
-            upgrades=[u for u in upgrades if u.pool_id == train.pool_id],
-            pending={u.pk: below.played.get(u.pk, {}) for u in upgrades if u.pool_id == train.pool_id},
+            upgrades=ours,
+            pending=pending,
             cycle_number=forecast.last_cycle_number,
             missed_share=missed.get(train.pk, 0.0),
             added_stops=stops_to_add(train, set(domain_ids), domains),
-            escalated={u.pk: n for u in upgrades if u.pool_id == train.pool_id and (n := below.escalated.get(u.pk))},
+            escalated={u.pk: n for u in ours if (n := below.escalated.get(u.pk))},
             running={v.pk: running[v.pk] for v in visits.get(train.pk, {}).values() if v.pk in running},
+            broken={u: hosts for u, hosts in broken.items() if hosts},
+            incompatible=incompatible,
         )
         _joins_expected(backlogs[train.pool_id])
     return backlogs, upgrades
@@ -249,7 +283,12 @@ def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Gen
             start = max([now, *lanes, *(ends for _, ends in running)])
     stops = backlog.next_cycles_stops
     slo = dt.timedelta(seconds=backlog.train.cycle_slo_s)
+    # Work only on hosts out broken opens no cycle (visits.UpgradePlan.has_pending): the next opens as they return.
+    idle = forecast.cycle is None and not any(sum(left.values()) for left in state.remaining.values())
+    state.returns_in = number + 1 if forecast.cycle is not None or idle else number + 2
     for cycle in range(number + 1, number + 1 + MAX_CYCLES):
+        if cycle == state.returns_in:
+            _broken_back(state)
         if sliding:
             flow = sliding_flow_open(backlog.sizing, backlog.train, start, [])
             start = yield from _sliding_cycle_visits(stops, cycle, flow, start + slo)
@@ -257,7 +296,7 @@ def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Gen
             lanes = [start] * lanes_n
             yield from _cycle_visits(stops, cycle, lanes, start + slo)
             start = max(lanes)
-        if all(sum(left.values()) == 0 for left in state.remaining.values()):
+        if all(sum(left.values()) == 0 for left in state.remaining.values()) and not state.broken:
             return
 
 
@@ -317,11 +356,20 @@ def _note_took(state: _State, upgrade_id: int, cycle: int, ends: dt.datetime) ->
         state.last_end[upgrade_id] = (cycle, ends)
 
 
+def _broken_back(state: _State) -> None:
+    """The hosts out broken are back for the cycle starting: pending at their domains' visits."""
+    for upgrade_id, domains in state.broken.items():
+        left = state.remaining.setdefault(upgrade_id, {})
+        for domain_id, hosts in domains.items():
+            left[domain_id] = left.get(domain_id, 0) + hosts
+    state.broken = {}
+
+
 def _note_done(state: _State, cycle: int, at: dt.datetime) -> None:
-    """Each upgrade left with no host pending is done when the last of the visits that took its
-    hosts ends (`at`, the visit just played, if none took any)."""
+    """Each upgrade left with no host pending (none out broken either) is done when the last of the
+    visits that took its hosts ends (`at`, the visit just played, if none took any)."""
     for upgrade_id, left in state.remaining.items():
-        if upgrade_id in state.done or sum(left.values()) > 0:
+        if upgrade_id in state.done or sum(left.values()) > 0 or state.broken.get(upgrade_id):
             continue
         again = _taken_again(state, upgrade_id)
         if again:
@@ -349,14 +397,6 @@ def _taken_again(state: _State, upgrade_id: int) -> dict[int, int]:
     return dict(again)
 
 
-class _Take(NamedTuple):
-    """An upgrade on some of a domain's hosts, as a forecast visit takes it (hosts are numbered:
-    those of different upgrades in one domain overlap)."""
-
-    upgrade: Upgrade
-    hosts: frozenset[int]
-
-
 class VisitTaken(NamedTuple):
     """What a played visit takes: its expected length, the upgrades it reached, how many hosts."""
 
@@ -380,7 +420,7 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
     by_component: dict[int, list[Upgrade]] = defaultdict(list)
     for upgrade in waiting:
         by_component[upgrade.component_version.component_id].append(upgrade)
-    selection = _ranked_takes(list(by_component.values()), counts, sizing)
+    selection = ranked_takes(list(by_component.values()), counts, sizing)
     reached_any: set[int] = set()
     for upgrade, its_hosts in selection.taken:  # its own hosts, and those of each older release it has
         version = upgrade.component_version
@@ -397,71 +437,6 @@ def _visit_takes(backlog: PoolBacklog, state: _State, upgrades: list[Upgrade], v
     return VisitTaken(selection.cost_s, reached_any, hosts)
 
 
-def _ranked_takes(components: list[list[Upgrade]], counts: dict[int, int], sizing: VisitSizing) -> Selection:
-    """What the visit takes, as the tick's visits._ranked_selection (trains/services/places.py:
-    select_ranked): the takes within the budget (one that does not fit every host taken where it
-    fits, the rest left for the next cycle), a multi-cycle release's places given again away from
-    the hosts where it did not fit. Most visits leave no such release: one pass."""
-
-    def places_of(take: _Take) -> set[int] | None:
-        bound, count = visit_bound(take.upgrade), counts[take.upgrade.pk]
-        return set(range(count)) if bound and count > bound else None
-
-    return select_ranked(
-        lambda unfit: _newest_first_takes(components, counts, unfit),
-        sizing=sizing,
-        hosts_of=lambda take: set(take.hosts),
-        work_of=lambda take: sizing.work_s(take.upgrade),
-        restrict=lambda take, some: _Take(take.upgrade, frozenset(some)),
-        upgrade_of=lambda take: take.upgrade,
-        places_of=places_of,
-    )
-
-
-def _newest_first_takes(components: Iterable[list[Upgrade]], counts: dict[int, int], unfit: dict) -> list[_Take]:
-    """The takes of a visit, as the tick's visits.domain_steps makes its steps: per component, the
-    newest release on its pending hosts, each older one on those of its hosts no newer release
-    claims (a narrower hotfix leaves the rest to the release it supersedes), each taking the best
-    queue place of what it supersedes; a multi-cycle release takes at most its hosts_per_visit
-    (`_places`), and the older releases the hosts it leaves. Hosts are numbered from 0 for every
-    upgrade: an older release's pending hosts are taken to be the first ones a newer one has."""
-    keyed: list[tuple[tuple, _Take]] = []
-    for releases in components:
-        releases = sorted(releases, key=lambda u: u.component_version.sort_key, reverse=True)
-        low, above = 0, set[int]()  # the hosts newer releases claim: every one below `low`, and `above`
-        for i, upgrade in enumerate(releases):
-            count = counts[upgrade.pk]
-            if count <= low:
-                continue
-            free: Sequence[int] = range(low, count) if not above else [h for h in range(low, count) if h not in above]
-            own = free
-            if upgrade.multi_cycle and upgrade.hosts_per_visit and len(free) > upgrade.hosts_per_visit:
-                own = _places(upgrade, free, unfit.get(upgrade.pk), releases[i + 1 :], counts)
-            key = min(upgrade_order_key(u) for u in releases[i:] if counts[u.pk] > low)
-            keyed.append((key, _Take(upgrade, frozenset(own))))
-            if isinstance(own, range):  # the first ones left (nothing claimed above them)
-                low = own.stop
-                continue
-            above.update(own)
-            while low in above:  # the older releases' hosts start at the first one left
-                above.remove(low)
-                low += 1
-    return [take for _, take in sorted(keyed, key=lambda kt: kt[0])]
-
-
-def _places(upgrade: Upgrade, free: Sequence[int], unfit: set | None, olders: list, counts: dict) -> Sequence[int]:
-    """A multi-cycle release's hosts_per_visit places among its `free` hosts (ascending), by the
-    visit's own rule (places.bound_rank): first where it fits the budget (`unfit`: those where it did
-    not, `_ranked_takes`), then those the most older releases still need, then by number. The older
-    releases' pending hosts are the first numbers, so without unfit hosts that is the first ones.
-    Approximations: which hosts failed it is not known (no query; none ranked as failed), and the other
-    upgrades' work sits on the first numbers (they overlap), as for any take the budget narrows."""
-    if not unfit:
-        return free[: upgrade.hosts_per_visit]
-    rank = bound_rank(unfit, set(), [set(range(counts[u.pk])) for u in olders])
-    return sorted(within_hosts_per_visit(upgrade, set(free), rank))
-
-
 def play_forward(
     backlog: PoolBacklog,
     *,
@@ -475,9 +450,10 @@ def play_forward(
     upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
-        first={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
+        first={u.pk: _pending_and_broken(backlog, u.pk) for u in upgrades},
         stops=backlog.next_cycles_stops,
         missed_share=backlog.missed_share,
+        broken={u.pk: dict(out) for u in upgrades if (out := backlog.broken.get(u.pk))},
     )
     _note_done(state, backlog.cycle_number or 1, now)
     visits = _coming_visits(backlog, now, state)
@@ -494,6 +470,14 @@ def play_forward(
     except StopIteration:
         pass
     return state.done
+
+
+def _pending_and_broken(backlog: PoolBacklog, upgrade_id: int) -> dict[int, int]:
+    """The upgrade's hosts below its target per domain that visits take, now or once repaired."""
+    both = dict(backlog.pending.get(upgrade_id, {}))
+    for domain_id, hosts in backlog.broken.get(upgrade_id, {}).items():
+        both[domain_id] = both.get(domain_id, 0) + hosts
+    return both
 
 
 def _held_for(backlog: PoolBacklog, cost: float) -> float:
@@ -536,6 +520,8 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
             text=f"its train is {backlog.train.get_state_display().lower()}: not scheduled until it runs",
             hosts_escalated=escalated,
         )
+    if upgrade.pk in backlog.incompatible:
+        return _incompatible(upgrade, backlog, done.get(upgrade.pk))
     if upgrade.pk not in done:
         return UpgradeForecast(
             upgrade.pk,
@@ -544,7 +530,8 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
             text=f"not every host within the next {MAX_CYCLES} cycles",
             hosts_escalated=escalated,
         )
-    if escalated and not backlog.pending.get(upgrade.pk):
+    pending = sum(_pending_and_broken(backlog, upgrade.pk).values())
+    if escalated and not pending:
         return UpgradeForecast(
             upgrade.pk,
             ForecastCode.WAITS_FOR_HUMAN,
@@ -556,7 +543,7 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
     met = None if upgrade.deadline is None else at <= upgrade.deadline
     every = f"every host but the {escalated} escalated to a human" if escalated else "every host"
     text = f"reaches {every} by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
-    missed = hosts_missed(backlog.missed_share, sum(backlog.pending.get(upgrade.pk, {}).values()))
+    missed = hosts_missed(backlog.missed_share, pending)
     if missed:
         text += (
             f", with the {missed} hosts its visits are expected to miss taken again "
@@ -574,6 +561,27 @@ def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dic
         deadline_met=met,
         text=text,
         hosts_escalated=escalated,
+    )
+
+
+def _incompatible(upgrade: Upgrade, backlog: PoolBacklog, done: tuple[int, dt.datetime] | None) -> UpgradeForecast:
+    """The forecast of an upgrade every visit refuses on some hosts (selectors_incompatible.py): no
+    cycle or date for every host, and a deadline not met; when the visits reach its other hosts."""
+    left_out, escalated = backlog.incompatible[upgrade.pk], backlog.escalated.get(upgrade.pk, 0)
+    when = f"by cycle {done[0]}, around {done[1]:%Y-%m-%d %H:%M} UTC" if done else f"beyond {MAX_CYCLES} cycles"
+    others = sum(_pending_and_broken(backlog, upgrade.pk).values())
+    text = incompatible_text(left_out, others=others, others_when=when)
+    if upgrade.deadline is not None:
+        text += f"; misses its deadline {upgrade.deadline:%Y-%m-%d %H:%M} UTC"
+    if escalated:
+        text += f"; {_escalated_text(escalated)}"
+    return UpgradeForecast(
+        upgrade.pk,
+        ForecastCode.INCOMPATIBLE,
+        deadline_met=None if upgrade.deadline is None else False,  # no visit reaches those hosts
+        text=text,
+        hosts_escalated=escalated,
+        hosts_incompatible=left_out.hosts,
     )
 
 

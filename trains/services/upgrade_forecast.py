@@ -4,7 +4,8 @@ Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promise
 be held against when every host ran it (trains.selectors_promise.upgrade_promise). An upgrade whose
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
 larger buffer, an emergency train, resuming its stopped train), each played forward before it is
-advised, or that no change the forecast knows meets it; once (deadline_alerted_at). A paused
+advised, or that no change the forecast knows meets it; once (deadline_alerted_at). An upgrade every
+visit refuses on some hosts as incompatible promises nothing until they are compatible. A paused
 or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
 one query while every upgrade of the pool has its promise and none waits on a deadline."""
 
@@ -41,6 +42,8 @@ class DeadlineFix(TextChoices):
     RETURN_HOSTS = "return_hosts", "Repair and return the hosts escalated to a human"
     RESUME_TRAIN = "resume_train", "Resume the pool's paused or autostopped train"
     WHOLE_VISITS = "whole_visits", "Take every host of a domain per visit (not multi-cycle)"
+    # Every visit refuses it on some hosts (ForecastCode.INCOMPATIBLE): nothing a train does meets it.
+    COMPATIBLE_TARGET = "compatible_target", "A target compatible with its hosts, or the rule or their versions changed"
 
 
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
@@ -115,6 +118,9 @@ def _alert(
     if forecast.code == ForecastCode.TRAIN_STOPPED:
         state = backlog.train.get_state_display().lower()
         reached = f"is not scheduled while its train is {state}, so at risk to reach every host"
+    elif forecast.code == ForecastCode.INCOMPATIBLE:
+        refused = forecast.hosts_incompatible
+        reached = f"cannot reach every host: every visit refuses it on {refused} hosts as incompatible"
     elif forecast.code == ForecastCode.WAITS_FOR_HUMAN:
         reached = (
             f"is on every host a visit can take; the {forecast.hosts_escalated} escalated to a human keep it from "
@@ -136,6 +142,7 @@ def _alert(
             "forecast_at": forecast.at.isoformat() if forecast.at else None,
             "forecast_cycle": forecast.cycle,
             "hosts_escalated": forecast.hosts_escalated,
+            "hosts_incompatible": forecast.hosts_incompatible,
             "fix": fix,
         },
     )
@@ -150,6 +157,11 @@ def _what_would_meet(
     would give."""
     if forecast.code == ForecastCode.TRAIN_STOPPED:
         return DeadlineFix.RESUME_TRAIN, _resumed_advice(backlog, upgrade, deadline, now)
+    if forecast.code == ForecastCode.INCOMPATIBLE:
+        return DeadlineFix.COMPATIBLE_TARGET, (
+            "no visit can meet it: only a target compatible with those hosts (a new upgrade), or the "
+            "compatibility rule or the hosts' job-facing versions changed, lets the visits take them"
+        )
     if forecast.code == ForecastCode.WAITS_FOR_HUMAN:
         return DeadlineFix.RETURN_HOSTS, (
             f"only repairing and returning the {forecast.hosts_escalated} hosts escalated to a human would meet it: "

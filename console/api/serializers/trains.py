@@ -170,6 +170,10 @@ class UpgradeForecastSerializer(serializers.Serializer):
     hosts_escalated = serializers.IntegerField(
         help_text="hosts below its target escalated to a human: not forecast (no visit takes them until they return)"
     )
+    hosts_incompatible = serializers.IntegerField(
+        help_text="hosts below its target that every visit refuses it on: their domain has hosts the target would "
+        "make break a compatibility rule (code incompatible; not forecast)"
+    )
 
 
 class UpgradePromiseSerializer(serializers.Serializer):
