@@ -228,3 +228,38 @@ def test_an_emergency_train_stops_itself_once_more_hosts_are_out_broken_than_the
     assert emergency.state == TrainState.AUTOSTOPPED
     assert "failure buffer of pool" in emergency.state_reason
     assert events_of(emergency, "alert.train_autostopped")
+
+
+def test_a_host_refused_again_for_another_reason_in_a_later_cycle_is_named_again() -> None:
+    """Invariant 5: a host an emergency visit left out (its fix incompatible there) is named once per
+    reason: refused again in a later cycle because its versions changed, it is named again with the
+    new reason (found in review: the first reason was the only one said)."""
+    instant_simulator()
+    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=2)
+    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
+    incompatible, broken = hosts[0], hosts[3]
+    host_failure_report(host_id=broken.pk, reason="psu")  # back after cycle 1 visited rack 2: a cycle 2
+    emergency = approved_emergency(pool)
+    a_cuda_release_that_forbids_the_fix_on(incompatible)
+    switched = []
+
+    def another_reason_once_named() -> None:
+        if not switched and Event.objects.filter(kind="train.visit_upgrade_refused").exists():
+            cuda = make_version(Component.objects.get(name="cuda-runtime"), "12.9.0")
+            compatibility_rule_create(
+                job_facing_version=cuda, lower_component=Component.objects.get(name="gpu-driver"), min_version="550.54.14"
+            )
+            compatibility_rule_create(
+                job_facing_version=cuda, lower_component=Component.objects.get(name="bios"), max_version="2.14.0"
+            )
+            installed_version_set(host=incompatible, version=cuda)
+            switched.append(True)
+
+    drive_trains(pool, until=lambda: until_stopped(emergency), each_round=another_reason_once_named, max_rounds=300)
+
+    assert Cycle.objects.filter(train=emergency).count() >= 2
+    refusals = [e.data for e in Event.objects.filter(kind="train.visit_upgrade_refused").order_by("id")]
+    [alert] = events_of(emergency, "alert.emergency_hosts_left")
+    assert "cuda-runtime 12.9.0" in alert.reason
+    assert [list(data["why"]) for data in refusals] == [[incompatible.hostname]] * 2
+    assert ["12.9.0" in data["why"][incompatible.hostname] for data in refusals] == [False, True]

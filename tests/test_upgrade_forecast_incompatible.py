@@ -131,3 +131,31 @@ def test_an_upgrade_compatible_with_its_hosts_is_scheduled_though_a_rule_names_i
     forecast = forecast_of(bios)
 
     assert (forecast.code, forecast.cycle, forecast.hosts_incompatible) == (ForecastCode.SCHEDULED, 1, 0)
+
+
+def test_an_older_release_a_compatible_newer_one_takes_over_is_not_forecast_incompatible() -> None:
+    """bios 2.16.0 breaks cuda 12.4.1; the fix 2.16.1 is rolled out and the rule lets cuda 12.4.1 run
+    bios up to 2.15.0 or from 2.16.1. Every visit gives the hosts 2.16.1 (the newest release takes
+    them), which reaches the 2.16.0 upgrade too: it completes in cycle 1. Its forecast is scheduled,
+    with no deadline alert (found in review: it said it could never be scheduled)."""
+    from fleet.services.inventory import compatibility_rule_create
+    from tests.builders import make_version
+    from trains.models import UpgradeState
+
+    pool, _ = three_racks_of_two()
+    bios = bios_rollout(pool, deadline=clock.now() + dt.timedelta(days=2))
+    make_version(Component.objects.get(name="bios"), "2.16.1")
+    upgrade_create(pool=pool, component="bios", version="2.16.1", reason="hotfix", duration_s=1200)
+    cuda = ComponentVersion.objects.get(component__name="cuda-runtime", version="12.4.1")
+    bios_component = Component.objects.get(name="bios")
+    compatibility_rule_create(job_facing_version=cuda, lower_component=bios_component, max_version="2.15.0")
+    compatibility_rule_create(job_facing_version=cuda, lower_component=bios_component, min_version="2.16.1")
+
+    forecast = forecast_of(bios)
+    upgrades_forecast_check(pool_id=pool.pk, now=clock.now())
+
+    assert (forecast.code, forecast.cycle, forecast.hosts_incompatible) == (ForecastCode.SCHEDULED, 1, 0), forecast.text
+    assert not Event.objects.filter(kind=ALERT, subject_id=bios.pk).exists()
+    drive_trains(pool, until=lambda: Upgrade.objects.get(pk=bios.pk).state != UpgradeState.ACTIVE)
+    assert Upgrade.objects.get(pk=bios.pk).state == UpgradeState.COMPLETED
+    assert not Event.objects.filter(kind="train.visit_upgrade_refused").exists()

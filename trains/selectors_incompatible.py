@@ -81,13 +81,18 @@ def upgrades_refused(upgrades: list[Upgrade]) -> dict[int, Refused]:
         .values_list("id", "pool_id", "domain_id")
     )
     domain_of = {host_id: domain_id for host_id, _, domain_id in hosts}
-    below = upgrades_hosts_below(flagged, domain_of)
+    newer = {u.pk: _newer_releases(u, upgrades) for u in flagged}
+    involved = {u.pk: u for u in flagged} | {n.pk: n for releases in newer.values() for n in releases}
+    below = upgrades_hosts_below(involved.values(), domain_of)
     groups = []
     for upgrade in flagged:
-        ids = {host_id for host_id, pool_id, _ in hosts if pool_id == upgrade.pool_id} & below[upgrade.pk]
-        if ids and not scope_is_pool(upgrade):
-            with suppress(ValidationError):  # a scope that does not parse reads as its whole pool (selectors_pending)
-                ids &= set(scope_host_ids(upgrade))
+        ids = _in_scope(
+            upgrade, {host_id for host_id, pool_id, _ in hosts if pool_id == upgrade.pool_id} & below[upgrade.pk]
+        )
+        for release in newer[upgrade.pk]:
+            # A visit gives these hosts to the newer release (visits.domain_steps), which reaches this
+            # one too: its target is never submitted there. (A refused newer release is its own case.)
+            ids -= _in_scope(release, ids & below[release.pk])
         groups.append(PlannedHosts(sorted(ids), [upgrade.component_version]))
     refused = {}
     for upgrade, problems in zip(flagged, hosts_incompatibilities(groups), strict=True):
@@ -97,6 +102,26 @@ def upgrades_refused(upgrades: list[Upgrade]) -> dict[int, Refused]:
                 breaking[domain_of[host_id]] += 1
             refused[upgrade.pk] = Refused(dict(breaking), problems[min(problems)][0])
     return refused
+
+
+def _newer_releases(upgrade: Upgrade, upgrades: list[Upgrade]) -> list[Upgrade]:
+    """The active releases of the upgrade's component in its pool newer than its target."""
+    version = upgrade.component_version
+    return [
+        u
+        for u in upgrades
+        if u.pool_id == upgrade.pool_id
+        and u.component_version.component_id == version.component_id
+        and u.component_version.sort_key > version.sort_key
+    ]
+
+
+def _in_scope(upgrade: Upgrade, ids: set[int]) -> set[int]:
+    """Of `ids`, the hosts in the upgrade's scope (one or two queries for a scope narrower than its pool)."""
+    if ids and not scope_is_pool(upgrade):
+        with suppress(ValidationError):  # a scope that does not parse reads as its whole pool (selectors_pending)
+            return ids & set(scope_host_ids(upgrade))
+    return ids
 
 
 class Incompatible(NamedTuple):

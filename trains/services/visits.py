@@ -408,18 +408,25 @@ def _emergency_incompatible(plans: list[UpgradePlan], host_ids: set[int]) -> dic
 
 
 def _hosts_refused(train: Train, visit: Visit, upgrade: Upgrade, hosts: dict[int, str]) -> None:
-    """Invariant 5, once per host: the emergency visit leaves out `hosts` ({host: reason}) as its
-    target is incompatible there; a host an earlier visit of the train already named for the upgrade
-    is not named again (the train opens no cycle for it, but a cycle for other hosts visits it again)."""
-    named = Event.objects.filter(
-        kind="train.visit_upgrade_refused",
-        subject_type=Visit._meta.label_lower,
-        subject_id__in=Visit.objects.filter(train=train).exclude(pk=visit.pk).values("id"),
-        data__upgrade=upgrade.pk,
-    ).values_list("data", flat=True)
-    said = {hostname for data in named for hostname in data.get("hostnames", [])}
+    """Invariant 5, once per host and reason: the emergency visit leaves out `hosts` ({host: reason})
+    as its target is incompatible there; a host an earlier visit of the train last named for the
+    upgrade with the same reason is not named again (the train opens no cycle for it, but a cycle for
+    other hosts visits it again); with another reason (its versions changed), it is."""
+    named = (
+        Event.objects.filter(
+            kind="train.visit_upgrade_refused",
+            subject_type=Visit._meta.label_lower,
+            subject_id__in=Visit.objects.filter(train=train).exclude(pk=visit.pk).values("id"),
+            data__upgrade=upgrade.pk,
+        )
+        .order_by("id")
+        .values_list("data", flat=True)
+    )
+    said: dict[str, str] = {}  # hostname -> the reason it was last named with
+    for data in named:
+        said.update(data.get("why") or dict.fromkeys(data.get("hostnames", []), ""))
     names = dict(Host.objects.filter(pk__in=hosts).values_list("id", "hostname"))
-    new = sorted((names[host_id], why) for host_id, why in hosts.items() if names[host_id] not in said)
+    new = sorted((names[host_id], why) for host_id, why in hosts.items() if said.get(names[host_id]) != why)
     if not new:
         return
     event_record(
@@ -433,7 +440,7 @@ def _hosts_refused(train: Train, visit: Visit, upgrade: Upgrade, hosts: dict[int
             + "; ".join(f"{hostname}: {why}" for hostname, why in new)
         )[:500],
         data={"train": train.pk, "domain": visit.domain.name, "cycle": visit.cycle_id, "upgrade": upgrade.pk,
-              "hosts": len(new), "hostnames": [hostname for hostname, _ in new],
+              "hosts": len(new), "hostnames": [hostname for hostname, _ in new], "why": dict(new),
               "code": WaitingCode.INCOMPATIBLE.value},
     )  # fmt: skip
 
