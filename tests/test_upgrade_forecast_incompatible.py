@@ -159,3 +159,23 @@ def test_an_older_release_a_compatible_newer_one_takes_over_is_not_forecast_inco
     drive_trains(pool, until=lambda: Upgrade.objects.get(pk=bios.pk).state != UpgradeState.ACTIVE)
     assert Upgrade.objects.get(pk=bios.pk).state == UpgradeState.COMPLETED
     assert not Event.objects.filter(kind="train.visit_upgrade_refused").exists()
+
+
+def test_a_canary_rack_every_visit_refuses_holds_its_phase_with_an_alert_that_says_why() -> None:
+    """The canary phase's rack has a host the target became incompatible with: every visit to it
+    refuses the step, so the canary can never show its success. The phase holds with an alert naming
+    the refusal (found in review: counted as pending, it waited for ever without a word)."""
+    pool, _ = three_racks_of_two()
+    first, second = rack(pool, 1)
+    on_cuda_12_6([second, *rack(pool, 2), *rack(pool, 3)])  # only the first host keeps cuda 12.4.1
+    bios = bios_rollout(
+        pool, phases=[{"name": "canary", "domain": "rack-0001"}, {"name": "rest", "percent": 100, "min_successes": 0}]
+    )
+    forbid_bios_above("2.15.0")
+
+    drive_trains(pool, until=lambda: Event.objects.filter(kind="alert.upgrade_phase_held").exists())
+
+    [alert] = Event.objects.filter(kind="alert.upgrade_phase_held", subject_id=bios.pk)
+    assert alert.data["code"] == "too_few_hosts"
+    assert f"2 more are in domains whose visits refuse it as incompatible: {WHY}" in alert.reason
+    assert bios_on(rack(pool, 1) + rack(pool, 2) + rack(pool, 3)) == ["2.14.0"] * 6  # the rollout did not widen

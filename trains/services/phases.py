@@ -11,12 +11,13 @@ every host of its scope runs the target.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from fleet.models import Host, HostState
+from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import Approval, ApprovalKind, ApprovalState
@@ -61,7 +62,14 @@ def phase_evidence_step(
         # A host escalated to a human gives no evidence until a person returns it, often days later:
         # counted as pending, a phase short of successes neither held (no alert, no skip to ask
         # for) nor picked another host, and waited for it in silence.
-        pending = hosts_below_target(upgrade, allowed).exclude(state=HostState.ESCALATED).count()
+        below = dict(
+            hosts_below_target(upgrade, allowed).exclude(state=HostState.ESCALATED).values_list("id", "domain_id")
+        )
+        # Nor does a host whose visits refuse the upgrade: a domain where its target would break a
+        # compatibility rule on a host (the visit's step over the domain is refused whole); counted
+        # as pending, a canary rack made incompatible stopped the rollout for good, in silence.
+        refused = _refused_at_visits(upgrade, below)
+        pending = len(below) - refused.hosts
         short = needed - successes - pending
         if short > 0 and phase.selection == PhaseSelection.ANY:
             picked = _pick(train, upgrade, scope, allowed, short)
@@ -76,7 +84,7 @@ def phase_evidence_step(
             outside = hosts_below_target(upgrade, set(scope) - allowed).count()
             if outside:
                 escalated = hosts_below_target(upgrade, allowed).filter(state=HostState.ESCALATED).count()
-                hold = _hold_reason(upgrade, phase, needed, successes, (pending, escalated), outside)
+                hold = _hold_reason(upgrade, phase, needed, successes, _Unable(pending, escalated, *refused), outside)
     _set_hold(upgrade, phase, hold, now)
     return allowed
 
@@ -113,12 +121,40 @@ def _covers(phase: UpgradePhase) -> str:
     return f"domain {phase.domain.name}" if phase.domain is not None else f"{phase.percent}% of the scope"
 
 
+class _Refused(NamedTuple):
+    """The hosts below the target in domains whose visits refuse it as incompatible, and why."""
+
+    hosts: int = 0
+    why: str = ""
+
+
+def _refused_at_visits(upgrade: Upgrade, below: dict[int, int]) -> _Refused:
+    """Of `below` ({host: domain}), those in a domain where the target would break a compatibility
+    rule on one of them: a visit submits the upgrade as one step over the domain's hosts, and the core
+    refuses the whole step (trains/services/visits.py: visit_steps_submit_compatible). Three queries
+    at most, asked only of a phase short of evidence."""
+    problems = host_incompatibilities(below, planned=[upgrade.component_version]) if below else {}
+    if not problems:
+        return _Refused()
+    domains = {below[host_id] for host_id in problems}
+    return _Refused(sum(1 for domain in below.values() if domain in domains), problems[min(problems)][0])
+
+
+class _Unable(NamedTuple):
+    """A held phase's hosts that still need the upgrade; how many more do but wait for a human
+    (escalated); how many more every visit refuses it on, and why."""
+
+    pending: int
+    escalated: int
+    refused: int
+    refused_why: str
+
+
 def _hold_reason(
-    upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: int, hosts: tuple[int, int], outside: int
+    upgrade: Upgrade, phase: UpgradePhase, needed: int, successes: int, hosts: _Unable, outside: int
 ) -> str:
-    """Why the phase holds; `hosts`: the phase's hosts that still need the upgrade, and how many more
-    do but wait for a human (escalated)."""
-    pending, escalated = hosts
+    """Why the phase holds."""
+    pending, escalated = hosts.pending, hosts.escalated
     where = _covers(phase)
     if phase.selection == PhaseSelection.ANY:
         where += " and the hosts in service it could pick from the pool"
@@ -129,6 +165,11 @@ def _hold_reason(
         f"phase {phase.name} cannot show the {needed} successes it needs before the rollout widens: "
         f"{successes} succeeded and {where} has {pending} more hosts that still need {upgrade.component_version}"
         + (f" ({escalated} more escalated to a human give none until one returns them)" if escalated else "")
+        + (
+            f" ({hosts.refused} more are in domains whose visits refuse it as incompatible: {hosts.refused_why})"
+            if hosts.refused
+            else ""
+        )
         + f"; {outside} hosts outside the phase wait. To unblock: {unblock}."
     )[:500]
 
