@@ -246,9 +246,8 @@ def test_a_host_refused_again_for_another_reason_in_a_later_cycle_is_named_again
     def another_reason_once_named() -> None:
         if not switched and Event.objects.filter(kind="train.visit_upgrade_refused").exists():
             cuda = make_version(Component.objects.get(name="cuda-runtime"), "12.9.0")
-            compatibility_rule_create(
-                job_facing_version=cuda, lower_component=Component.objects.get(name="gpu-driver"), min_version="550.54.14"
-            )
+            driver = Component.objects.get(name="gpu-driver")
+            compatibility_rule_create(job_facing_version=cuda, lower_component=driver, min_version="550.54.14")
             compatibility_rule_create(
                 job_facing_version=cuda, lower_component=Component.objects.get(name="bios"), max_version="2.14.0"
             )

@@ -166,7 +166,7 @@ def test_a_canary_rack_every_visit_refuses_holds_its_phase_with_an_alert_that_sa
     refuses the step, so the canary can never show its success. The phase holds with an alert naming
     the refusal (found in review: counted as pending, it waited for ever without a word)."""
     pool, _ = three_racks_of_two()
-    first, second = rack(pool, 1)
+    _first, second = rack(pool, 1)
     on_cuda_12_6([second, *rack(pool, 2), *rack(pool, 3)])  # only the first host keeps cuda 12.4.1
     bios = bios_rollout(
         pool, phases=[{"name": "canary", "domain": "rack-0001"}, {"name": "rest", "percent": 100, "min_successes": 0}]
