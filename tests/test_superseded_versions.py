@@ -151,7 +151,7 @@ def test_n_waits_for_a_pending_n_plus_one_and_is_applied_when_n_plus_one_is_canc
     assert older.tasks.get().state == TaskState.DONE
 
 
-def test_n_waiting_for_n_plus_one_is_superseded_in_the_tick_n_plus_one_is_admitted() -> None:
+def test_n_waiting_for_n_plus_one_is_superseded_once_n_plus_one_is_applied_in_its_drain() -> None:
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1, failure_buffer_hosts=0)
     Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=0)
@@ -162,6 +162,11 @@ def test_n_waiting_for_n_plus_one_is_superseded_in_the_tick_n_plus_one_is_admitt
     pool_tick(pool_id=pool.pk)
     assert older.tasks.get().state == TaskState.PENDING
 
+    drive(pool, until=lambda: newer.tasks.get().state == TaskState.DRAINING)
+    # Admitted, 2.18.0 holds the host; 2.16.0 waits for it, for as long as the host lacks 2.18.0.
+    task = older.tasks.get()
+    assert (task.state, task.waiting_code) == (TaskState.PENDING, WaitingCode.HOST_HELD)
+    assert task.waiting_reason == f"host held by operation #{newer.pk}"
     drive(pool)
 
     assert bios_on(hosts[0]) == "2.18.0"
@@ -170,8 +175,8 @@ def test_n_waiting_for_n_plus_one_is_superseded_in_the_tick_n_plus_one_is_admitt
     assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
     assert task.failure_reason == f"superseded by bios 2.18.0 of operation #{newer.pk}"
     assert (task.waiting_code, task.waiting_reason) == ("", "")
-    admitted = HostTask.objects.get(operation=newer).admitted_at
-    assert task.finished_at == admitted
+    applied = WorkItem.objects.get(host=hosts[0], kind=WorkKind.EXECUTE).consumed_at
+    assert task.finished_at == applied  # in the tick 2.18.0 is applied
 
 
 def test_n_handed_over_after_a_reboot_when_the_pending_n_plus_one_was_cancelled_in_the_drain() -> None:

@@ -12,10 +12,11 @@ is read on, a few growing pages at most (_read_on). The tasks behind what was ex
 they wait their turn (or that their operation is held), set-based, in words that do not change as
 the queue moves.
 An upgrade with a newer target of its component pending for the same host waits for it, and ends
-superseded in the tick the newer one is admitted (not before: were the newer one cancelled while it
-waits, the host would get neither); an admitted upgrade whose host already runs its target (or
-newer) finishes without a drain (supersede.py), after which what waits is judged again in the same
-tick.
+superseded once the newer one is applied in the drain it is admitted to (at the handover after it),
+or in the tick it is admitted if it drains nothing (the host runs it already, or it installs in
+place); not before: were the newer one cancelled, failed or withdrawn before the host has it, the
+host would get neither. An admitted upgrade whose host already runs its target (or newer) finishes
+without a drain (supersede.py), after which what waits is judged again in the same tick.
 """
 
 from __future__ import annotations
@@ -153,12 +154,12 @@ def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     _skip_superseded(head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
     _read_on(ctx, head, obstacles, headroom, decisions, size=horizon, budget=budget)
-    _settle_superseded(ctx, head, decisions)
+    admitted = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
+    _settle_superseded(ctx, head, decisions, draining={task.id for task in admitted if task.needs_drain})
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
         _write_waiting_beyond(ctx, examined=frozenset(head.candidates), held=head.held)
-    admitted = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
     broken = obstacles.repairs_broken
     _admit(ctx, [t for t in admitted if t.id not in broken])
     _admit_broken_repairs(ctx, [t for t in admitted if t.id in broken])
@@ -315,13 +316,20 @@ def _skip_superseded(head: _QueueHead, obstacles: _Obstacles) -> None:
         head.order = [task for task in head.order if task.id not in newer]
 
 
-def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions) -> None:
-    """An upgrade whose newer target was admitted ends superseded; one whose newer target still waits
-    waits for it, pending: were the newer one cancelled, the host would otherwise get neither."""
+def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions, *, draining: set[int]) -> None:
+    """An upgrade whose newer target was admitted to drain the host (`draining`) waits for the host
+    that one holds, and ends superseded once it is applied in that drain (successors); one whose
+    newer target still waits waits for it. Pending, both: were the newer one cancelled, failed or
+    withdrawn before the host has it, the host would otherwise get neither. One whose newer target
+    was admitted otherwise (the host runs it already, or it installs in place: no handover follows)
+    ends superseded now."""
     admitted = {task.id for task in decisions.admitted}
-    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted}
+    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted - draining}
     supersede.finish_superseded(ctx, head.candidates, taken)
-    waiting = {older: newer for older, newer in head.superseded.items() if older not in taken}
+    for older, newer in head.superseded.items():
+        if newer.id in draining:  # in the words of the next ticks' judgement, which then write nothing
+            decisions.waiting[older] = (WaitingCode.HOST_HELD, f"host held by operation #{newer.operation_id}")
+    waiting = {older: newer for older, newer in head.superseded.items() if newer.id not in admitted}
     for task_id, reason in supersede.waiting_for_newer(waiting).items():
         decisions.waiting[task_id] = (WaitingCode.NEWER_PENDING, reason)
 

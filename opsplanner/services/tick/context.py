@@ -121,6 +121,7 @@ class TaskRef:
     target_version_id: int | None
     target_component_id: int | None  # the target's component and its place in the version order,
     target_sort_key: str | None  # to skip a target older than another for the host (tick/supersede.py)
+    target_withdrawn_at: dt.datetime | None  # a withdrawn target supersedes nothing (tick/supersede.py)
     gang: bool
     hold_reason: str
     override_buffers: bool
@@ -159,6 +160,7 @@ OPERATION_FIELDS = {
     "target_version_id": "component_version_id",
     "target_component_id": "component_version__component_id",
     "target_sort_key": "component_version__sort_key",
+    "target_withdrawn_at": "component_version__withdrawn_at",
     "gang": "gang",
     "hold_reason": "hold_reason",
     "override_buffers": "override_buffers",

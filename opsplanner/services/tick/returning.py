@@ -46,12 +46,11 @@ def _applied_in_drains(applied: dict[int, TaskRef]) -> list[TaskRef]:
 
 
 class Successors(NamedTuple):
-    """What takes each drained host next (`takers`, by host), and the older upgrades that each taker
-    supersedes (`waiting`: {task id: (the older task, its taker)}): cancelled only if the taker is
-    handed the host (hand_over), so that a host handed to no one, or to other work, keeps them."""
+    """What takes each drained host next (`takers`, by host). The older upgrades a taker supersedes
+    stay pending: superseded once it is applied (older_than_applied, at the next handover), so that
+    a host handed to no one, or to other work, or whose taker ends without its version, keeps them."""
 
     takers: dict[int, TaskRef]
-    waiting: dict[int, tuple[TaskRef, TaskRef]]
     held: frozenset[int]  # the hosts with pending work of a held operation (a stopped train's), never a taker
 
 
@@ -61,7 +60,7 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
     end here instead: one older than a newer target of the component applied in its drain
     (superseded), one at or below what the host runs (nothing to do); one older than a newer target
-    pending for the host waits for hand_over (superseded once that one takes the host).
+    pending for the host waits (superseded once that one is applied, or the host runs it already).
     `installed` False: the tasks ending (the first of their drains) installed nothing, and nothing
     in their drains is applied yet."""
     pending = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
@@ -86,12 +85,7 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     settled = {older: newer for older, newer in pending_newer.items() if newer.id in runs}
     supersede.finish_superseded(ctx, candidates, {**applied_newer, **settled})
     supersede.finish_nothing_to_do(ctx, candidates, runs)
-    waiting = {
-        older: (candidates[older], newer)
-        for older, newer in pending_newer.items()
-        if older not in settled and takers.get(newer.host_id) == newer
-    }
-    return Successors(takers, waiting, held)
+    return Successors(takers, held)
 
 
 def hand_over(
@@ -99,18 +93,12 @@ def hand_over(
 ) -> None:
     """Each giver (a running task whose work was applied) passes its host to the pending task that
     takes it next (`found.takers`, by host) without returning it to service: the giver ends handed
-    over, saying to which task; the taker runs at once, in the giver's drain, and the older upgrades
-    it supersedes end superseded (not before: were it not handed the host, they would still be due).
-    A giver in `not_applied` ({task: why}) installed nothing: it ends cancelled, saying why."""
+    over, saying to which task; the taker runs at once, in the giver's drain (the older upgrades it
+    supersedes end superseded once it is applied: successors). A giver in `not_applied` ({task:
+    why}) installed nothing: it ends cancelled, saying why."""
     if not givers:
         return
     takers = found.takers
-    hosts = {giver.host_id for giver in givers}
-    supersede.finish_superseded(
-        ctx,
-        {older.id: older for older, _ in found.waiting.values()},
-        {older.id: newer for older, newer in found.waiting.values() if older.host_id in hosts},
-    )
     handed = {task.id: f"host handed over to task {nxt.id} of operation {nxt.operation_id}"
               for task in givers for nxt in [takers[task.host_id]]}  # fmt: skip
     if not_applied is None:
@@ -173,6 +161,7 @@ _DRAIN_UPGRADES = PreparedQuery(
         "operation__component_version_id",
         "operation__component_version__component_id",
         "operation__component_version__sort_key",
+        "operation__component_version__withdrawn_at",
         "state",
     ),
     keys=IDS,
@@ -223,17 +212,20 @@ def _pre_return_problems(tasks: list[TaskRef]) -> tuple[dict[int, list[str]], di
     by_key = {task.drain_key: task for task in tasks}
     chain = _DRAIN_UPGRADES.rows(keys={key for key in by_key if key is not None})
     # Two upgrades of one component in a drain: the newest target is the one the host must run,
-    # whatever order they were applied in (the handover never applies an older one after a newer).
+    # whatever order they were applied in (the handover applies no older one after a newer one),
+    # but for a withdrawn one, which supersedes nothing (supersede.supersedes): the host runs the
+    # newest other, or, with none, none in particular.
     newest: dict[tuple[int, int], tuple[str, tuple[int, int, int, int]]] = {}
     # An upgrade of the drain that failed after applying its version (a failed check sent the host
     # to repair) leaves that version installed: the repaired host may return with it, not be sent
-    # back to repair for running something newer than the task it superseded.
-    failed_targets: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for drain_key, host_id, target_id, component_id, sort_key, state in chain:
+    # back to repair for running something newer than the task it superseded. A withdrawn target the
+    # host still runs is no missed target either: the gate refuses it as withdrawn (runs_withdrawn).
+    tolerated: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for drain_key, host_id, target_id, component_id, sort_key, withdrawn_at, state in chain:
         if drain_key is None:  # filtered on drain_key: never, but the column may be null
             continue
-        if state == TaskState.FAILED:
-            failed_targets[(drain_key, component_id)].add(target_id)
+        if state == TaskState.FAILED or withdrawn_at is not None:
+            tolerated[(drain_key, component_id)].add(target_id)
         elif (drain_key, component_id) not in newest or sort_key > newest[(drain_key, component_id)][0]:
             newest[(drain_key, component_id)] = (sort_key, (drain_key, host_id, target_id, component_id))
     targets = [target for _, target in newest.values()]
@@ -245,7 +237,7 @@ def _pre_return_problems(tasks: list[TaskRef]) -> tuple[dict[int, list[str]], di
     problems: dict[int, list[str]] = defaultdict(list)
     for drain_key, host_id, target_id, component_id in targets:
         actual = installed.get((host_id, component_id))
-        if actual != target_id and actual not in failed_targets[(drain_key, component_id)]:
+        if actual != target_id and actual not in tolerated[(drain_key, component_id)]:
             problems[by_key[drain_key].id].append(
                 f"version {names.get(actual, 'none') if actual else 'none'} installed where the target is "
                 f"{names.get(target_id)}"

@@ -4,14 +4,19 @@ is pending for it gets N+1 directly, whatever the path (trains, ad-hoc operation
 Admission and handover both ask, before a pending upgrade task takes its host:
 - is a newer target of the same component pending for the host (or applied in its drain)? The task
   is not applied: it is cancelled with the code `superseded`, its reason naming the newer version
-  and its operation, once the newer one takes the host (admitted, or next in the drain): until then
-  the older one waits (`newer_pending`), so that cancelling the newer one leaves the host the older
-  one. It did nothing, so it is not `done`; but nobody cancelled its operation, which completes
-  (not cancelled) once its tasks have finished, the superseded ones included.
+  and its operation, once the newer one is applied in the host's drain (at admission, when the newer
+  one drains nothing: the host runs it already, or it installs in place). Until then the older one
+  waits (`newer_pending` while the newer one waits, then for the host the newer one holds), so that
+  the newer one cancelled, failed or withdrawn before the host has it leaves the host the older one,
+  not neither (a drain for a target withdrawn meanwhile passes the host to it). It did nothing, so
+  it is not `done`; but nobody cancelled its operation, which completes (not cancelled) once its
+  tasks have finished, the superseded ones included.
 - does the host already run its target (or something newer, not withdrawn, where the operation says
   the target or newer will do: `or_newer`, a train's upgrade, regular or emergency)? It finishes
   `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
   older version, and the repair flow's rollback, are deliberate downgrades and still run.
+A withdrawn version supersedes nothing (`supersedes`, the one definition): it is to be rolled back,
+so the host still wants the older version (a reopened upgrade's, say), applied after it in its drain.
 Versions are compared by `ComponentVersion.sort_key` (fleet/versions.py), read with each task.
 """
 
@@ -42,9 +47,22 @@ def _slot(task: TaskRef) -> tuple[int, int]:
     return task.host_id, task.target_component_id or 0
 
 
+def supersedes(newer: TaskRef, older: TaskRef) -> bool:
+    """Whether `newer`'s target supersedes `older`'s: both upgrades of one component on one host, a
+    newer target, and not a withdrawn one (rolled back, it is no version to keep: the host still
+    wants the older one)."""
+    return (
+        _is_upgrade(newer)
+        and _is_upgrade(older)
+        and _slot(newer) == _slot(older)
+        and newer.target_withdrawn_at is None
+        and (newer.target_sort_key or "") > (older.target_sort_key or "")
+    )
+
+
 def newer_pending(tasks: Iterable[TaskRef], *, may_replace: Callable[[TaskRef, TaskRef], bool]) -> dict[int, TaskRef]:
-    """{task id: the newest task that supersedes it} among pending upgrade tasks: same host, same
-    component, a newer target, and `may_replace(older, newer)` (the newer one may take its place)."""
+    """{task id: the newest task that supersedes it} among pending upgrade tasks (`supersedes`) where
+    `may_replace(older, newer)` (the newer one may take its place)."""
     by_slot: dict[tuple[int, int], list[TaskRef]] = defaultdict(list)
     for task in tasks:
         if _is_upgrade(task):
@@ -54,8 +72,7 @@ def newer_pending(tasks: Iterable[TaskRef], *, may_replace: Callable[[TaskRef, T
         if len(group) < 2:
             continue
         for older in group:
-            takers = [t for t in group if (t.target_sort_key or "") > (older.target_sort_key or "")]
-            takers = [t for t in takers if may_replace(older, t)]
+            takers = [t for t in group if supersedes(t, older) and may_replace(older, t)]
             if takers:
                 newer[older.id] = max(takers, key=lambda t: t.target_sort_key or "")
     return newer
@@ -63,17 +80,22 @@ def newer_pending(tasks: Iterable[TaskRef], *, may_replace: Callable[[TaskRef, T
 
 def older_than_applied(tasks: Iterable[TaskRef], applied: Iterable[TaskRef]) -> dict[int, TaskRef]:
     """{task id: the newest upgrade of its component applied on its host in this drain} for pending
-    upgrades older than it: applying them would take the drained host back down. `applied` is every
-    upgrade the drain applied, not only the one just finished: a reboot between the two changes nothing."""
+    upgrades it supersedes (`supersedes`): applying them would take the drained host back down.
+    `applied` is every upgrade the drain applied, not only the one just finished: a reboot between
+    the two changes nothing. One withdrawn since supersedes nothing: the older one is applied after it."""
     newest: dict[tuple[int, int], TaskRef] = {}
     for done in applied:
         kept = newest.get(_slot(done))
-        if _is_upgrade(done) and (kept is None or (done.target_sort_key or "") > (kept.target_sort_key or "")):
+        if (
+            _is_upgrade(done)
+            and done.target_withdrawn_at is None
+            and (kept is None or (done.target_sort_key or "") > (kept.target_sort_key or ""))
+        ):
             newest[_slot(done)] = done
     newer: dict[int, TaskRef] = {}
     for task in tasks:
-        latest = newest.get(_slot(task)) if _is_upgrade(task) else None
-        if latest is not None and (latest.target_sort_key or "") > (task.target_sort_key or ""):
+        latest = newest.get(_slot(task))
+        if latest is not None and supersedes(latest, task):
             newer[task.id] = latest
     return newer
 
