@@ -97,15 +97,23 @@ def test_an_emergency_train_reaches_the_hosts_a_regular_visit_held_when_it_was_a
     assert Cycle.objects.filter(train=emergency).count() == 2
 
 
-def test_an_emergency_train_reaches_a_host_that_was_in_repair_when_its_domain_was_visited() -> None:
+def an_emergency_run_with_a_host_broken_first(*, failure_buffer_hosts: int) -> tuple[Pool, Host, Train]:
+    """Two racks of three, a hard floor of 1, the first host reported broken (repaired within a few
+    rounds), then an approved emergency driven until it stops."""
     instant_simulator()
-    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=2)
+    pool, hosts = make_fleet(
+        domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=failure_buffer_hosts
+    )
     Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
     broken = hosts[0]
-    host_failure_report(host_id=broken.pk, reason="psu")  # repaired within a few rounds
+    host_failure_report(host_id=broken.pk, reason="psu")
     emergency = approved_emergency(pool)
-
     drive_trains(pool, until=lambda: until_stopped(emergency), max_rounds=200)
+    return pool, broken, emergency
+
+
+def test_an_emergency_train_reaches_a_host_that_was_in_repair_when_its_domain_was_visited() -> None:
+    pool, broken, emergency = an_emergency_run_with_a_host_broken_first(failure_buffer_hosts=2)
 
     emergency.refresh_from_db()
     assert emergency.state == TrainState.FINISHED, emergency.state_reason
@@ -199,14 +207,7 @@ def test_an_emergency_whose_target_became_incompatible_on_one_host_fixes_the_oth
 
 
 def test_an_emergency_train_goes_on_past_a_broken_host_its_pools_failure_buffer_of_one_allows() -> None:
-    instant_simulator()
-    pool, hosts = make_fleet(domains=2, hosts_per_domain=3, planned_buffer_hosts=3, failure_buffer_hosts=1)
-    Pool.objects.filter(pk=pool.pk).update(hard_floor_hosts=1)
-    broken = hosts[0]
-    host_failure_report(host_id=broken.pk, reason="psu")  # repaired within a few rounds
-    emergency = approved_emergency(pool)
-
-    drive_trains(pool, until=lambda: until_stopped(emergency), max_rounds=200)
+    pool, _broken, emergency = an_emergency_run_with_a_host_broken_first(failure_buffer_hosts=1)
 
     emergency.refresh_from_db()
     assert emergency.state == TrainState.FINISHED, emergency.state_reason

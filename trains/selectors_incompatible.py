@@ -81,18 +81,17 @@ def upgrades_refused(upgrades: list[Upgrade]) -> dict[int, Refused]:
         .values_list("id", "pool_id", "domain_id")
     )
     domain_of = {host_id: domain_id for host_id, _, domain_id in hosts}
-    newer = {u.pk: _newer_releases(u, upgrades) for u in flagged}
-    involved = {u.pk: u for u in flagged} | {n.pk: n for releases in newer.values() for n in releases}
-    below = upgrades_hosts_below(involved.values(), domain_of)
+    below = upgrades_hosts_below(flagged, domain_of)
     groups = []
     for upgrade in flagged:
         ids = _in_scope(
             upgrade, {host_id for host_id, pool_id, _ in hosts if pool_id == upgrade.pool_id} & below[upgrade.pk]
         )
-        for release in newer[upgrade.pk]:
-            # A visit gives these hosts to the newer release (visits.domain_steps), which reaches this
-            # one too: its target is never submitted there. (A refused newer release is its own case.)
-            ids -= _in_scope(release, ids & below[release.pk])
+        for release in _newer_releases(upgrade, upgrades):
+            # A visit gives these hosts (below this target, so below the newer one) to the newer release
+            # (visits.domain_steps), which reaches this one too: its target is never submitted there.
+            # (A refused newer release is its own case.)
+            ids -= _in_scope(release, ids)
         groups.append(PlannedHosts(sorted(ids), [upgrade.component_version]))
     refused = {}
     for upgrade, problems in zip(flagged, hosts_incompatibilities(groups), strict=True):
