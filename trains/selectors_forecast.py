@@ -13,9 +13,10 @@ that fit its budget in (priority, deadline, age) order, the newest release of a 
 in for the older ones it supersedes, a multi-cycle one's places on hosts where it fits
 (selectors_forecast_takes.py). A visit misses some hosts (a failed drain or execution, work deferred to the next
 cycle): as many as the train's recent visits missed are taken again at their domains' next visits
-(`hosts_missed`). Approximations: rollout phases are assumed to graduate on time, hosts of different
-upgrades in one domain overlap (numbered from 0 for each), and the missed hosts are spread evenly
-over the domains the upgrade had hosts pending in.
+(`hosts_missed`). Approximations: rollout phases are assumed to graduate on time unless held (an
+upgrade whose phase in force is held is `phase_held`: selectors_forecast_verdict.py), hosts of
+different upgrades in one domain overlap (numbered from 0 for each), and the missed hosts are spread
+evenly over the domains the upgrade had hosts pending in.
 
 A visit takes hosts in service. One escalated to a human is not played (`hosts_escalated`). One out
 broken (failed, its repair queued, or in repair) is taken at its domain's first visit after its repair
@@ -33,8 +34,6 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from django.db import models
-
 from opsplanner import clock
 from trains.models import (
     LIVE_TRAIN_STATES,
@@ -49,10 +48,18 @@ from trains.models import (
 from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
 from trains.selectors_forecast_takes import ranked_takes
+from trains.selectors_forecast_verdict import (
+    MAX_CYCLES,
+    HeldPhase,
+    UpgradeForecast,
+    held_phase,
+    held_phase_annotations,
+    upgrade_forecast_of,
+)
+from trains.selectors_forecast_verdict import ForecastCode as ForecastCode  # where every caller imports it from
 from trains.selectors_incompatible import (
     RULE_MAY_REFUSE,
     Incompatible,
-    incompatible_text,
     refused_out,
     rule_may_refuse,
     upgrades_refused,
@@ -62,7 +69,6 @@ from trains.selectors_pending import pending_by_domain
 from trains.selectors_running_visits import RunningVisit, joins_expected, running_visits_takes
 from trains.services.budget import VisitSizing, sizing_for, sizing_within_cycle
 
-MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # What forecasting a list of upgrades costs, however many (pinned by the tests): the pools' trains,
 # their active upgrades, the trains' forecasts (4: not when each domain was last visited), the
 # domains' sizes, the installed versions per domain, what the recent visits missed and, while a
@@ -70,33 +76,6 @@ MAX_CYCLES = 20  # played forward at most; beyond that the forecast says so
 # upgrades whose target a compatibility rule could refuse add five at most, together
 # (selectors_incompatible.py).
 FORECAST_QUERIES = 10
-
-
-class ForecastCode(models.TextChoices):
-    SCHEDULED = "scheduled", "Reaches every host by a forecast cycle"
-    WAITS_FOR_HUMAN = "waits_for_human", "On every host a visit can take; the rest are escalated to a human"
-    BEYOND_HORIZON = "beyond_horizon", f"Not within {MAX_CYCLES} cycles"
-    NO_TRAIN = "no_train", "No running train in the pool"
-    TRAIN_STOPPED = "train_stopped", "The pool's train is paused or autostopped: not scheduled until it runs"
-    EMERGENCY = "emergency", "Applied by its emergency train"
-    INCOMPATIBLE = "incompatible", "Its target breaks a compatibility rule on some hosts: every visit there refuses it"
-    NOT_ACTIVE = "not_active", "Not active"
-
-
-@dataclass(frozen=True)
-class UpgradeForecast:
-    upgrade_id: int
-    code: str
-    cycle: int | None = None
-    at: dt.datetime | None = None
-    deadline_met: bool | None = None  # None: no deadline
-    text: str = ""
-    # Hosts below its target escalated to a human: not in the forecast (no visit takes them until a
-    # human returns them; each is then reached at its domain's next visit).
-    hosts_escalated: int = 0
-    # Hosts below its target that every visit refuses it on: their domain has hosts its target would
-    # make incompatible (selectors_incompatible.py). Not in the forecast, nor in `cycle` and `at`.
-    hosts_incompatible: int = 0
 
 
 @dataclass
@@ -125,12 +104,21 @@ class PoolBacklog:
     broken: dict[int, dict[int, int]] = field(default_factory=dict)
     # upgrade -> its hosts the visits refuse it on as incompatible: not in `pending` nor `broken`.
     incompatible: dict[int, Incompatible] = field(default_factory=dict)
+    # upgrade -> its phase in force, held short of evidence: still played (selectors_forecast_verdict.py).
+    held: dict[int, HeldPhase] = field(default_factory=dict)
 
     @property
     def stopped(self) -> bool:
         """A paused or autostopped train visits nothing until it runs again: its upgrades are not
         forecast (played as if it ran, they were promised a time it may never keep)."""
         return self.train.state in STOPPED_TRAIN_STATES
+
+    def pending_and_broken(self, upgrade_id: int) -> dict[int, int]:
+        """The upgrade's hosts below its target per domain that visits take, now or once repaired."""
+        both = dict(self.pending.get(upgrade_id, {}))
+        for domain_id, hosts in self.broken.get(upgrade_id, {}).items():
+            both[domain_id] = both.get(domain_id, 0) + hosts
+        return both
 
     @property
     def next_cycles_stops(self) -> list[int]:
@@ -186,7 +174,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     upgrades = list(
         Upgrade.objects.filter(pool_id__in=pool_ids, emergency=False, state=UpgradeState.ACTIVE)
         .select_related("pool", "component_version__component")
-        .annotate(**{RULE_MAY_REFUSE: rule_may_refuse()})
+        .annotate(**{RULE_MAY_REFUSE: rule_may_refuse()}, **held_phase_annotations())
         .order_by("created_at", "id")
     )
     if not trains:
@@ -231,6 +219,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             running={v.pk: running[v.pk] for v in visits.get(train.pk, {}).values() if v.pk in running},
             broken={u: hosts for u, hosts in broken.items() if hosts},
             incompatible=incompatible,
+            held={u.pk: held for u in ours if (held := held_phase(u))},
         )
         _joins_expected(backlogs[train.pool_id])
     return backlogs, upgrades
@@ -450,7 +439,7 @@ def play_forward(
     upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
-        first={u.pk: _pending_and_broken(backlog, u.pk) for u in upgrades},
+        first={u.pk: backlog.pending_and_broken(u.pk) for u in upgrades},
         stops=backlog.next_cycles_stops,
         missed_share=backlog.missed_share,
         broken={u.pk: dict(out) for u in upgrades if (out := backlog.broken.get(u.pk))},
@@ -470,14 +459,6 @@ def play_forward(
     except StopIteration:
         pass
     return state.done
-
-
-def _pending_and_broken(backlog: PoolBacklog, upgrade_id: int) -> dict[int, int]:
-    """The upgrade's hosts below its target per domain that visits take, now or once repaired."""
-    both = dict(backlog.pending.get(upgrade_id, {}))
-    for domain_id, hosts in backlog.broken.get(upgrade_id, {}).items():
-        both[domain_id] = both.get(domain_id, 0) + hosts
-    return both
 
 
 def _held_for(backlog: PoolBacklog, cost: float) -> float:
@@ -501,93 +482,6 @@ def _as_if(upgrade: Upgrade, priority: int | None, *, whole: bool) -> Upgrade:
         copy.multi_cycle, copy.hosts_per_visit = False, None
     copy.component_version = upgrade.component_version
     return copy
-
-
-def upgrade_forecast_of(upgrade: Upgrade, backlog: PoolBacklog | None, done: dict) -> UpgradeForecast:
-    """An upgrade's forecast from its pool's backlog and what play_forward made of it (no query)."""
-    if upgrade.state != UpgradeState.ACTIVE:
-        return UpgradeForecast(upgrade.pk, ForecastCode.NOT_ACTIVE, text=f"{upgrade.get_state_display().lower()}")
-    if upgrade.emergency:
-        return UpgradeForecast(upgrade.pk, ForecastCode.EMERGENCY, text="applied by its emergency train")
-    if backlog is None:
-        return UpgradeForecast(upgrade.pk, ForecastCode.NO_TRAIN, text="no running train in the pool: not scheduled")
-    escalated = backlog.escalated.get(upgrade.pk, 0)
-    if backlog.stopped:
-        return UpgradeForecast(
-            upgrade.pk,
-            ForecastCode.TRAIN_STOPPED,
-            deadline_met=None if upgrade.deadline is None else False,  # no visit until it runs again
-            text=f"its train is {backlog.train.get_state_display().lower()}: not scheduled until it runs",
-            hosts_escalated=escalated,
-        )
-    if upgrade.pk in backlog.incompatible:
-        return _incompatible(upgrade, backlog, done.get(upgrade.pk))
-    if upgrade.pk not in done:
-        return UpgradeForecast(
-            upgrade.pk,
-            ForecastCode.BEYOND_HORIZON,
-            deadline_met=None if upgrade.deadline is None else False,
-            text=f"not every host within the next {MAX_CYCLES} cycles",
-            hosts_escalated=escalated,
-        )
-    pending = sum(_pending_and_broken(backlog, upgrade.pk).values())
-    if escalated and not pending:
-        return UpgradeForecast(
-            upgrade.pk,
-            ForecastCode.WAITS_FOR_HUMAN,
-            deadline_met=None if upgrade.deadline is None else False,  # no visit can meet it: a human can
-            text=f"on every host a visit can take; {_escalated_text(escalated)}",
-            hosts_escalated=escalated,
-        )
-    cycle, at = done[upgrade.pk]
-    met = None if upgrade.deadline is None else at <= upgrade.deadline
-    every = f"every host but the {escalated} escalated to a human" if escalated else "every host"
-    text = f"reaches {every} by cycle {cycle}, around {at:%Y-%m-%d %H:%M} UTC"
-    missed = hosts_missed(backlog.missed_share, pending)
-    if missed:
-        text += (
-            f", with the {missed} hosts its visits are expected to miss taken again "
-            f"(recent visits missed {backlog.missed_share:.1%} of their hosts)"
-        )
-    if met is not None:
-        text += f"; {'meets' if met else 'misses'} its deadline {upgrade.deadline:%Y-%m-%d %H:%M} UTC"
-    if escalated:
-        text += f"; {_escalated_text(escalated)}"
-    return UpgradeForecast(
-        upgrade.pk,
-        ForecastCode.SCHEDULED,
-        cycle=cycle,
-        at=at,
-        deadline_met=met,
-        text=text,
-        hosts_escalated=escalated,
-    )
-
-
-def _incompatible(upgrade: Upgrade, backlog: PoolBacklog, done: tuple[int, dt.datetime] | None) -> UpgradeForecast:
-    """The forecast of an upgrade every visit refuses on some hosts (selectors_incompatible.py): no
-    cycle or date for every host, and a deadline not met; when the visits reach its other hosts."""
-    left_out, escalated = backlog.incompatible[upgrade.pk], backlog.escalated.get(upgrade.pk, 0)
-    when = f"by cycle {done[0]}, around {done[1]:%Y-%m-%d %H:%M} UTC" if done else f"beyond {MAX_CYCLES} cycles"
-    others = sum(_pending_and_broken(backlog, upgrade.pk).values())
-    text = incompatible_text(left_out, others=others, others_when=when)
-    if upgrade.deadline is not None:
-        text += f"; misses its deadline {upgrade.deadline:%Y-%m-%d %H:%M} UTC"
-    if escalated:
-        text += f"; {_escalated_text(escalated)}"
-    return UpgradeForecast(
-        upgrade.pk,
-        ForecastCode.INCOMPATIBLE,
-        deadline_met=None if upgrade.deadline is None else False,  # no visit reaches those hosts
-        text=text,
-        hosts_escalated=escalated,
-        hosts_incompatible=left_out.hosts,
-    )
-
-
-def _escalated_text(hosts: int) -> str:
-    those = "the host" if hosts == 1 else f"the {hosts} hosts"
-    return f"{those} escalated to a human get it at their domain's first visit after they return"
 
 
 def upgrades_forecasts(upgrades: list[Upgrade], *, now: dt.datetime | None = None) -> dict[int, UpgradeForecast]:

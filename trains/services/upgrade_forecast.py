@@ -5,7 +5,8 @@ be held against when every host ran it (trains.selectors_promise.upgrade_promise
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
 larger buffer, an emergency train, resuming its stopped train), each played forward before it is
 advised, or that no change the forecast knows meets it; once (deadline_alerted_at). An upgrade every
-visit refuses on some hosts as incompatible promises nothing until they are compatible. A paused
+visit refuses on some hosts as incompatible promises nothing until they are compatible, nor one whose
+phase in force is held until the hold lifts (its alert's fix: skip the phase). A paused
 or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
 one query while every upgrade of the pool has its promise and none waits on a deadline."""
 
@@ -44,6 +45,8 @@ class DeadlineFix(TextChoices):
     WHOLE_VISITS = "whole_visits", "Take every host of a domain per visit (not multi-cycle)"
     # Every visit refuses it on some hosts (ForecastCode.INCOMPATIBLE): nothing a train does meets it.
     COMPATIBLE_TARGET = "compatible_target", "A target compatible with its hosts, or the rule or their versions changed"
+    # Its phase in force is held short of evidence (ForecastCode.PHASE_HELD): no visit widens the rollout.
+    SKIP_PHASE = "skip_phase", "Skip the held phase (a second operator approves) or widen its selection"
 
 
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
@@ -118,6 +121,9 @@ def _alert(
     if forecast.code == ForecastCode.TRAIN_STOPPED:
         state = backlog.train.get_state_display().lower()
         reached = f"is not scheduled while its train is {state}, so at risk to reach every host"
+    elif forecast.code == ForecastCode.PHASE_HELD:
+        phase = backlog.held[upgrade.pk].name
+        reached = f"cannot reach every host: its rollout holds at phase {phase}, short of evidence"
     elif forecast.code == ForecastCode.INCOMPATIBLE:
         refused = forecast.hosts_incompatible
         reached = f"cannot reach every host: every visit refuses it on {refused} hosts as incompatible"
@@ -155,6 +161,8 @@ def _what_would_meet(
     played before it is advised (an advice followed that still missed was the reviewer's finding),
     and when none the forecast knows meets it, the emergency train, which comes closest, with what it
     would give."""
+    if forecast.code == ForecastCode.PHASE_HELD:
+        return DeadlineFix.SKIP_PHASE, _skipped_advice(backlog, upgrade, deadline, now)
     if forecast.code == ForecastCode.TRAIN_STOPPED:
         return DeadlineFix.RESUME_TRAIN, _resumed_advice(backlog, upgrade, deadline, now)
     if forecast.code == ForecastCode.INCOMPATIBLE:
@@ -284,3 +292,24 @@ def _resumed_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetim
         return "only resuming the train can meet it, and resumed now it reaches every host beyond the forecast"
     verdict = "would meet it" if _meets(resumed, deadline) else "would still miss it"
     return f"only resuming the train can meet it; resumed now it {verdict}: {_by(resumed)}"
+
+
+def _skipped_advice(backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, now: dt.datetime) -> str:
+    """What skipping the held phase now would give the upgrade (played as if its phases graduate on
+    time, and its train ran)."""
+    phase = backlog.held[upgrade.pk].name
+    unblock = f"no visit reaches the hosts outside phase {phase} until an operator skips it (a second operator "
+    unblock += "approves)"
+    refused = backlog.incompatible.get(upgrade.pk)
+    if refused is not None:
+        return (
+            f"{unblock}; even skipped, every visit refuses it on {refused.hosts} hosts as incompatible: only a "
+            "target compatible with them (a new upgrade), or the rule or their versions changed, meets it then"
+        )
+    skipped = play_forward(backlog, now=now).get(upgrade.pk)
+    verdict = "would meet it" if _meets(skipped, deadline) else "would still miss it"
+    resumed = " and its train resumed" if backlog.stopped else ""
+    return (
+        f"{unblock}, or a phase that can find its evidence replaces it; skipped now{resumed} it {verdict}: "
+        f"{_by(skipped)}"
+    )
