@@ -20,7 +20,7 @@ from fleet.fleetfile.writers import FleetWriter
 from fleet.models import Pool
 from fleet.models.hosts import RETIRED
 from opsplanner.events import Actor
-from opsplanner.services.rollback import hosts_serving_counts
+from opsplanner.services.rollback import hosts_serving_counts, unstarted_installs_counts
 
 
 class FleetApplyRefused(ValidationError):
@@ -99,8 +99,8 @@ def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Proble
 
 def _note_offboards(plan: FleetPlan) -> None:
     """A version the file withdraws offboards its active upgrades, or else rolls back the hosts that
-    may serve with it, and cancels the pending tasks of the other operations aimed at it
-    (`versions_withdrawal_apply`): the plan says which, and how many."""
+    may serve with it, cancels the pending tasks of the other operations aimed at it and stops the
+    installs of it not yet claimed (`versions_withdrawal_apply`): the plan says which, and how many."""
     from fleet.services.catalogue import withdrawal_cancels  # it checks plans with this package: imported late
     from trains.models import Upgrade, UpgradeState
 
@@ -118,6 +118,7 @@ def _note_offboards(plan: FleetPlan) -> None:
         by_version.setdefault(version_id, []).append(pk)
     serving = hosts_serving_counts(withdrawn.keys() - by_version.keys())
     cancels = withdrawal_cancels(withdrawn.keys())
+    stops = unstarted_installs_counts(withdrawn.keys())
     for version_id, change in withdrawn.items():
         notes = []
         if version_id in by_version:
@@ -126,6 +127,8 @@ def _note_offboards(plan: FleetPlan) -> None:
             notes.append(f"rolls back the {serving[version_id]} hosts running it")
         if cancels.get(version_id):
             notes.append(f"cancels the {cancels[version_id]} pending tasks of other operations aimed at it")
+        if stops.get(version_id):
+            notes.append(f"stops the {stops[version_id]} installs of it no executor has claimed yet")
         change.note = "; ".join(notes)
 
 

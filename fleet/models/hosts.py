@@ -50,7 +50,9 @@ HOST_STATE_CHOICES = [*HostState.choices, (RETIRED, "Retired")]
 HOST_TRANSITIONS: dict[str, frozenset[str]] = {
     HostState.IN_SERVICE: frozenset({HostState.DRAINING, HostState.FAILED}),
     HostState.DRAINING: frozenset({HostState.MAINTENANCE, HostState.RETURNING, HostState.FAILED}),
-    HostState.MAINTENANCE: frozenset({HostState.VERIFYING, HostState.FAILED}),
+    # Straight back, unverified, when its install was stopped unclaimed (its target withdrawn) and
+    # nothing else was done in its drain (opsplanner/services/tick/advance.py: _not_applied).
+    HostState.MAINTENANCE: frozenset({HostState.VERIFYING, HostState.RETURNING, HostState.FAILED}),
     HostState.VERIFYING: frozenset({HostState.MAINTENANCE, HostState.RETURNING, HostState.FAILED}),
     HostState.RETURNING: frozenset({HostState.IN_SERVICE, HostState.FAILED}),
     HostState.FAILED: frozenset({HostState.REPAIR, HostState.ESCALATED}),

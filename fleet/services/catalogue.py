@@ -31,7 +31,7 @@ from fleet.services.audit import inventory_record_delete, inventory_record_save
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.services.compatibility import withdrawn_refusal
-from opsplanner.services.rollback import version_rollback
+from opsplanner.services.rollback import installs_stop, version_rollback
 
 POOL_FIELDS = (
     "workload_class",
@@ -126,6 +126,7 @@ class Withdrawal(NamedTuple):
     rollbacks: list[int]  # rollback operations of versions that had no active upgrade
     without_previous: int  # hosts running such a version with nothing recorded to go back to
     tasks_cancelled: int  # pending tasks of other operations to them (ad-hoc, rollbacks, emergencies)
+    installs_stopped: int  # installs of them no executor had claimed (`installs_stop`): not run
 
     def event_data(self) -> dict[str, Any]:
         """What the withdrawal did, as the events of a withdrawal say it (the API's and the fleet file's)."""
@@ -134,6 +135,7 @@ class Withdrawal(NamedTuple):
             "rollbacks": self.rollbacks,
             "hosts_without_previous": self.without_previous,
             "pending_tasks_cancelled": self.tasks_cancelled,
+            "installs_stopped": self.installs_stopped,
         }
 
 
@@ -145,11 +147,14 @@ def versions_withdrawal_apply(
     hosts running it rolled back); a version without one has the hosts that may serve with it rolled
     back all the same (`version_rollback`), rather than left serving it until their next drain, and
     the completed upgrades they reached only through it active again, as an offboarding does. Not
-    when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then."""
+    when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then.
+    Whichever way, the installs of them no executor has claimed are stopped (`installs_stop`): the
+    offboardings', the ad-hoc operations', the rollbacks' and the emergencies'."""
     from trains.models import Upgrade, UpgradeState
     from trains.services.offboarding import upgrade_offboard, upgrades_fallen_back_reopen
 
     version_ids = list(version_ids)
+    stopped = installs_stop(version_ids=version_ids, reason=reason, actor=actor)
     # In id order, as every writer of several upgrades (the forecast's promises, a replan's locks).
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE).order_by("id")
     offboarded = [u.component_version_id for u in upgrades if upgrade_offboard(upgrade=u, reason=reason, actor=actor)]
@@ -174,6 +179,7 @@ def versions_withdrawal_apply(
         rollbacks=rollbacks,
         without_previous=without_previous,
         tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor),
+        installs_stopped=stopped,
     )
 
 

@@ -1,7 +1,8 @@
 """Rolling back a withdrawn version: every host that may serve with it goes back to the version it
 ran before, through an ordinary upgrade operation at just below repair priority. The one rule for
 both ways a version is withdrawn: an upgrade offboarded (trains) and a version withdrawn by hand or by
-the fleet file with no upgrade active (fleet). Runs in the caller's transaction."""
+the fleet file with no upgrade active (fleet). Runs in the caller's transaction. And the installs of
+a withdrawn version no executor has claimed yet are stopped (`installs_stop`), for both ways too."""
 
 from __future__ import annotations
 
@@ -13,9 +14,21 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
-from opsplanner.events import Actor, event_record
-from opsplanner.models import OPEN_TASK_STATES, REPAIR_PRIORITY, HostTask, OperationKind, OperationSource
+from opsplanner import clock
+from opsplanner.events import Actor, actor_fields, event_record, event_row, events_copy_rows
+from opsplanner.models import (
+    OPEN_TASK_STATES,
+    REPAIR_PRIORITY,
+    HostTask,
+    OperationKind,
+    OperationSource,
+    TaskState,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
 from opsplanner.services.operations import operation_submit
+from opsplanner.services.tick.context import SUBJECT_WORK
 
 ROLLBACK_PRIORITY = REPAIR_PRIORITY - 100
 
@@ -103,3 +116,68 @@ def version_rollback(
             continue
         operations.append(operation.pk)
     return VersionRollback(operations=operations, without_previous=without_previous)
+
+
+def _unstarted_installs(version_ids: Iterable[int]) -> QuerySet[WorkItem]:
+    """The install items of upgrade tasks under way to these versions that no executor ever claimed
+    (ready, no attempt: one given back after a claim may have started on the host, so it runs on)."""
+    return WorkItem.objects.filter(
+        kind=WorkKind.EXECUTE,
+        state=WorkState.READY,
+        attempts=0,
+        host_task__state=TaskState.RUNNING,
+        host_task__operation__kind=OperationKind.UPGRADE,
+        host_task__operation__component_version_id__in=list(version_ids),
+    )
+
+
+def unstarted_installs_counts(version_ids: Iterable[int]) -> dict[int, int]:
+    """{version: installs withdrawing it would stop} (`installs_stop`), for the fleet file's plan."""
+    rows = (
+        _unstarted_installs(version_ids)
+        .values_list("host_task__operation__component_version_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> int:
+    """Stop the installs of withdrawn versions no executor has claimed: each item fails unclaimed
+    (no attempt), and the pool's tick ends its task not applied, as for a host drained for a target
+    withdrawn meanwhile (its host passes to its next task or goes back), not through repair. Runs in
+    the withdrawal's transaction. The rows are locked first: a claim holding one runs it (its state
+    is read again once the claim commits: running, it is left alone); one that comes after skips
+    them. How many were stopped."""
+    stopping = list(
+        _unstarted_installs(version_ids)
+        .select_for_update(of=("self",))
+        .order_by("id")
+        .values_list("id", "pool_id", "host_id")
+    )
+    if not stopping:
+        return 0
+    now, why = clock.now(), f"not run: its target is withdrawn ({reason})"[:500]
+    WorkItem.objects.filter(pk__in=[row[0] for row in stopping], state=WorkState.READY).update(
+        state=WorkState.FAILED, finished_at=now, outcome_reason=why
+    )
+    actor_id, label = actor_fields(actor)
+    data = {"from": WorkState.READY, "to": WorkState.FAILED, "never_claimed": True}
+    events_copy_rows(
+        [
+            event_row(
+                kind="work_item.failed",
+                subject_type=SUBJECT_WORK,
+                subject_id=item_id,
+                now=now,
+                actor=label,
+                actor_id=actor_id,
+                reason=why,
+                pool_id=pool_id,
+                host_id=host_id,
+                data=data,
+            )
+            for item_id, pool_id, host_id in stopping
+        ]
+    )
+    return len(stopping)

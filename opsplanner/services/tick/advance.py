@@ -77,7 +77,7 @@ def _finished_items(limit: int) -> PreparedQuery:
                 pool_id=pool_id, state__in=[WorkState.DONE, WorkState.FAILED], consumed_at__isnull=True
             )
             .order_by("id")
-            .values_list("id", "kind", "state", "host_task_id", "result", "outcome_reason")[:limit]
+            .values_list("id", "kind", "state", "host_task_id", "result", "outcome_reason", "attempts")[:limit]
         ),
         pool_id=int,
     )
@@ -161,14 +161,15 @@ def advance(ctx: TickContext, *, budget: int) -> None:
         raise ConcurrentChange("work items consumed by someone else")
     tasks = task_refs_by_id(row[3] for row in items)
     by_kind: dict[tuple[str, str], list[tuple[TaskRef, dict[str, Any], str]]] = defaultdict(list)
-    for _, kind, state, task_id, result, reason in items:
+    for _, kind, state, task_id, result, reason, _ in items:
         by_kind[(kind, state)].append((tasks[task_id], result or {}, reason))
+    unclaimed = {row[3] for row in items if row[6] == 0}  # the tasks of items no executor ever took
 
     repair: list[tuple[TaskRef, str]] = []
     _drains_done(ctx, [t for t, _, _ in by_kind[(WorkKind.DRAIN, WorkState.DONE)]])
     _drains_failed(ctx, by_kind[(WorkKind.DRAIN, WorkState.FAILED)])
     applied = _executions_done(ctx, by_kind[(WorkKind.EXECUTE, WorkState.DONE)], repair)
-    _executions_failed(ctx, by_kind[(WorkKind.EXECUTE, WorkState.FAILED)], repair)
+    _executions_failed(ctx, by_kind[(WorkKind.EXECUTE, WorkState.FAILED)], repair, unclaimed=unclaimed)
     _hand_over_or_verify(ctx, applied)
     verified_tasks = {t.id: t for t, _, _ in by_kind[(WorkKind.VERIFY, WorkState.DONE)]}
     verified_tasks.update({t.id: t for t, _, _ in by_kind[(WorkKind.VERIFY, WorkState.FAILED)]})
@@ -184,7 +185,7 @@ def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
     withdrawn = withdrawn_targets(tasks)
     ctx.move_tasks(tasks, expected=TaskState.DRAINING, new=TaskState.RUNNING)
     for_nothing = [task for task in tasks if task.id in withdrawn]
-    back = _drained_for_nothing(ctx, for_nothing, withdrawn) if for_nothing else []
+    back = _not_applied(ctx, for_nothing, withdrawn, host_state=HostState.DRAINING) if for_nothing else []
     ctx.move_hosts(
         [t.host_id for t in tasks if t not in back],
         expected=HostState.DRAINING,
@@ -194,25 +195,53 @@ def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
     ctx.add_execute_items([t for t in tasks if t.id not in withdrawn])
 
 
-def _drained_for_nothing(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str]) -> list[TaskRef]:
-    """Hosts drained for a target withdrawn meanwhile (`why`, by task): the task installs nothing and
-    ends cancelled, saying why; its host goes on to its next pending task in the same drain (one
-    drain for both, as after applied work), or back to service without the checks, as after a failed
-    drain: nothing was done on it. The tasks whose hosts go back."""
-    by_host = {task.host_id: task for task in tasks}
-    found = successors(ctx, by_host, installed=False)
+def _not_applied(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str], *, host_state: str) -> list[TaskRef]:
+    """Running tasks whose target was withdrawn (`why`, by task) before they installed it: while
+    their host drained (`host_state` draining) or before an executor claimed their install
+    (maintenance: installs_stop). The task installs nothing and ends cancelled, saying why; its host
+    goes on to its next pending task in the same drain (one drain for both, as after applied work),
+    or back to service without the checks, as after a failed drain: nothing was done on it. One whose
+    drain applied earlier work (handed over to this task) is verified first, carried by this task
+    (returns_done then ends it cancelled, not done); one that installs in place without a drain just
+    stays in service. The tasks whose hosts go back unverified."""
+    in_place = [task for task in tasks if task.drain_key is None]
+    tasks_not_applied(ctx, in_place, why, then={task.id: "the host stays in service" for task in in_place})
+    ctx.release_leases([task.id for task in in_place], reason="nothing applied; no drain to end")
+    by_host = {task.host_id: task for task in tasks if task.drain_key is not None}
+    found = successors(ctx, by_host, installed=host_state != HostState.DRAINING)
     hand_over(ctx, [by_host[host_id] for host_id in found.takers], found, not_applied=why)
-    back = [task for task in tasks if task.host_id not in found.takers]
-    _defer_held_train_work(ctx, back, found)
+    ending = [task for task in by_host.values() if task.host_id not in found.takers]
+    _defer_held_train_work(ctx, ending, found)
+    worked = _drains_with_applied_work(ending) if host_state != HostState.DRAINING else set()
+    start_verification(ctx, [task for task in ending if task.drain_key in worked])
+    back = [task for task in ending if task.drain_key not in worked]
     tasks_not_applied(ctx, back, why, then={task.id: "the host returns to service" for task in back})
     ctx.move_hosts(
         [task.host_id for task in back],
-        expected=HostState.DRAINING,
+        expected=host_state,
         new=HostState.RETURNING,
-        reason="drained for a target withdrawn meanwhile: nothing applied; returning the host to service",
+        reason=f"{'drained' if host_state == HostState.DRAINING else 'its install not run'} for a target withdrawn "
+        "meanwhile: nothing applied; returning the host to service",
     )
     undrain(ctx, back)
     return back
+
+
+def _drains_with_applied_work(tasks: list[TaskRef]) -> set[int]:
+    """The drains of these tasks that applied work before them (a task handed over in the drain)."""
+    keys = {task.drain_key for task in tasks if task.drain_key is not None}
+    return {key for (key,) in _APPLIED_DRAINS.rows(keys=keys)} if keys else set()
+
+
+_APPLIED_DRAINS = PreparedQuery(
+    lambda *, keys: (
+        HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER)
+        .order_by()
+        .values_list("drain_key")
+        .distinct()
+    ),
+    keys=IDS,
+)
 
 
 def _drains_failed(ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]]) -> None:
@@ -285,9 +314,25 @@ def _fail_running(
 
 
 def _executions_failed(
-    ctx: TickContext, failed: list[tuple[TaskRef, dict[str, Any], str]], repair: list[tuple[TaskRef, str]]
+    ctx: TickContext,
+    failed: list[tuple[TaskRef, dict[str, Any], str]],
+    repair: list[tuple[TaskRef, str]],
+    *,
+    unclaimed: set[int],
 ) -> None:
+    """A failed install sends its host to repair; but one no executor ever claimed (stopped by a
+    withdrawal of its target, or past its deadline still ready) whose target is withdrawn did nothing
+    on the host: its task is not applied, as a drain for a target withdrawn meanwhile."""
+    never_ran = [
+        task
+        for task, _, _ in failed
+        if task.id in unclaimed and task.kind == OperationKind.UPGRADE and task.target_withdrawn_at is not None
+    ]
+    withdrawn = withdrawn_targets(never_ran) if never_ran else {}
+    _not_applied(ctx, [task for task in never_ran if task.id in withdrawn], withdrawn, host_state=HostState.MAINTENANCE)
     for task, _, reason in failed:
+        if task.id in withdrawn:
+            continue
         why = f"{task.kind} failed: {reason or 'no reason given'}"
         _fail_running(ctx, task, FailureCode.EXECUTE_FAILED, why, repair)
 

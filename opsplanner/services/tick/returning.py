@@ -131,16 +131,25 @@ def hand_over(
     ctx.counts.handovers += len(taking)
 
 
-def tasks_not_applied(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str], *, then: dict[int, str]) -> None:
-    """Running tasks that installed nothing (`why`, by task: their target was withdrawn while their
-    host drained) end cancelled, saying why and what became of their host (`then`, by task)."""
+def tasks_not_applied(
+    ctx: TickContext,
+    tasks: list[TaskRef],
+    why: dict[int, str],
+    *,
+    then: dict[int, str],
+    expected: str = TaskState.RUNNING,
+) -> None:
+    """Tasks that installed nothing (`why`, by task: their target was withdrawn while their host
+    drained or before an executor claimed their install) end cancelled, saying why and what became
+    of their host (`then`, by task). Running, or verifying: the checks of work their drain applied
+    before them passed (verification.returns_done)."""
     by_reason: dict[str, list[TaskRef]] = defaultdict(list)
     for task in tasks:
         by_reason[why[task.id]].append(task)
     for reason, group in by_reason.items():
         ctx.move_tasks(
             group,
-            expected=TaskState.RUNNING,
+            expected=expected,
             new=TaskState.CANCELLED,
             failure_code=FailureCode.CANCELLED,
             failure_reason=f"not applied: {reason}"[:500],

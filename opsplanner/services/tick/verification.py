@@ -16,8 +16,9 @@ from opsplanner.bulk import insert_missing
 from opsplanner.models import VERIFY_CLASSES, HostTask, OperationKind, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
+from opsplanner.services.tick.checks import withdrawn_targets
 from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext
-from opsplanner.services.tick.returning import pre_return_refusals
+from opsplanner.services.tick.returning import pre_return_refusals, tasks_not_applied
 
 VERIFY_DEADLINE_S = 3600
 UNDRAIN_DEADLINE_S = 3600
@@ -194,12 +195,17 @@ def returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
             new=HostState.IN_SERVICE,
             reason="returned to service",
         )
+    verified = [t for t in tasks if t.state == TaskState.VERIFYING]
+    not_installed = _not_installed(verified)
     ctx.move_tasks(
-        [t for t in tasks if t.state == TaskState.VERIFYING],
+        [t for t in verified if t.id not in not_installed],
         expected=TaskState.VERIFYING,
         new=TaskState.DONE,
         finished_at=ctx.now,
     )
+    then = dict.fromkeys(not_installed, "the host was verified for its drain's earlier work and is back in service")
+    skipped = [t for t in verified if t.id in not_installed]
+    tasks_not_applied(ctx, skipped, not_installed, then=then, expected=TaskState.VERIFYING)
     ctx.release_leases([t.id for t in tasks], reason="host back in service")
     # The drain's earlier tasks (handed over) stay so; that their host came back is what makes their
     # work a success (trains/services/upgrades.py: phase_successes), whatever happens to it later.
@@ -226,6 +232,25 @@ _DRAIN_RETURNED = PreparedUpdate(
     keys=IDS,
     now=dt.datetime,
 )
+
+
+_NEVER_RUN = PreparedQuery(  # the tasks among these whose install no executor ever claimed
+    lambda *, ids: WorkItem.objects.filter(
+        host_task_id__any=ids, kind=WorkKind.EXECUTE, state=WorkState.FAILED, attempts=0
+    ).values_list("host_task_id"),
+    ids=IDS,
+)
+
+
+def _not_installed(tasks: list[TaskRef]) -> dict[int, str]:
+    """{task: why} for the tasks that carried their drain's checks without installing their own
+    target: withdrawn before an executor claimed the install (advance._not_applied). No query for a
+    batch with no withdrawn target."""
+    candidates = [t for t in tasks if t.kind == OperationKind.UPGRADE and t.target_withdrawn_at is not None]
+    if not candidates:
+        return {}
+    never_ran = {task_id for (task_id,) in _NEVER_RUN.rows(ids={t.id for t in candidates})}
+    return withdrawn_targets([t for t in candidates if t.id in never_ran])
 
 
 def returns_failed(

@@ -1,0 +1,220 @@
+"""A version withdrawn while an install of it waits, ready, for an executor: the install is stopped
+and never runs; the task ends not applied, as when the host's drain ends after the withdrawal
+(tests/test_offboarded_while_draining.py), and the host goes on to its next task or back to
+service. Before, an executor claimed it later: the host installed the withdrawn version, failed the
+pre-return gate, went through the failure buffer to repair and was rolled back. An install an
+executor claimed first runs, and is handled as before. A failed install of a version not withdrawn
+still sends its host to repair (tests/test_failure_codes.py,
+test_a_failed_execution_fails_the_task_with_the_code_execute_failed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool, WithdrawnBy
+from fleet.services.catalogue import component_version_withdraw
+from opsplanner import clock
+from opsplanner.models import Event, HostTask, Operation, OperationKind, TaskState, WorkItem, WorkKind, WorkState
+from opsplanner.models.operations import FailureCode
+from opsplanner.services.operations import operation_submit
+from opsplanner.services.simulator import simulated_work_step
+from opsplanner.services.tick import pool_tick
+from opsplanner.services.work_items import work_item_report, work_items_claim
+from tests.builders import make_fleet
+from tests.driving import drive, drive_trains, instant_simulator
+from tests.trains_builders import make_train
+from trains.models import Upgrade
+from trains.services.offboarding import upgrade_offboard
+from trains.services.tick import train_tick
+from trains.services.upgrades import upgrade_create
+
+pytestmark = pytest.mark.django_db
+
+
+def installs_ready_for(*upgrades: dict[str, object], hosts: int = 2) -> tuple[Pool, list[Upgrade]]:
+    """A rack whose train started a visit with these upgrades, stepped until the hosts are drained
+    and the installs of the last upgrade wait, ready, for an executor (the ones before applied and
+    the hosts handed over to it)."""
+    instant_simulator()
+    pool, _ = make_fleet(domains=1, hosts_per_domain=hosts, planned_buffer_hosts=hosts)
+    train = make_train(pool)
+    created = [upgrade_create(pool=pool, reason="release", **fields) for fields in upgrades]  # type: ignore[arg-type]
+    train_tick(train_id=train.pk)
+    for _ in range(20):
+        pool_tick(pool_id=pool.pk, kick=False)
+        if ready_installs(tasks_of(created[-1])) == hosts:
+            return pool, created
+        simulated_work_step()
+    raise AssertionError("the installs never became ready")
+
+
+def tasks_of(upgrade: Upgrade) -> list[HostTask]:
+    return list(HostTask.objects.filter(operation__visit_link__upgrade=upgrade))
+
+
+def ready_installs(tasks: list[HostTask]) -> int:
+    return WorkItem.objects.filter(host_task__in=tasks, kind=WorkKind.EXECUTE, state=WorkState.READY).count()
+
+
+def hosts_running(version: str) -> set[int]:
+    return set(InstalledVersion.objects.filter(version__version=version).values_list("host_id", flat=True))
+
+
+def all_in_service(pool: Pool) -> bool:
+    return set(Host.objects.filter(pool=pool).values_list("state", flat=True)) == {HostState.IN_SERVICE}
+
+
+def assert_not_applied(tasks: list[HostTask], version: str) -> None:
+    for task in tasks:
+        task.refresh_from_db()
+        assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.CANCELLED)
+        assert task.failure_reason.startswith(f"not applied: {version} is withdrawn: ")
+    installs = WorkItem.objects.filter(host_task__in=tasks, kind=WorkKind.EXECUTE)
+    assert set(installs.values_list("state", "attempts")) == {(WorkState.FAILED, 0)}  # never claimed
+
+
+def assert_never_broken() -> None:
+    assert not Event.objects.filter(kind="host.state_changed", data__to=HostState.FAILED).exists()
+    assert not Operation.objects.filter(kind=OperationKind.REPAIR).exists()
+
+
+def test_an_upgrade_offboarded_while_its_installs_wait_for_an_executor_installs_nothing() -> None:
+    pool, (bios,) = installs_ready_for({"component": "bios", "version": "2.16.0"})
+
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=bios.pk), reason="bricks NICs elsewhere")
+    drive_trains(pool, until=lambda: all_in_service(pool))
+
+    assert hosts_running("2.16.0") == set()
+    assert_not_applied(tasks_of(bios), "bios 2.16.0")
+    assert_never_broken()
+    # Nothing was done on the hosts: back without the checks.
+    assert not WorkItem.objects.filter(host_task__in=tasks_of(bios), kind=WorkKind.VERIFY).exists()
+    offboarded = Event.objects.get(kind="upgrade.offboarded", subject_id=bios.pk)
+    assert offboarded.data["installs_stopped"] == 2
+
+
+def test_a_host_handed_over_keeps_the_first_upgrade_when_the_seconds_version_is_withdrawn() -> None:
+    pool, (bios, driver) = installs_ready_for(
+        {"component": "bios", "version": "2.16.0", "priority": 300},
+        {"component": "gpu-driver", "version": "560.35.03"},
+    )
+    assert {t.state for t in tasks_of(bios)} == {TaskState.HANDED_OVER}
+
+    version = ComponentVersion.objects.get(component__name="gpu-driver", version="560.35.03")
+    component_version_withdraw(version_id=version.pk, reason="hangs under load")
+    drive_trains(pool, until=lambda: all_in_service(pool))
+
+    hosts = set(Host.objects.filter(pool=pool).values_list("id", flat=True))
+    assert hosts_running("2.16.0") == hosts
+    assert hosts_running("560.35.03") == set()
+    assert_not_applied(tasks_of(driver), "gpu-driver 560.35.03")
+    assert_never_broken()
+    # The bios was applied in the drain: the hosts were verified before they returned, and it counts.
+    assert WorkItem.objects.filter(host_task__in=tasks_of(driver), kind=WorkKind.VERIFY).count() == 3 * len(hosts)
+    assert all(task.drain_returned_at is not None for task in tasks_of(bios))
+    withdrawn = Event.objects.get(kind="component_version.withdrawn", subject_id=version.pk)
+    assert withdrawn.data["installs_stopped"] == 2
+
+
+def adhoc_installs_ready(executor: str = "simulated") -> tuple[Pool, Operation]:
+    """An ad-hoc bios upgrade of a rack, its hosts drained and its installs ready for `executor`."""
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    operation = operation_submit(
+        kind="upgrade",
+        scope=f"pool {pool.name}",
+        component="bios",
+        version="2.16.0",
+        reason="r",
+        executor=executor,
+    )
+    pool_tick(pool_id=pool.pk, kick=False)
+    simulated_work_step()
+    pool_tick(pool_id=pool.pk, kick=False)
+    assert ready_installs(list(operation.tasks.all())) == len(hosts)
+    return pool, operation
+
+
+def test_an_ad_hoc_operations_install_waiting_for_an_executor_is_stopped_by_the_withdrawal() -> None:
+    pool, operation = adhoc_installs_ready()
+
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    component_version_withdraw(version_id=bios.pk, reason="bricks NICs")
+    drive(pool, until=lambda: all_in_service(pool))
+
+    assert hosts_running("2.16.0") == set()
+    assert_not_applied(list(operation.tasks.all()), "bios 2.16.0")
+    assert_never_broken()
+    operation.refresh_from_db()
+    assert operation.state != "open"
+
+
+def test_an_install_ready_for_a_withdrawn_target_that_passes_its_deadline_installs_nothing() -> None:
+    # Made ready by a tick that had not yet seen the withdrawal (an offboarding in another pool),
+    # then no executor took it before its deadline: nothing ran on the host, nothing to repair.
+    pool, operation = adhoc_installs_ready(executor="external")
+    ComponentVersion.objects.filter(component__name="bios", version="2.16.0").update(
+        withdrawn_at=clock.now(), withdrawn_reason="bricks NICs", withdrawn_by=WithdrawnBy.OPERATOR
+    )
+
+    later = clock.now() + dt.timedelta(days=1)
+    with clock.use_clock(lambda: later):
+        pool_tick(pool_id=pool.pk, kick=False)  # past the deadline: failed
+        pool_tick(pool_id=pool.pk, kick=False)  # acted on
+
+    assert_not_applied(list(operation.tasks.all()), "bios 2.16.0")
+    assert set(Host.objects.filter(pool=pool).values_list("state", flat=True)) == {HostState.RETURNING}
+    assert_never_broken()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_install_claimed_while_its_version_is_withdrawn_runs_and_the_unclaimed_one_is_stopped() -> None:
+    pool, operation = adhoc_installs_ready(executor="external")
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    claimed, release = threading.Event(), threading.Event()
+    taken: list[WorkItem] = []
+
+    def claim_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                taken.extend(work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1))
+                claimed.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def withdraw() -> None:
+        try:
+            component_version_withdraw(version_id=bios.pk, reason="bricks NICs")
+        finally:
+            connection.close()
+
+    claimer = threading.Thread(target=claim_and_hold)
+    claimer.start()
+    assert claimed.wait(10)
+    withdrawer = threading.Thread(target=withdraw)
+    withdrawer.start()
+    time.sleep(0.5)
+    assert withdrawer.is_alive()  # waiting for the claim's row lock
+    release.set()
+    claimer.join()
+    withdrawer.join()
+
+    (item,) = taken
+    item.refresh_from_db()
+    assert (item.state, item.claimed_by) == (WorkState.RUNNING, "agent")  # the claim won: it runs
+    assert Event.objects.get(kind="component_version.withdrawn").data["installs_stopped"] == 1
+    work_item_report(
+        item_id=item.pk, worker="agent", key="k", outcome="done", attempt=1, result={"versions": {"bios": "2.16.0"}}
+    )
+    pool_tick(pool_id=pool.pk, kick=False)
+
+    claimed_task = HostTask.objects.get(pk=item.host_task_id)
+    assert claimed_task.state == TaskState.VERIFYING  # applied, as before: the gate judges its host
+    assert_not_applied([t for t in operation.tasks.all() if t.pk != claimed_task.pk], "bios 2.16.0")
