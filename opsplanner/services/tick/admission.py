@@ -12,10 +12,10 @@ is read on, a few growing pages at most (_read_on). The tasks behind what was ex
 they wait their turn (or that their operation is held), set-based, in words that do not change as
 the queue moves.
 An upgrade with a newer target of its component pending for the same host waits for it, and ends
-superseded once the newer one is applied in the drain it is admitted to (at the handover after it),
-or in the tick it is admitted if it drains nothing (the host runs it already, or it installs in
-place); not before: were the newer one cancelled, failed or withdrawn before the host has it, the
-host would get neither. An admitted upgrade whose host already runs its target (or newer) finishes
+superseded once the newer one is applied: in the drain it is admitted to (at the handover after
+it), as it finishes in place, or in the tick it is admitted if the host runs it already; not
+before: were the newer one cancelled, failed or withdrawn before the host has it, the host would
+get neither. An admitted upgrade whose host already runs its target (or newer) finishes
 without a drain (supersede.py), after which what waits is judged again in the same tick.
 """
 
@@ -155,7 +155,7 @@ def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     decisions = _judge_queue(head, obstacles, headroom)
     _read_on(ctx, head, obstacles, headroom, decisions, size=horizon, budget=budget)
     admitted = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
-    _settle_superseded(ctx, head, decisions, draining={task.id for task in admitted if task.needs_drain})
+    _settle_superseded(ctx, head, decisions, taking={task.id for task in admitted})
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
@@ -316,18 +316,18 @@ def _skip_superseded(head: _QueueHead, obstacles: _Obstacles) -> None:
         head.order = [task for task in head.order if task.id not in newer]
 
 
-def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions, *, draining: set[int]) -> None:
-    """An upgrade whose newer target was admitted to drain the host (`draining`) waits for the host
-    that one holds, and ends superseded once it is applied in that drain (successors); one whose
-    newer target still waits waits for it. Pending, both: were the newer one cancelled, failed or
-    withdrawn before the host has it, the host would otherwise get neither. One whose newer target
-    was admitted otherwise (the host runs it already, or it installs in place: no handover follows)
-    ends superseded now."""
+def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions, *, taking: set[int]) -> None:
+    """An upgrade whose newer target was admitted to take the host (`taking`: to drain it, or to
+    install in place) waits for the host that one holds, and ends superseded once it is applied
+    (at the handover after it, or as it finishes in place: returning.supersede_older_than_in_place);
+    one whose newer target still waits waits for it. Pending, both: were the newer one cancelled,
+    failed or withdrawn before the host has it, the host would otherwise get neither. One whose
+    newer target had nothing to do (the host runs it already) ends superseded now."""
     admitted = {task.id for task in decisions.admitted}
-    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted - draining}
+    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted - taking}
     supersede.finish_superseded(ctx, head.candidates, taken)
     for older, newer in head.superseded.items():
-        if newer.id in draining:  # in the words of the next ticks' judgement, which then write nothing
+        if newer.id in taking:  # in the words of the next ticks' judgement, which then write nothing
             decisions.waiting[older] = (WaitingCode.HOST_HELD, f"host held by operation #{newer.operation_id}")
     waiting = {older: newer for older, newer in head.superseded.items() if newer.id not in admitted}
     for task_id, reason in supersede.waiting_for_newer(waiting).items():

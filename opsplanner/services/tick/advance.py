@@ -38,6 +38,7 @@ from opsplanner.services.tick.returning import (
     Successors,
     hand_over,
     successors,
+    supersede_older_than_in_place,
     tasks_not_applied,
 )
 from opsplanner.services.tick.verification import (
@@ -288,6 +289,7 @@ def _executions_done(
     no_drain = [t for t in applied if t.drain_key is None and not is_repair(t)]
     ctx.move_tasks(no_drain, expected=TaskState.RUNNING, new=TaskState.DONE, finished_at=ctx.now)
     ctx.release_leases([t.id for t in no_drain], reason="work done without a drain")
+    supersede_older_than_in_place(ctx, no_drain)
     return [t for t in applied if t.drain_key is not None or is_repair(t)]
 
 

@@ -88,6 +88,19 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     return Successors(takers, held)
 
 
+def supersede_older_than_in_place(ctx: TickContext, applied: list[TaskRef]) -> None:
+    """Upgrades just applied in place (no drain, so no handover after them) supersede the older
+    pending upgrades of their component on their hosts: admission kept those waiting for the host
+    they held (_settle_superseded), so that one failed or cancelled leaves the host the older one.
+    One read, only when an upgrade finishes in place; a held task is left, as at the handover."""
+    upgrades = [task for task in applied if task.target_version_id]
+    if not upgrades:
+        return
+    pending = task_refs_from_rows(_CANDIDATES.rows(hosts={task.host_id for task in upgrades}))
+    candidates = {task_id: task for task_id, task in pending.items() if not task.hold_reason}
+    supersede.finish_superseded(ctx, candidates, supersede.older_than_applied(candidates.values(), upgrades))
+
+
 def hand_over(
     ctx: TickContext, givers: list[TaskRef], found: Successors, *, not_applied: dict[int, str] | None = None
 ) -> None:

@@ -4,8 +4,8 @@ is pending for it gets N+1 directly, whatever the path (trains, ad-hoc operation
 Admission and handover both ask, before a pending upgrade task takes its host:
 - is a newer target of the same component pending for the host (or applied in its drain)? The task
   is not applied: it is cancelled with the code `superseded`, its reason naming the newer version
-  and its operation, once the newer one is applied in the host's drain (at admission, when the newer
-  one drains nothing: the host runs it already, or it installs in place). Until then the older one
+  and its operation, once the newer one is applied: in the host's drain (at the handover after it),
+  as it finishes in place, or at admission when the host runs it already. Until then the older one
   waits (`newer_pending` while the newer one waits, then for the host the newer one holds), so that
   the newer one cancelled, failed or withdrawn before the host has it leaves the host the older one,
   not neither (a drain for a target withdrawn meanwhile passes the host to it). It did nothing, so
@@ -26,9 +26,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from django.db.models import Q
+
 from fleet.models import ComponentVersion, InstalledVersion
 from opsplanner.models import OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.prepared import IDS, PreparedUpdate
 from opsplanner.services.tick.context import TaskRef, TickContext
 
 
@@ -149,11 +152,46 @@ def waiting_for_newer(newer: dict[int, TaskRef]) -> dict[int, str]:
     }
 
 
+# A host past a version it was asked for, through a newer one: what a rollback of that one restores.
+_ROLLBACK_TO = PreparedUpdate(
+    lambda *, hosts, component_id, version_id, sort_key: InstalledVersion.objects.filter(
+        Q(previous_version__isnull=True)
+        | Q(previous_version__sort_key__lt=sort_key)
+        | Q(previous_version__withdrawn_at__isnull=False),
+        host_id__any=hosts,
+        component_id=component_id,
+        version__sort_key__gt=sort_key,
+    ),
+    lambda *, hosts, component_id, version_id, sort_key: {"previous_version_id": version_id},
+    hosts=IDS,
+    component_id=int,
+    version_id=int,
+    sort_key=str,
+)
+
+
+def _keep_for_rollback(superseded: Iterable[TaskRef]) -> None:
+    """The hosts run something newer than the superseded tasks' targets (what superseded them):
+    each target becomes the version a rollback restores (`InstalledVersion.previous_version`, read by
+    the withdrawal's rollback, the repair of a host refused for running a withdrawn version and the
+    trains' reopening) where it is newer than the one recorded, so that the newer one withdrawn
+    after it was applied takes the host back to the version asked for, not below it, to neither.
+    One UPDATE per target version."""
+    hosts: dict[tuple[int, int, str], set[int]] = defaultdict(set)
+    for task in superseded:
+        if _is_upgrade(task) and task.target_version_id and task.target_sort_key and task.target_withdrawn_at is None:
+            hosts[(task.target_version_id, task.target_component_id or 0, task.target_sort_key)].add(task.host_id)
+    for (version_id, component_id, sort_key), host_ids in hosts.items():
+        _ROLLBACK_TO.count(hosts=host_ids, component_id=component_id, version_id=version_id, sort_key=sort_key)
+
+
 def finish_superseded(ctx: TickContext, tasks: dict[int, TaskRef], newer: dict[int, TaskRef]) -> None:
     """Cancel each pending task with the code superseded and a reason naming the newer version and
-    its operation: one guarded UPDATE per newer operation and version, an event per task."""
+    its operation: one guarded UPDATE per newer operation and version, an event per task. The host
+    runs the newer version (applied, or run already): the older one is what a rollback restores."""
     if not newer:
         return
+    _keep_for_rollback(tasks[task_id] for task_id in newer)
     labels = _version_labels(newer.values())
     groups: dict[tuple[int, int | None], list[TaskRef]] = defaultdict(list)
     for task_id, taker in newer.items():
