@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, transaction
 
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool, WithdrawnBy
-from fleet.services.catalogue import component_version_withdraw
+from fleet.services.catalogue import component_version_release, component_version_withdraw
 from opsplanner import clock
 from opsplanner.models import Event, HostTask, Operation, OperationKind, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.models.operations import FailureCode
@@ -200,11 +200,10 @@ def test_an_install_claimed_while_its_version_is_withdrawn_runs_and_the_unclaime
     assert claimed.wait(10)
     withdrawer = threading.Thread(target=withdraw)
     withdrawer.start()
-    time.sleep(0.5)
-    assert withdrawer.is_alive()  # waiting for the claim's row lock
+    withdrawer.join(10)
+    assert not withdrawer.is_alive()  # it skips the row the claim holds: no wait on an executor
     release.set()
     claimer.join()
-    withdrawer.join()
 
     (item,) = taken
     item.refresh_from_db()
@@ -218,3 +217,84 @@ def test_an_install_claimed_while_its_version_is_withdrawn_runs_and_the_unclaime
     claimed_task = HostTask.objects.get(pk=item.host_task_id)
     assert claimed_task.state == TaskState.VERIFYING  # applied, as before: the gate judges its host
     assert_not_applied([t for t in operation.tasks.all() if t.pk != claimed_task.pk], "bios 2.16.0")
+
+
+def test_an_install_stopped_by_a_withdrawal_undone_before_the_tick_sends_no_host_to_repair() -> None:
+    # Withdrawn and released again within a tick: the installs were stopped and never ran, so the
+    # hosts have nothing to repair (the tick used to read a failed install of a version not withdrawn).
+    pool, operation = adhoc_installs_ready()
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    component_version_withdraw(version_id=bios.pk, reason="bricks NICs")
+    component_version_release(version_id=bios.pk, reason="a false alarm")
+    drive(pool, until=lambda: all_in_service(pool))
+
+    assert_never_broken()
+    for task in operation.tasks.all():
+        assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.CANCELLED)
+        assert task.failure_reason.startswith("not applied: its install was stopped before any executor claimed it")
+
+
+def test_an_ad_hoc_operation_whose_installs_a_withdrawal_stopped_closes_cancelled() -> None:
+    pool, operation = adhoc_installs_ready()
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    component_version_withdraw(version_id=bios.pk, reason="bricks NICs")
+    drive(pool, until=lambda: all_in_service(pool))
+
+    operation.refresh_from_db()
+    assert operation.state == "cancelled"  # it installed nothing: not "completed"
+    assert Event.objects.filter(kind="operation.cancelled", subject_id=operation.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_offboarding_does_not_deadlock_with_another_pools_tick_over_its_installs(monkeypatch) -> None:
+    # Pool B's tick fails an install past its deadline (its row locked) and then records another
+    # install's version, which needs a share lock on the version's row; an offboarding in pool A
+    # holds that row and waited for pool B's install row: PostgreSQL found a deadlock.
+    from opsplanner.services.tick import advance as advance_module
+
+    pool_b, _ = adhoc_installs_ready(executor="external")
+    pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    make_train(pool_a)
+    upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
+    (item,) = work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(
+        item_id=item.pk, worker="agent", key="k", outcome="done", attempt=1, result={"versions": {"bios": "2.16.0"}}
+    )
+    record_versions, in_tick, errors = advance_module.record_versions, threading.Event(), []
+
+    def slowly_recorded(ctx, versions):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "tick-b" and versions:
+            in_tick.set()  # holding the row of the other install, just failed past its deadline
+            time.sleep(1.5)
+        return record_versions(ctx, versions)
+
+    monkeypatch.setattr(advance_module, "record_versions", slowly_recorded)
+
+    def tick_b() -> None:
+        try:
+            pool_tick(pool_id=pool_b.pk, kick=False)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    def offboard() -> None:
+        try:
+            assert in_tick.wait(10)
+            with transaction.atomic():
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    later = clock.now() + dt.timedelta(days=1)
+    with clock.use_clock(lambda: later):
+        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    assert errors == []
+    assert Upgrade.objects.get(pk=upgrade.pk).state == "offboarded"

@@ -178,20 +178,31 @@ def versions_withdrawal_apply(
         offboarded=len(offboarded),
         rollbacks=rollbacks,
         without_previous=without_previous,
-        tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor),
-        installs_stopped=stopped,
+        tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor, stopped=stopped.operations),
+        installs_stopped=stopped.installs,
     )
 
 
-def _pending_operations_cancel(version_ids: list[int], *, reason: str, actor: Actor) -> int:
+def _pending_operations_cancel(
+    version_ids: list[int], *, reason: str, actor: Actor, stopped: frozenset[int] = frozenset()
+) -> int:
     """Cancel the open operations with tasks still pending to these versions, the ones an
     offboarding does not reach (ad-hoc upgrades, rollbacks, emergencies): their tasks would wait,
-    refused, for as long as the version stays withdrawn. Tasks under way finish; the operation then
-    closes cancelled. How many tasks were cancelled."""
+    refused, for as long as the version stays withdrawn; and those whose installs the withdrawal
+    stopped (`stopped`), which installed nothing (they closed completed). Tasks under way finish; the
+    operation then closes cancelled. Not one an offboarding cancelled already. How many tasks were
+    cancelled."""
+    from opsplanner.models import Operation, OperationState
     from opsplanner.services.operations import operation_cancel
 
-    pending = _operations_pending_to(version_ids).values_list("pk", flat=True).distinct().order_by("pk")
-    return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in list(pending))
+    pending = set(_operations_pending_to(version_ids).values_list("pk", flat=True))
+    if stopped:
+        pending |= set(
+            Operation.objects.filter(pk__in=stopped, state=OperationState.OPEN, cancelled_at__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+    return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in sorted(pending))
 
 
 def withdrawal_cancels(version_ids: Iterable[int]) -> dict[int, int]:

@@ -37,6 +37,14 @@ class WorkState(models.TextChoices):
 
 FINISHED_WORK_STATES = frozenset({WorkState.DONE, WorkState.FAILED})
 
+# The `result` of an item stopped before any executor claimed it: what it was to do never ran on the
+# host, and why, as a code (opsplanner/services/rollback.py: installs_stop).
+NOT_RUN_KEY = "not_run"
+
+
+class NotRunCode(models.TextChoices):
+    TARGET_WITHDRAWN = "target_withdrawn", "Its target was withdrawn before an executor claimed it"
+
 
 class WorkItem(models.Model):
     kind = models.CharField(max_length=16, choices=WorkKind.choices)

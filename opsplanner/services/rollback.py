@@ -27,6 +27,7 @@ from opsplanner.models import (
     WorkKind,
     WorkState,
 )
+from opsplanner.models.work_items import NOT_RUN_KEY, NotRunCode
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick.context import SUBJECT_WORK
 
@@ -142,24 +143,37 @@ def unstarted_installs_counts(version_ids: Iterable[int]) -> dict[int, int]:
     return dict(rows)
 
 
-def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> int:
+class StoppedInstalls(NamedTuple):
+    """What `installs_stop` stopped: how many installs, and their operations."""
+
+    installs: int
+    operations: frozenset[int]
+
+
+def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> StoppedInstalls:
     """Stop the installs of withdrawn versions no executor has claimed: each item fails unclaimed
-    (no attempt), and the pool's tick ends its task not applied, as for a host drained for a target
-    withdrawn meanwhile (its host passes to its next task or goes back), not through repair. Runs in
-    the withdrawal's transaction. The rows are locked first: a claim holding one runs it (its state
-    is read again once the claim commits: running, it is left alone); one that comes after skips
-    them. How many were stopped."""
+    (no attempt), marked not run (`NOT_RUN_KEY` in its result), and the pool's tick ends its task not
+    applied, as for a host drained for a target withdrawn meanwhile (its host passes to its next task
+    or goes back), not through repair, even if the version is released before that tick. Runs in the
+    withdrawal's transaction. Rows another transaction holds are skipped: a claim's runs (the "claim
+    wins" rule), a tick's is being changed by it (an install past its deadline fails unclaimed and
+    takes the same path); waiting for them deadlocked an offboarding with another pool's tick, which
+    needs the version's row the offboarding holds."""
     stopping = list(
         _unstarted_installs(version_ids)
-        .select_for_update(of=("self",))
+        .select_for_update(of=("self",), skip_locked=True)
         .order_by("id")
-        .values_list("id", "pool_id", "host_id")
+        .values_list("id", "pool_id", "host_id", "host_task__operation_id")
     )
     if not stopping:
-        return 0
-    now, why = clock.now(), f"not run: its target is withdrawn ({reason})"[:500]
+        return StoppedInstalls(0, frozenset())
+    now = clock.now()
+    why = f"its install was stopped before any executor claimed it: its target was withdrawn ({reason})"[:500]
     WorkItem.objects.filter(pk__in=[row[0] for row in stopping], state=WorkState.READY).update(
-        state=WorkState.FAILED, finished_at=now, outcome_reason=why
+        state=WorkState.FAILED,
+        finished_at=now,
+        outcome_reason=why,
+        result={NOT_RUN_KEY: NotRunCode.TARGET_WITHDRAWN},
     )
     actor_id, label = actor_fields(actor)
     data = {"from": WorkState.READY, "to": WorkState.FAILED, "never_claimed": True}
@@ -177,7 +191,7 @@ def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> i
                 host_id=host_id,
                 data=data,
             )
-            for item_id, pool_id, host_id in stopping
+            for item_id, pool_id, host_id, _ in stopping
         ]
     )
-    return len(stopping)
+    return StoppedInstalls(len(stopping), frozenset(row[3] for row in stopping))

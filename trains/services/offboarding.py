@@ -77,7 +77,7 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         pool_id=upgrade.pool_id,
         data={
             "cancelled_tasks": cancelled,
-            "installs_stopped": stopped,
+            "installs_stopped": stopped.installs,
             "rollbacks": rollback.operations,
             "failed_hosts": failed_hosts,
             "reopened": reopened,

@@ -24,6 +24,7 @@ from opsplanner.models import (
     WorkState,
 )
 from opsplanner.models.operations import FailureCode
+from opsplanner.models.work_items import NOT_RUN_KEY, NotRunCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import withdrawn_targets
 from opsplanner.services.tick.context import (
@@ -322,21 +323,35 @@ def _executions_failed(
     *,
     unclaimed: set[int],
 ) -> None:
-    """A failed install sends its host to repair; but one no executor ever claimed (stopped by a
-    withdrawal of its target, or past its deadline still ready) whose target is withdrawn did nothing
-    on the host: its task is not applied, as a drain for a target withdrawn meanwhile."""
-    never_ran = [
-        task
-        for task, _, _ in failed
-        if task.id in unclaimed and task.kind == OperationKind.UPGRADE and task.target_withdrawn_at is not None
-    ]
-    withdrawn = withdrawn_targets(never_ran) if never_ran else {}
-    _not_applied(ctx, [task for task in never_ran if task.id in withdrawn], withdrawn, host_state=HostState.MAINTENANCE)
+    """A failed install sends its host to repair; but one that never ran on the host is not applied,
+    as a drain for a target withdrawn meanwhile: stopped by a withdrawal before any executor claimed
+    it (`NOT_RUN_KEY`, whatever became of the version since), or past its deadline still unclaimed
+    with its target withdrawn."""
+    never_ran = _never_ran(failed, unclaimed)
+    _not_applied(
+        ctx, [task for task, _, _ in failed if task.id in never_ran], never_ran, host_state=HostState.MAINTENANCE
+    )
     for task, _, reason in failed:
-        if task.id in withdrawn:
+        if task.id in never_ran:
             continue
         why = f"{task.kind} failed: {reason or 'no reason given'}"
         _fail_running(ctx, task, FailureCode.EXECUTE_FAILED, why, repair)
+
+
+def _never_ran(failed: list[tuple[TaskRef, dict[str, Any], str]], unclaimed: set[int]) -> dict[int, str]:
+    """{task: why} for the failed installs that never ran on their host (see _executions_failed),
+    in the words of a drain for a target withdrawn meanwhile while it is withdrawn; a query only
+    when there is one."""
+    stopped = {
+        task.id: reason for task, result, reason in failed if result.get(NOT_RUN_KEY) == NotRunCode.TARGET_WITHDRAWN
+    }
+    never_ran = [
+        task
+        for task, _, _ in failed
+        if task.id in stopped
+        or (task.id in unclaimed and task.kind == OperationKind.UPGRADE and task.target_withdrawn_at is not None)
+    ]
+    return {**stopped, **(withdrawn_targets(never_ran) if never_ran else {})}
 
 
 def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:

@@ -245,7 +245,8 @@ _NEVER_RUN = PreparedQuery(  # the tasks among these whose install no executor e
 def _not_installed(tasks: list[TaskRef]) -> dict[int, str]:
     """{task: why} for the tasks that carried their drain's checks without installing their own
     target: withdrawn before an executor claimed the install (advance._not_applied). No query for a
-    batch with no withdrawn target."""
+    batch with no withdrawn target; so one released again meanwhile is not found here, and the
+    pre-return gate, missing its target, refuses the host (a withdrawal undone within seconds)."""
     candidates = [t for t in tasks if t.kind == OperationKind.UPGRADE and t.target_withdrawn_at is not None]
     if not candidates:
         return {}
