@@ -1,8 +1,8 @@
 """Nothing lost when the version that superseded another is withdrawn: a host that has not yet
 received version N when N+1 arrives gets N+1 directly; when N+1 is withdrawn (its upgrade offboarded,
-or withdrawn by hand) before the host has it, or after it was installed in a drain where N waits or
-was superseded, the host still gets N, the newest version wanted that is not withdrawn. A withdrawn
-version supersedes nothing."""
+or withdrawn by hand) before the host has it, or after it was installed in a drain where N waits, the
+host still gets N, the newest version wanted that is not withdrawn. A withdrawn version supersedes
+nothing."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from django.db import transaction
 from django.db.models import F
 
-from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion, Pool
+from fleet.models import Component, ComponentVersion, Host, HostState, InstalledVersion
 from fleet.services.catalogue import component_version_withdraw
-from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, OperationState, TaskState
+from opsplanner.models import HostTask, Operation, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
@@ -175,48 +175,3 @@ def test_a_reopened_upgrade_reinstalls_n_on_a_host_whose_drain_installed_the_wit
     assert [(r.host_id, r.state) for r in repairs] == [(hosts[0].pk, TaskState.DONE)]  # once, not escalated
     for task in tasks_of(older):
         assert task.failure_code != FailureCode.SUPERSEDED, task.failure_reason
-
-
-def n_superseded_by_an_applied_n_plus_one(pool: Pool, hosts: list[Host]) -> tuple[Operation, Operation]:
-    """Ad-hoc 2.16.0 then 2.18.0 on a host on 2.14.0: 2.18.0 applied in the drain, 2.16.0 superseded
-    then; the host is being verified."""
-    older = bios_upgrade(hosts, "2.16.0")
-    newer = bios_upgrade(hosts, "2.18.0")
-    pool_tick(pool_id=pool.pk)  # 2.18.0 admitted: draining; 2.16.0 waits for it
-    simulated_work_step()  # drained
-    pool_tick(pool_id=pool.pk)  # running
-    simulated_work_step()  # 2.18.0 applied
-    pool_tick(pool_id=pool.pk)  # 2.16.0 superseded; the host's checks start
-    assert older.tasks.get().failure_code == FailureCode.SUPERSEDED
-    return older, newer
-
-
-def test_a_host_refused_for_an_n_plus_one_withdrawn_after_it_superseded_n_is_repaired_to_n() -> None:
-    instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
-    older, newer = n_superseded_by_an_applied_n_plus_one(pool, hosts)
-
-    component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks NICs", actor="op")
-    drive(pool)
-
-    # The gate refuses the host for running 2.18.0; its repair puts back the version it was asked
-    # for, not the 2.14.0 it ran before the drain: its operation completed, the host has neither.
-    assert newer.tasks.get().failure_code == FailureCode.RUNS_WITHDRAWN
-    assert bios_on(hosts[0]) == "2.16.0"
-    assert Operation.objects.get(pk=older.pk).state == OperationState.COMPLETED
-    assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
-
-
-def test_a_host_back_in_service_with_an_n_plus_one_withdrawn_after_it_superseded_n_is_rolled_back_to_n() -> None:
-    instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
-    n_superseded_by_an_applied_n_plus_one(pool, hosts)
-    drive(pool)
-    assert bios_on(hosts[0]) == "2.18.0"
-
-    component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks NICs", actor="op")
-
-    rollback = Operation.objects.get(source=OperationSource.REPAIR, kind=OperationKind.UPGRADE)
-    assert rollback.component_version == bios("2.16.0")
-    drive(pool)
-    assert bios_on(hosts[0]) == "2.16.0"

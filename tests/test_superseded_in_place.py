@@ -65,3 +65,22 @@ def test_n_is_applied_once_after_the_repair_when_an_in_place_n_plus_one_fails() 
     assert WorkItem.objects.filter(host_task__operation=older, kind=WorkKind.EXECUTE).count() == 1
     assert Host.objects.get(pk=hosts[0].pk).state == HostState.IN_SERVICE
     assert Operation.objects.get(pk=older.pk).state == OperationState.COMPLETED
+
+
+def test_n_is_applied_when_the_executor_reports_an_in_place_n_plus_one_done_without_it() -> None:
+    # No pre-return gate checks work done in place: N is superseded only where the host runs N+1.
+    from opsplanner.services.work_items import work_item_report, work_items_claim
+
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    older = bios_upgrade(hosts, "2.16.0", needs_drain=False)
+    newer = bios_upgrade(hosts, "2.18.0", needs_drain=False, executor="external")
+    pool_tick(pool_id=pool.pk)
+    assert newer.tasks.get().state == TaskState.RUNNING
+    (item,) = work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(item_id=item.pk, worker="agent", key="k", outcome="done", result={"versions": {"bios": "2.14.0"}})
+
+    drive(pool)
+
+    assert older.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.16.0"  # not left on 2.14.0 with neither

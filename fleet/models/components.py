@@ -119,10 +119,7 @@ class InstalledVersion(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
-        help_text=(
-            "the version a rollback restores: what the host ran before, or a version it was asked for "
-            "that a newer one superseded"
-        ),
+        help_text="what the host ran before: the version a rollback restores",
     )
     installed_at = models.DateTimeField(default=clock.now)
     # Drift: the host reported running something other than what OpsPlanner believed. The version it

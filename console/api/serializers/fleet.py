@@ -120,11 +120,7 @@ class HostSerializer(serializers.ModelSerializer):
 class InstalledSerializer(serializers.Serializer):
     component = serializers.CharField()
     version = serializers.CharField()
-    previous_version = serializers.CharField(
-        allow_null=True,
-        help_text="the version a rollback restores: what the host ran before, or a version it was asked for "
-        "that a newer one superseded",
-    )
+    previous_version = serializers.CharField(allow_null=True)
     installed_at = serializers.DateTimeField()
     drift_from = serializers.CharField(
         allow_null=True, help_text="what OpsPlanner believed when the host last reported something else"

@@ -26,12 +26,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from django.db.models import Q
-
 from fleet.models import ComponentVersion, InstalledVersion
 from opsplanner.models import OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.prepared import IDS, PreparedUpdate
 from opsplanner.services.tick.context import TaskRef, TickContext
 
 
@@ -152,46 +149,11 @@ def waiting_for_newer(newer: dict[int, TaskRef]) -> dict[int, str]:
     }
 
 
-# A host past a version it was asked for, through a newer one: what a rollback of that one restores.
-_ROLLBACK_TO = PreparedUpdate(
-    lambda *, hosts, component_id, version_id, sort_key: InstalledVersion.objects.filter(
-        Q(previous_version__isnull=True)
-        | Q(previous_version__sort_key__lt=sort_key)
-        | Q(previous_version__withdrawn_at__isnull=False),
-        host_id__any=hosts,
-        component_id=component_id,
-        version__sort_key__gt=sort_key,
-    ),
-    lambda *, hosts, component_id, version_id, sort_key: {"previous_version_id": version_id},
-    hosts=IDS,
-    component_id=int,
-    version_id=int,
-    sort_key=str,
-)
-
-
-def _keep_for_rollback(superseded: Iterable[TaskRef]) -> None:
-    """The hosts run something newer than the superseded tasks' targets (what superseded them):
-    each target becomes the version a rollback restores (`InstalledVersion.previous_version`, read by
-    the withdrawal's rollback, the repair of a host refused for running a withdrawn version and the
-    trains' reopening) where it is newer than the one recorded, so that the newer one withdrawn
-    after it was applied takes the host back to the version asked for, not below it, to neither.
-    One UPDATE per target version."""
-    hosts: dict[tuple[int, int, str], set[int]] = defaultdict(set)
-    for task in superseded:
-        if _is_upgrade(task) and task.target_version_id and task.target_sort_key and task.target_withdrawn_at is None:
-            hosts[(task.target_version_id, task.target_component_id or 0, task.target_sort_key)].add(task.host_id)
-    for (version_id, component_id, sort_key), host_ids in hosts.items():
-        _ROLLBACK_TO.count(hosts=host_ids, component_id=component_id, version_id=version_id, sort_key=sort_key)
-
-
 def finish_superseded(ctx: TickContext, tasks: dict[int, TaskRef], newer: dict[int, TaskRef]) -> None:
     """Cancel each pending task with the code superseded and a reason naming the newer version and
-    its operation: one guarded UPDATE per newer operation and version, an event per task. The host
-    runs the newer version (applied, or run already): the older one is what a rollback restores."""
+    its operation: one guarded UPDATE per newer operation and version, an event per task."""
     if not newer:
         return
-    _keep_for_rollback(tasks[task_id] for task_id in newer)
     labels = _version_labels(newer.values())
     groups: dict[tuple[int, int | None], list[TaskRef]] = defaultdict(list)
     for task_id, taker in newer.items():
