@@ -13,8 +13,10 @@ cannot count that evidence again (the tasks that showed it live are not copied),
 - short of evidence: it needs only what it lacks (at least one success, as upgrade_create asks of a
   phase before the last), and its soak, if under way, runs from when it began live.
 Whether the phase holds is not copied: the lane's tick decides it with the carried evidence, as the
-live one would (its hosts all in service). A snapshot without `phase_progress` (taken before it was)
-reads as before: the phases as they are, the evidence from zero.
+live one would (its hosts all in service); a phase held live is named in the forecast's notes
+(`phase_in_force_note`), as the lane may widen it where the live fleet waits for an operator. A
+snapshot without `phase_progress` (taken before it was) reads as before: the phases as they are, the
+evidence from zero.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def _phase_progress(
         "successes_reached_at": None if reached is None else reached.isoformat(),
         "picked_hosts": list(dict.fromkeys(picked)),
         "domain_in_scope": in_scope,
+        "held_reason": phase.held_reason if phase.held_code else "",
     }
 
 
@@ -216,11 +219,17 @@ def _carried_graduate(upgrade_id: int, now: dt.datetime) -> bool | None:
 
 def phase_in_force_note(upgrade: dict[str, Any]) -> str:
     """What a forecast says of an upgrade whose phase in force has no host left in scope (upgrade_arrival
-    treats it so); empty for any other."""
+    treats it so), or holds on the live fleet (the lane judges the hold anew); empty for any other."""
     progress = upgrade.get("phase_progress") or {}
     phases = upgrade.get("phases") or []
     if progress.get("domain_in_scope", True):
-        return ""
+        if not progress.get("held_reason") or not phases:
+            return ""
+        return (
+            f"upgrade {upgrade['component']} {upgrade['version']}: phase {phases[0]['name']} holds on the live "
+            f"fleet ({progress['held_reason']}); the forecast judges the hold anew with every host in service "
+            "and no operator to skip it, so it may widen where the live fleet waits"
+        )
     said = (
         f"upgrade {upgrade['component']} {upgrade['version']}: phase {phases[0]['name']} has no host left in its scope"
     )

@@ -145,7 +145,7 @@ def test_it_needs_only_the_evidence_the_phase_still_lacks_and_keeps_the_hosts_it
     assert canary.picked_hosts == picked  # live's pick, by name: the lane does not pick another
     assert snapshot["upgrades"][0]["phase_progress"] == {
         "successes": 2, "evidence_needed": 3, "successes_reached_at": None, "picked_hosts": [picked_name],
-        "domain_in_scope": True,
+        "domain_in_scope": True, "held_reason": "",
     }  # fmt: skip
 
 
@@ -256,3 +256,23 @@ def test_a_canary_without_its_evidence_whose_hosts_left_a_selecting_scope_is_lef
     assert policy(result, "trains")["upgrades"] == []
     (note,) = result["notes"]
     assert "lacks its evidence: it holds on the live fleet until an operator acts; left out here" in note
+
+
+def test_a_canary_held_live_for_its_escalated_hosts_is_named_in_the_forecasts_notes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lane plays every host in service: it may widen a phase the live fleet holds until an
+    # operator acts, and the forecast said nothing of the hold.
+    from fleet.models import HostState
+    from trains.services.tick import train_tick
+
+    pool, upgrade = live_rollout({"min_successes": 2})
+    Host.objects.filter(pool=pool, domain__name="rack-0001").update(state=HostState.ESCALATED)
+    train_tick(train_id=pool.trains.get().pk)
+    assert canary_of(upgrade).held_code == "too_few_hosts"
+
+    result = forecast(monkeypatch, pool)
+
+    (note,) = [note for note in result["notes"] if note.startswith("upgrade ")]
+    assert note.startswith("upgrade bios 2.16.0: phase canary holds on the live fleet (phase canary cannot show")
+    assert "the forecast judges the hold anew with every host in service" in note
