@@ -13,7 +13,7 @@ from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator
-from tests.test_superseded_versions import bios_on, bios_upgrade, executions
+from tests.test_superseded_versions import bios, bios_on, bios_upgrade, executions
 
 pytestmark = pytest.mark.django_db
 
@@ -84,3 +84,23 @@ def test_n_is_applied_when_the_executor_reports_an_in_place_n_plus_one_done_with
 
     assert older.tasks.get().state == TaskState.DONE
     assert bios_on(hosts[0]) == "2.16.0"  # not left on 2.14.0 with neither
+
+
+def test_an_in_place_n_plus_one_reported_with_a_newer_version_still_supersedes_n() -> None:
+    # N applied after it would have taken the host down from 2.20.0 to 2.16.0.
+    from opsplanner.services.work_items import work_item_report, work_items_claim
+
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    bios("2.20.0")
+    older = bios_upgrade(hosts, "2.16.0", needs_drain=False)
+    newer = bios_upgrade(hosts, "2.18.0", needs_drain=False, executor="external")
+    pool_tick(pool_id=pool.pk)
+    assert newer.tasks.get().state == TaskState.RUNNING
+    (item,) = work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(item_id=item.pk, worker="agent", key="k", outcome="done", result={"versions": {"bios": "2.20.0"}})
+
+    drive(pool)
+
+    assert older.tasks.get().failure_code == FailureCode.SUPERSEDED
+    assert bios_on(hosts[0]) == "2.20.0"

@@ -200,10 +200,11 @@ def test_an_install_claimed_while_its_version_is_withdrawn_runs_and_the_unclaime
     assert claimed.wait(10)
     withdrawer = threading.Thread(target=withdraw)
     withdrawer.start()
-    withdrawer.join(10)
-    assert not withdrawer.is_alive()  # it skips the row the claim holds: no wait on an executor
+    time.sleep(0.5)
+    assert withdrawer.is_alive()  # waiting for the claim's row lock
     release.set()
     claimer.join()
+    withdrawer.join()
 
     (item,) = taken
     item.refresh_from_db()
@@ -298,3 +299,68 @@ def test_an_offboarding_does_not_deadlock_with_another_pools_tick_over_its_insta
 
     assert errors == []
     assert Upgrade.objects.get(pk=upgrade.pk).state == "offboarded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_report_holding_a_ready_install_does_not_let_it_run_after_the_withdrawal(monkeypatch) -> None:
+    # A late or misdirected report of a never-claimed install locks its row and is refused: the
+    # withdrawal waits for it rather than skip the row, which an executor then claimed.
+    from opsplanner.services import work_items as work_items_module
+    from opsplanner.services.work_items import WorkItemConflict
+
+    _, operation = adhoc_installs_ready(executor="external")
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    target = WorkItem.objects.filter(host_task__operation=operation, kind=WorkKind.EXECUTE).order_by("id").first()
+    assert target is not None
+    check_report, locked, release, refused = work_items_module._check_report, threading.Event(), threading.Event(), []
+
+    def slowly_checked(item, **kwargs):  # type: ignore[no-untyped-def]
+        locked.set()
+        release.wait(10)
+        return check_report(item, **kwargs)
+
+    monkeypatch.setattr(work_items_module, "_check_report", slowly_checked)
+
+    def refused_report() -> None:
+        try:
+            with transaction.atomic():
+                work_item_report(item_id=target.pk, worker="agent", key="k", outcome="done", result={})
+        except WorkItemConflict as error:
+            refused.append(error)
+        finally:
+            connection.close()
+
+    reporter = threading.Thread(target=refused_report)
+    reporter.start()
+    assert locked.wait(10)
+    withdrawer = threading.Thread(
+        target=lambda: (component_version_withdraw(version_id=bios.pk, reason="bricks NICs"), connection.close())
+    )
+    withdrawer.start()
+    time.sleep(0.3)
+    release.set()
+    reporter.join(10)
+    withdrawer.join(10)
+
+    assert refused
+    assert Event.objects.get(kind="component_version.withdrawn").data["installs_stopped"] == 2
+    assert work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=10) == []
+
+
+def test_an_executors_failed_report_saying_not_run_still_sends_its_host_to_repair() -> None:
+    # Only a withdrawal marks an install not run, and only one no executor claimed.
+    pool, _ = adhoc_installs_ready(executor="external")
+    (item,) = work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(
+        item_id=item.pk,
+        worker="agent",
+        key="k",
+        outcome="failed",
+        attempt=1,
+        result={"not_run": "target_withdrawn"},
+        reason="flash aborted half way",
+    )
+    pool_tick(pool_id=pool.pk, kick=False)
+
+    task = HostTask.objects.get(pk=item.host_task_id)
+    assert (task.state, task.failure_code) == (TaskState.FAILED, FailureCode.EXECUTE_FAILED)

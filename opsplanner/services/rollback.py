@@ -155,13 +155,14 @@ def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> S
     (no attempt), marked not run (`NOT_RUN_KEY` in its result), and the pool's tick ends its task not
     applied, as for a host drained for a target withdrawn meanwhile (its host passes to its next task
     or goes back), not through repair, even if the version is released before that tick. Runs in the
-    withdrawal's transaction. Rows another transaction holds are skipped: a claim's runs (the "claim
-    wins" rule), a tick's is being changed by it (an install past its deadline fails unclaimed and
-    takes the same path); waiting for them deadlocked an offboarding with another pool's tick, which
-    needs the version's row the offboarding holds."""
+    withdrawal's transaction. The rows are locked first: a claim holding one runs it (its state is
+    read again once the claim commits: running, it is left alone); one that comes after skips them.
+    Not skipped itself: a refused report or heartbeat holds such a row without changing it. Another
+    pool's tick may hold one and then need a key share of the version's row for its foreign keys:
+    the withdrawal and the offboarding lock that row with no key lock, so both go on."""
     stopping = list(
         _unstarted_installs(version_ids)
-        .select_for_update(of=("self",), skip_locked=True)
+        .select_for_update(of=("self",))
         .order_by("id")
         .values_list("id", "pool_id", "host_id", "host_task__operation_id")
     )

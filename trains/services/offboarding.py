@@ -33,7 +33,11 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     # cancellation takes the pool after the upgrade's row otherwise, and the version's row was
     # taken after the upgrade's: each way it deadlocked with a tick or an operator's withdrawal.
     Pool.objects.select_for_update(no_key=True).filter(pk=upgrade.pool_id).values_list("pk").first()
-    ComponentVersion.objects.select_for_update().filter(pk=upgrade.component_version_id).values_list("pk").first()
+    # No key lock: a tick recording versions needs a key share of this row for its foreign keys, and
+    # installs_stop waits for that tick's install rows (a full lock here deadlocked the two).
+    ComponentVersion.objects.select_for_update(no_key=True).filter(pk=upgrade.component_version_id).values_list(
+        "pk"
+    ).first()
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
     ):

@@ -342,8 +342,10 @@ def _never_ran(failed: list[tuple[TaskRef, dict[str, Any], str]], unclaimed: set
     """{task: why} for the failed installs that never ran on their host (see _executions_failed),
     in the words of a drain for a target withdrawn meanwhile while it is withdrawn; a query only
     when there is one."""
-    stopped = {
-        task.id: reason for task, result, reason in failed if result.get(NOT_RUN_KEY) == NotRunCode.TARGET_WITHDRAWN
+    stopped = {  # never claimed: an executor's own result cannot say so
+        task.id: reason
+        for task, result, reason in failed
+        if task.id in unclaimed and result.get(NOT_RUN_KEY) == NotRunCode.TARGET_WITHDRAWN
     }
     never_ran = [
         task

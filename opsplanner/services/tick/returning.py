@@ -92,13 +92,13 @@ def supersede_older_than_in_place(ctx: TickContext, applied: list[TaskRef]) -> N
     """Upgrades just applied in place (no drain, so no handover after them) supersede the older
     pending upgrades of their component on their hosts: admission kept those waiting for the host
     they held (_settle_superseded), so that one failed or cancelled leaves the host the older one.
-    Only where the host now runs the target: an executor may report its work done and the host on
-    another version (no pre-return gate checks work done in place). Two reads, only when an upgrade
-    finishes in place; a held task is left, as at the handover."""
+    Only where the host now runs the target or newer: an executor may report its work done and the
+    host on another version (no pre-return gate checks work done in place). Two reads, only when an
+    upgrade finishes in place; a held task is left, as at the handover."""
     upgrades = [task for task in applied if task.target_version_id]
     if upgrades:
-        runs = supersede.nothing_to_do(upgrades, supersede.installed_versions(upgrades))
-        upgrades = [task for task in upgrades if task.id in runs]
+        reached = supersede.at_or_past_target(upgrades, supersede.installed_versions(upgrades))
+        upgrades = [task for task in upgrades if task.id in reached]
     if not upgrades:
         return
     pending = task_refs_from_rows(_CANDIDATES.rows(hosts={task.host_id for task in upgrades}))

@@ -116,6 +116,19 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
     }
 
 
+def at_or_past_target(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> set[int]:
+    """The upgrade tasks whose host runs their target or a newer version not withdrawn: what an
+    upgrade reported applied leaves (an executor may install newer than asked, or nothing)."""
+    reached = set()
+    for task in tasks:
+        runs = installed.get(_slot(task)) if _is_upgrade(task) else None
+        if runs is None or task.target_sort_key is None:
+            continue
+        if task.target_sort_key == runs.sort_key or (task.target_sort_key < runs.sort_key and not runs.withdrawn):
+            reached.add(task.id)
+    return reached
+
+
 def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks with nothing to do: the host runs the target, or
     a newer version when the operation says the target or newer will do (`or_newer`: a train's
