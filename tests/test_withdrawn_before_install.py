@@ -19,7 +19,17 @@ from django.db import connection, transaction
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool, WithdrawnBy
 from fleet.services.catalogue import component_version_release, component_version_withdraw
 from opsplanner import clock
-from opsplanner.models import Event, HostTask, Operation, OperationKind, TaskState, WorkItem, WorkKind, WorkState
+from opsplanner.models import (
+    Event,
+    HostTask,
+    Operation,
+    OperationKind,
+    OperationSource,
+    TaskState,
+    WorkItem,
+    WorkKind,
+    WorkState,
+)
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
@@ -200,11 +210,10 @@ def test_an_install_claimed_while_its_version_is_withdrawn_runs_and_the_unclaime
     assert claimed.wait(10)
     withdrawer = threading.Thread(target=withdraw)
     withdrawer.start()
-    time.sleep(0.5)
-    assert withdrawer.is_alive()  # waiting for the claim's row lock
+    withdrawer.join(10)
+    assert not withdrawer.is_alive()  # it waits for the claim's row a moment, not for the executor
     release.set()
     claimer.join()
-    withdrawer.join()
 
     (item,) = taken
     item.refresh_from_db()
@@ -337,7 +346,7 @@ def test_a_refused_report_holding_a_ready_install_does_not_let_it_run_after_the_
         target=lambda: (component_version_withdraw(version_id=bios.pk, reason="bricks NICs"), connection.close())
     )
     withdrawer.start()
-    time.sleep(0.3)
+    time.sleep(0.05)  # a report refused at once, as they are: the withdrawal waits for its row
     release.set()
     reporter.join(10)
     withdrawer.join(10)
@@ -364,3 +373,126 @@ def test_an_executors_failed_report_saying_not_run_still_sends_its_host_to_repai
 
     task = HostTask.objects.get(pk=item.host_task_id)
     assert (task.state, task.failure_code) == (TaskState.FAILED, FailureCode.EXECUTE_FAILED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_host_another_pools_tick_records_on_the_version_during_its_offboarding_is_rolled_back(monkeypatch) -> None:
+    # The offboarding's full lock on the version's row waits for the tick that recorded the host
+    # running it (a key share) to commit, so its rollback sees the host; with a no-key lock it went
+    # on, missed the uncommitted row, and the host served the withdrawn version (helper-43).
+    from opsplanner.services.tick import advance as advance_module
+    from tests.test_superseded_versions import bios_on, bios_upgrade
+
+    instant_simulator()
+    pool_b, hosts_b = make_fleet(domains=1, hosts_per_domain=1)
+    operation = bios_upgrade(hosts_b, "2.16.0", needs_drain=False, executor="external")
+    pool_tick(pool_id=pool_b.pk, kick=False)
+    assert operation.tasks.get().state == TaskState.RUNNING
+    (item,) = work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(item_id=item.pk, worker="agent", key="k", outcome="done", result={"versions": {"bios": "2.16.0"}})
+    pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    make_train(pool_a)
+    upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
+
+    record_versions, recorded, release, errors = (
+        advance_module.record_versions,
+        threading.Event(),
+        threading.Event(),
+        [],
+    )
+
+    def record_then_hold(ctx, versions):  # type: ignore[no-untyped-def]
+        unknown = record_versions(ctx, versions)
+        if threading.current_thread().name == "tick-b" and versions:
+            recorded.set()  # V recorded (a key share on its row), not committed yet
+            release.wait(10)
+        return unknown
+
+    monkeypatch.setattr(advance_module, "record_versions", record_then_hold)
+
+    def tick_b() -> None:
+        try:
+            pool_tick(pool_id=pool_b.pk, kick=False)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    def offboard() -> None:
+        try:
+            with transaction.atomic():
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    ticker = threading.Thread(target=tick_b, name="tick-b")
+    ticker.start()
+    assert recorded.wait(10)
+    offboarder = threading.Thread(target=offboard)
+    offboarder.start()
+    offboarder.join(3)
+    release.set()
+    ticker.join(20)
+    offboarder.join(20)
+
+    assert errors == []
+    host = Host.objects.get(pk=hosts_b[0].pk)
+    assert ComponentVersion.objects.get(component__name="bios", version="2.16.0").withdrawn_at is not None
+    assert (host.state, bios_on(host)) == (HostState.IN_SERVICE, "2.16.0")
+    rollbacks = Operation.objects.filter(source=OperationSource.REPAIR, tasks__host=host)
+    assert rollbacks.exists(), "no rollback for a host in service on the withdrawn version"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_offboarding_does_not_deadlock_with_a_tick_failing_late_installs_out_of_id_order(monkeypatch) -> None:
+    # The tick fails late installs in deadline order and holds the higher id; the stop locks in id
+    # order: waiting without bound for the tick's row, the two waited for each other (helper-43).
+    from opsplanner.services.tick import advance as advance_module
+
+    pool_b, operation = adhoc_installs_ready(executor="external")
+    x, y = WorkItem.objects.filter(host_task__operation=operation, kind=WorkKind.EXECUTE).order_by("id")
+    now = clock.now()
+    WorkItem.objects.filter(pk=x.pk).update(deadline_at=now + dt.timedelta(hours=2))
+    WorkItem.objects.filter(pk=y.pk).update(deadline_at=now + dt.timedelta(hours=1))  # late first
+    pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    make_train(pool_a)
+    upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
+    fail_item, first_failed, errors = advance_module._fail_item, threading.Event(), []
+
+    def fail_slowly(ctx, item_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fail_item(ctx, item_id, *args, **kwargs)
+        if threading.current_thread().name == "tick-b" and not first_failed.is_set():
+            first_failed.set()  # holding Y
+            time.sleep(1.5)
+
+    monkeypatch.setattr(advance_module, "_fail_item", fail_slowly)
+
+    def tick_b() -> None:
+        try:
+            pool_tick(pool_id=pool_b.pk, kick=False)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    def offboard() -> None:
+        try:
+            assert first_failed.wait(10)
+            with transaction.atomic():
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    later = now + dt.timedelta(days=1)
+    with clock.use_clock(lambda: later):
+        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    assert errors == []

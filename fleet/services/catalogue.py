@@ -241,8 +241,7 @@ def component_version_withdraw(*, version_id: int, reason: str, actor: Actor = N
     # Every pool's tick lock in id order before the version's row, as the fleet file's apply does:
     # offboarding takes a pool, then the version, then the upgrade (trains/services/offboarding.py).
     list(Pool.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
-    # No key lock: what references the version (a host's versions) goes on (rollback.installs_stop).
-    version = ComponentVersion.objects.select_for_update(no_key=True).select_related("component").get(pk=version_id)
+    version = ComponentVersion.objects.select_for_update().select_related("component").get(pk=version_id)
     refusal = withdrawn_refusal(version)
     if refusal is not None and version.withdrawn_by != WithdrawnBy.OFFBOARDING:
         raise ValidationError(refusal.message, code="conflict")

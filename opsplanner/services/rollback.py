@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
+from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
@@ -143,6 +144,43 @@ def unstarted_installs_counts(version_ids: Iterable[int]) -> dict[int, int]:
     return dict(rows)
 
 
+# How long the stop waits for each install row another transaction holds: under PostgreSQL's
+# deadlock_timeout (1 s), so in a wait cycle with a tick the stop gives up first.
+HELD_ROW_WAIT_MS = 500
+
+
+def _stoppable(version_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
+    """The unstarted installs locked for the stop (id, pool, host, operation): the free rows at once,
+    then each row another transaction holds, waited for up to HELD_ROW_WAIT_MS. A refused report or
+    heartbeat holds one for milliseconds and changes nothing (skipped, it was claimed and ran after
+    the withdrawal); a claim holding one runs it (read again once it commits: running, it is no
+    longer unstarted); another pool's tick may hold one while it needs a key share of the version's
+    row the withdrawal holds (waiting for it deadlocked), and changes it itself: an install past its
+    deadline fails unclaimed, and its tick ends it not applied as its target is withdrawn."""
+    columns = ("id", "pool_id", "host_id", "host_task__operation_id")
+    installs = _unstarted_installs(version_ids).order_by("id")
+    stopping = list(installs.select_for_update(of=("self",), skip_locked=True).values_list(*columns))
+    taken = {row[0] for row in stopping}
+    held = [pk for pk in installs.values_list("id", flat=True) if pk not in taken]
+    if not held or connection.vendor != "postgresql":
+        return stopping
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (before,) = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{HELD_ROW_WAIT_MS}ms"])
+    try:
+        for pk in held:
+            try:
+                with transaction.atomic():  # a savepoint: a lock not granted in time leaves the rest as it was
+                    stopping += list(installs.filter(pk=pk).select_for_update(of=("self",)).values_list(*columns))
+            except OperationalError:
+                continue  # still held: left to the transaction that holds it
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+    return sorted(stopping)
+
+
 class StoppedInstalls(NamedTuple):
     """What `installs_stop` stopped: how many installs, and their operations."""
 
@@ -155,17 +193,8 @@ def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> S
     (no attempt), marked not run (`NOT_RUN_KEY` in its result), and the pool's tick ends its task not
     applied, as for a host drained for a target withdrawn meanwhile (its host passes to its next task
     or goes back), not through repair, even if the version is released before that tick. Runs in the
-    withdrawal's transaction. The rows are locked first: a claim holding one runs it (its state is
-    read again once the claim commits: running, it is left alone); one that comes after skips them.
-    Not skipped itself: a refused report or heartbeat holds such a row without changing it. Another
-    pool's tick may hold one and then need a key share of the version's row for its foreign keys:
-    the withdrawal and the offboarding lock that row with no key lock, so both go on."""
-    stopping = list(
-        _unstarted_installs(version_ids)
-        .select_for_update(of=("self",))
-        .order_by("id")
-        .values_list("id", "pool_id", "host_id", "host_task__operation_id")
-    )
+    withdrawal's transaction; the rows are locked as `_stoppable` says."""
+    stopping = _stoppable(version_ids)
     if not stopping:
         return StoppedInstalls(0, frozenset())
     now = clock.now()

@@ -33,11 +33,9 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     # cancellation takes the pool after the upgrade's row otherwise, and the version's row was
     # taken after the upgrade's: each way it deadlocked with a tick or an operator's withdrawal.
     Pool.objects.select_for_update(no_key=True).filter(pk=upgrade.pool_id).values_list("pk").first()
-    # No key lock: a tick recording versions needs a key share of this row for its foreign keys, and
-    # installs_stop waits for that tick's install rows (a full lock here deadlocked the two).
-    ComponentVersion.objects.select_for_update(no_key=True).filter(pk=upgrade.component_version_id).values_list(
-        "pk"
-    ).first()
+    # A full lock: it waits for a tick that recorded hosts running the version (a key share) to
+    # commit, so the rollback below sees them (installs_stop waits but a moment for its rows).
+    ComponentVersion.objects.select_for_update().filter(pk=upgrade.component_version_id).values_list("pk").first()
     if not Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE).update(
         state=UpgradeState.OFFBOARDED, state_reason=reason[:500], finished_at=now
     ):
