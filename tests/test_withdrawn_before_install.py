@@ -132,10 +132,10 @@ def test_a_host_handed_over_keeps_the_first_upgrade_when_the_seconds_version_is_
     assert withdrawn.data["installs_stopped"] == 2
 
 
-def adhoc_installs_ready(executor: str = "simulated") -> tuple[Pool, Operation]:
-    """An ad-hoc bios upgrade of a rack, its hosts drained and its installs ready for `executor`."""
+def adhoc_installs_ready(executor: str = "simulated", *, size: int = 2) -> tuple[Pool, Operation]:
+    """An ad-hoc bios upgrade of a rack of `size` hosts, drained, its installs ready for `executor`."""
     instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=size, planned_buffer_hosts=size)
     operation = operation_submit(
         kind="upgrade",
         scope=f"pool {pool.name}",
@@ -496,3 +496,56 @@ def test_an_offboarding_does_not_deadlock_with_a_tick_failing_late_installs_out_
             thread.join(30)
 
     assert errors == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_offboarding_waits_for_several_held_installs_less_than_a_deadlock_check(monkeypatch) -> None:
+    # The tick holds three late installs and then waits for a fourth the offboarding took; the stop
+    # waited 500 ms for each held row in turn, past PostgreSQL's 1 s deadlock check: the tick died.
+    from opsplanner.services.tick import advance as advance_module
+
+    pool_b, operation = adhoc_installs_ready(executor="external", size=4)
+    first, *later = WorkItem.objects.filter(host_task__operation=operation, kind=WorkKind.EXECUTE).order_by("id")
+    now = clock.now()
+    WorkItem.objects.filter(pk=first.pk).update(deadline_at=now + dt.timedelta(hours=2))  # failed last
+    WorkItem.objects.filter(pk__in=[item.pk for item in later]).update(deadline_at=now + dt.timedelta(hours=1))
+    pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
+    make_train(pool_a)
+    upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
+    fail_item, held, errors = advance_module._fail_item, threading.Event(), []
+
+    def fail_then_pause(ctx, item_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "tick-b" and item_id == first.pk:
+            held.set()  # the three later ones failed and held: let the offboarding take this one
+            time.sleep(0.3)
+        fail_item(ctx, item_id, *args, **kwargs)
+
+    monkeypatch.setattr(advance_module, "_fail_item", fail_then_pause)
+
+    def tick_b() -> None:
+        try:
+            pool_tick(pool_id=pool_b.pk, kick=False)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    def offboard() -> None:
+        try:
+            assert held.wait(10)
+            with transaction.atomic():
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    with clock.use_clock(lambda: now + dt.timedelta(days=1)):
+        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    assert errors == []
+    assert Upgrade.objects.get(pk=upgrade.pk).state == "offboarded"

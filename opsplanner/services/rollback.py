@@ -6,6 +6,7 @@ a withdrawn version no executor has claimed yet are stopped (`installs_stop`), f
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -144,19 +145,20 @@ def unstarted_installs_counts(version_ids: Iterable[int]) -> dict[int, int]:
     return dict(rows)
 
 
-# How long the stop waits for each install row another transaction holds: under PostgreSQL's
-# deadlock_timeout (1 s), so in a wait cycle with a tick the stop gives up first.
-HELD_ROW_WAIT_MS = 500
+# How long the stop waits, in all, for the install rows other transactions hold: well under
+# PostgreSQL's deadlock_timeout (1 s), so in a wait cycle with a tick the stop gives up first.
+HELD_ROWS_WAIT_MS = 500
+LOCK_NOT_AVAILABLE = "55P03"  # the SQLSTATE of a lock not granted within lock_timeout
 
 
 def _stoppable(version_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
     """The unstarted installs locked for the stop (id, pool, host, operation): the free rows at once,
-    then each row another transaction holds, waited for up to HELD_ROW_WAIT_MS. A refused report or
-    heartbeat holds one for milliseconds and changes nothing (skipped, it was claimed and ran after
-    the withdrawal); a claim holding one runs it (read again once it commits: running, it is no
-    longer unstarted); another pool's tick may hold one while it needs a key share of the version's
-    row the withdrawal holds (waiting for it deadlocked), and changes it itself: an install past its
-    deadline fails unclaimed, and its tick ends it not applied as its target is withdrawn."""
+    then the rows other transactions hold, waited for up to HELD_ROWS_WAIT_MS in all. A refused
+    report or heartbeat holds one for milliseconds and changes nothing (skipped, it was claimed and
+    ran after the withdrawal); a claim holding one runs it (read again once it commits: running, it
+    is no longer unstarted); another pool's tick may hold one while it needs a key share of the
+    version's row the withdrawal holds (waiting for it deadlocked), and changes it itself: an install
+    past its deadline fails unclaimed, and its tick ends it not applied as its target is withdrawn."""
     columns = ("id", "pool_id", "host_id", "host_task__operation_id")
     installs = _unstarted_installs(version_ids).order_by("id")
     stopping = list(installs.select_for_update(of=("self",), skip_locked=True).values_list(*columns))
@@ -167,18 +169,31 @@ def _stoppable(version_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('lock_timeout')")
         (before,) = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{HELD_ROW_WAIT_MS}ms"])
+    deadline = time.monotonic() + HELD_ROWS_WAIT_MS / 1000
     try:
         for pk in held:
-            try:
-                with transaction.atomic():  # a savepoint: a lock not granted in time leaves the rest as it was
-                    stopping += list(installs.filter(pk=pk).select_for_update(of=("self",)).values_list(*columns))
-            except OperationalError:
-                continue  # still held: left to the transaction that holds it
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            stopping += _held_row_lock(installs.filter(pk=pk), columns, wait_ms=left_ms)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
     return sorted(stopping)
+
+
+def _held_row_lock(row: QuerySet[WorkItem], columns: tuple[str, ...], *, wait_ms: int) -> list[Any]:
+    """The row, locked, waiting at most `wait_ms` for it; nothing when it is still held then (left to
+    the transaction that holds it), or no longer an unstarted install."""
+    try:
+        with transaction.atomic():  # a savepoint: a lock not granted in time leaves the rest as it was
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+            return list(row.select_for_update(of=("self",)).values_list(*columns))
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        return []
 
 
 class StoppedInstalls(NamedTuple):
