@@ -151,6 +151,37 @@ def adhoc_installs_ready(executor: str = "simulated", *, size: int = 2) -> tuple
     return pool, operation
 
 
+def tick_beside_an_offboarding(pool_b: Pool, upgrade: Upgrade, *, after: threading.Event) -> list[Exception]:
+    """Pool B's tick in one thread (named tick-b, for the patches that slow it) and, once `after` is
+    set, the offboarding of `upgrade` in another; what either raised."""
+    errors: list[Exception] = []
+
+    def tick_b() -> None:
+        try:
+            pool_tick(pool_id=pool_b.pk, kick=False)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    def offboard() -> None:
+        try:
+            assert after.wait(10)
+            with transaction.atomic():
+                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return errors
+
+
 def test_an_ad_hoc_operations_install_waiting_for_an_executor_is_stopped_by_the_withdrawal() -> None:
     pool, operation = adhoc_installs_ready()
 
@@ -270,7 +301,7 @@ def test_an_offboarding_does_not_deadlock_with_another_pools_tick_over_its_insta
     work_item_report(
         item_id=item.pk, worker="agent", key="k", outcome="done", attempt=1, result={"versions": {"bios": "2.16.0"}}
     )
-    record_versions, in_tick, errors = advance_module.record_versions, threading.Event(), []
+    record_versions, in_tick = advance_module.record_versions, threading.Event()
 
     def slowly_recorded(ctx, versions):  # type: ignore[no-untyped-def]
         if threading.current_thread().name == "tick-b" and versions:
@@ -280,31 +311,9 @@ def test_an_offboarding_does_not_deadlock_with_another_pools_tick_over_its_insta
 
     monkeypatch.setattr(advance_module, "record_versions", slowly_recorded)
 
-    def tick_b() -> None:
-        try:
-            pool_tick(pool_id=pool_b.pk, kick=False)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
-    def offboard() -> None:
-        try:
-            assert in_tick.wait(10)
-            with transaction.atomic():
-                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
     later = clock.now() + dt.timedelta(days=1)
     with clock.use_clock(lambda: later):
-        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        errors = tick_beside_an_offboarding(pool_b, upgrade, after=in_tick)
 
     assert errors == []
     assert Upgrade.objects.get(pk=upgrade.pk).state == "offboarded"
@@ -459,7 +468,7 @@ def test_an_offboarding_does_not_deadlock_with_a_tick_failing_late_installs_out_
     pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
     make_train(pool_a)
     upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
-    fail_item, first_failed, errors = advance_module._fail_item, threading.Event(), []
+    fail_item, first_failed = advance_module._fail_item, threading.Event()
 
     def fail_slowly(ctx, item_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         fail_item(ctx, item_id, *args, **kwargs)
@@ -469,31 +478,9 @@ def test_an_offboarding_does_not_deadlock_with_a_tick_failing_late_installs_out_
 
     monkeypatch.setattr(advance_module, "_fail_item", fail_slowly)
 
-    def tick_b() -> None:
-        try:
-            pool_tick(pool_id=pool_b.pk, kick=False)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
-    def offboard() -> None:
-        try:
-            assert first_failed.wait(10)
-            with transaction.atomic():
-                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
     later = now + dt.timedelta(days=1)
     with clock.use_clock(lambda: later):
-        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        errors = tick_beside_an_offboarding(pool_b, upgrade, after=first_failed)
 
     assert errors == []
 
@@ -512,7 +499,7 @@ def test_an_offboarding_waits_for_several_held_installs_less_than_a_deadlock_che
     pool_a, _ = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=2)
     make_train(pool_a)
     upgrade = upgrade_create(pool=pool_a, component="bios", version="2.16.0", reason="release")
-    fail_item, held, errors = advance_module._fail_item, threading.Event(), []
+    fail_item, held = advance_module._fail_item, threading.Event()
 
     def fail_then_pause(ctx, item_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         if threading.current_thread().name == "tick-b" and item_id == first.pk:
@@ -522,30 +509,8 @@ def test_an_offboarding_waits_for_several_held_installs_less_than_a_deadlock_che
 
     monkeypatch.setattr(advance_module, "_fail_item", fail_then_pause)
 
-    def tick_b() -> None:
-        try:
-            pool_tick(pool_id=pool_b.pk, kick=False)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
-    def offboard() -> None:
-        try:
-            assert held.wait(10)
-            with transaction.atomic():
-                upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-        finally:
-            connection.close()
-
     with clock.use_clock(lambda: now + dt.timedelta(days=1)):
-        threads = [threading.Thread(target=tick_b, name="tick-b"), threading.Thread(target=offboard)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        errors = tick_beside_an_offboarding(pool_b, upgrade, after=held)
 
     assert errors == []
     assert Upgrade.objects.get(pk=upgrade.pk).state == "offboarded"
