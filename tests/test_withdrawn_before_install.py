@@ -286,6 +286,31 @@ def test_an_ad_hoc_operation_whose_installs_a_withdrawal_stopped_closes_cancelle
     assert Event.objects.filter(kind="operation.cancelled", subject_id=operation.pk).exists()
 
 
+def test_a_visit_whose_installs_an_offboarding_stopped_closes_cancelled() -> None:
+    pool, (bios,) = installs_ready_for({"component": "bios", "version": "2.16.0"})
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=bios.pk), reason="bricks NICs elsewhere")
+    drive_trains(pool, until=lambda: all_in_service(pool))
+
+    operations = Operation.objects.filter(visit_link__upgrade=bios)
+    assert set(operations.values_list("state", flat=True)) == {"cancelled"}  # it installed nothing
+
+
+def test_an_ad_hoc_operation_whose_installs_an_offboarding_stopped_closes_cancelled() -> None:
+    pool, operation = adhoc_installs_ready()
+    make_train(pool)
+    upgrade = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="release")
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs elsewhere")
+    drive(pool, until=lambda: all_in_service(pool))
+
+    assert_not_applied(list(operation.tasks.all()), "bios 2.16.0")
+    operation.refresh_from_db()
+    assert operation.state == "cancelled"
+    offboarded = Event.objects.get(kind="upgrade.offboarded", subject_id=upgrade.pk)
+    assert offboarded.data["installs_stopped"] == 2
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_offboarding_does_not_deadlock_with_another_pools_tick_over_its_installs(monkeypatch) -> None:
     # Pool B's tick fails an install past its deadline (its row locked) and then records another

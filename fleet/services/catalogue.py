@@ -31,7 +31,7 @@ from fleet.services.audit import inventory_record_delete, inventory_record_save
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.services.compatibility import withdrawn_refusal
-from opsplanner.services.rollback import installs_stop, version_rollback
+from opsplanner.services.rollback import StoppedInstalls, installs_stop, stopped_operations_open, version_rollback
 
 POOL_FIELDS = (
     "workload_class",
@@ -178,30 +178,23 @@ def versions_withdrawal_apply(
         offboarded=len(offboarded),
         rollbacks=rollbacks,
         without_previous=without_previous,
-        tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor, stopped=stopped.operations),
+        tasks_cancelled=_pending_operations_cancel(version_ids, reason=reason, actor=actor, stopped=stopped),
         installs_stopped=stopped.installs,
     )
 
 
 def _pending_operations_cancel(
-    version_ids: list[int], *, reason: str, actor: Actor, stopped: frozenset[int] = frozenset()
+    version_ids: list[int], *, reason: str, actor: Actor, stopped: StoppedInstalls | None = None
 ) -> int:
     """Cancel the open operations with tasks still pending to these versions, the ones an
     offboarding does not reach (ad-hoc upgrades, rollbacks, emergencies): their tasks would wait,
     refused, for as long as the version stays withdrawn; and those whose installs the withdrawal
-    stopped (`stopped`), which installed nothing (they closed completed). Tasks under way finish; the
+    stopped (`stopped`, `stopped_operations_open`). Tasks under way finish; the
     operation then closes cancelled. Not one an offboarding cancelled already. How many tasks were
     cancelled."""
-    from opsplanner.models import Operation, OperationState
     from opsplanner.services.operations import operation_cancel
 
-    pending = set(_operations_pending_to(version_ids).values_list("pk", flat=True))
-    if stopped:
-        pending |= set(
-            Operation.objects.filter(pk__in=stopped, state=OperationState.OPEN, cancelled_at__isnull=True).values_list(
-                "pk", flat=True
-            )
-        )
+    pending = set(_operations_pending_to(version_ids).values_list("pk", flat=True)) | stopped_operations_open(stopped)
     return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in sorted(pending))
 
 

@@ -22,8 +22,10 @@ from opsplanner.models import (
     OPEN_TASK_STATES,
     REPAIR_PRIORITY,
     HostTask,
+    Operation,
     OperationKind,
     OperationSource,
+    OperationState,
     TaskState,
     WorkItem,
     WorkKind,
@@ -201,6 +203,23 @@ class StoppedInstalls(NamedTuple):
 
     installs: int
     operations: frozenset[int]
+
+
+def stopped_operations_open(stopped: StoppedInstalls | None, *, only_pool: int | None = None) -> set[int]:
+    """The operations whose installs `installs_stop` stopped that are still open and that nobody
+    cancelled: the withdrawal cancels them, since they installed nothing there (they would otherwise
+    close completed). With `only_pool`, those whose tasks are all in that pool: an offboarding holds
+    its own pool's tick lock only, and cancelling takes the lock of every pool of the operation, after
+    the install rows it stopped, which another pool's tick may want while it holds its pool."""
+    if stopped is None or not stopped.operations:
+        return set()
+    still_open = Operation.objects.filter(
+        pk__in=stopped.operations, state=OperationState.OPEN, cancelled_at__isnull=True
+    )
+    if only_pool is not None:
+        elsewhere = HostTask.objects.filter(operation=OuterRef("pk")).exclude(pool_id=only_pool)
+        still_open = still_open.exclude(Exists(elsewhere))
+    return set(still_open.values_list("pk", flat=True))
 
 
 def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> StoppedInstalls:

@@ -14,7 +14,7 @@ from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
 from opsplanner.services.operations import operation_cancel
-from opsplanner.services.rollback import installs_stop, version_rollback
+from opsplanner.services.rollback import installs_stop, stopped_operations_open, version_rollback
 from trains.models import Upgrade, UpgradePhase, UpgradeState
 from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import upgrade_tasks
@@ -23,9 +23,9 @@ from trains.services.upgrades import upgrade_tasks
 def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
     """Remove a failing upgrade from every train: its pending work is cancelled, its version is
     withdrawn (no host returns running it: repairs roll it back; its installs no executor claimed
-    yet are stopped), hosts that may serve with it (back in service, past the pre-return gate,
-    draining) get a rollback operation, and completed upgrades that some hosts reached only through
-    it are active again (upgrades_fallen_back_reopen).
+    yet are stopped, and their operations of this pool cancelled), hosts that may serve with it
+    (back in service, past the pre-return gate, draining) get a rollback operation, and completed
+    upgrades that some hosts reached only through it are active again (upgrades_fallen_back_reopen).
     Runs in the caller's transaction."""
     now = clock.now()
     # The pool's tick lock, then the version's row, then the upgrade's: the order of the train tick
@@ -50,13 +50,19 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         target.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
     # Withdrawn now: no host installs it from here on, not even one whose install is queued.
     stopped = installs_stop(version_ids=[target.pk], reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
-    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN)
-    cancelled = 0
-    for operation_id in open_ops.values_list("id", flat=True):
-        if HostTask.objects.filter(operation_id=operation_id, state=TaskState.PENDING).exists():
-            cancelled += operation_cancel(
-                operation_id=operation_id, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
-            )
+    # Its visits' operations with work pending, and the operations of this pool whose installs were
+    # stopped (an ad-hoc one to the version too), as a withdrawal cancels them: they installed nothing.
+    with_pending = HostTask.objects.filter(operation=OuterRef("pk"), state=TaskState.PENDING)
+    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN).filter(
+        Exists(with_pending)
+    )
+    cancelling = set(open_ops.values_list("id", flat=True)) | stopped_operations_open(
+        stopped, only_pool=upgrade.pool_id
+    )
+    cancelled = sum(
+        operation_cancel(operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
+        for pk in sorted(cancelling)
+    )
     rollback = version_rollback(
         version=target,
         scope=f"upgrade #{upgrade.pk}",
