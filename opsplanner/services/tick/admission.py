@@ -293,7 +293,9 @@ def _may_replace(obstacles: _Obstacles) -> Callable[[TaskRef, TaskRef], bool]:
     admitted as soon (no later in the queue order, no less privileged: an emergency is not replaced
     by routine work that waits for opt-out windows or the planned buffer), and it can be admitted
     at all (not held, not a gang's, its target not refused). Otherwise both go, in order, in one
-    drain (the handover skips the older one if the newer went first)."""
+    drain (the handover skips the older one if the newer went first), or the older one waits for
+    its host and is superseded once the newer one is applied there (a gang's member too:
+    returning.successors, supersede_older_than_in_place)."""
 
     def may_replace(older: TaskRef, newer: TaskRef) -> bool:
         return (

@@ -18,14 +18,15 @@ from opsplanner.services.tick import supersede
 from opsplanner.services.tick.checks import incompatible_targets
 from opsplanner.services.tick.context import TaskRef, TickContext, task_refs_from_rows, task_rows
 
-# Asked whenever a drained host's work is applied: compiled once (opsplanner/prepared.py).
-_CANDIDATES = PreparedQuery(
+# Asked whenever a host's work is applied: compiled once (opsplanner/prepared.py). A gang's tasks
+# are read too: none takes a host alone (its gang is admitted whole), but one older than a target
+# applied on its host is superseded all the same, else its gang would take the host back down.
+_PENDING_ON_HOSTS = PreparedQuery(
     lambda *, hosts: task_rows(
         HostTask.objects.filter(
             host_id__any=hosts,
             state=TaskState.PENDING,
             operation__state=OperationState.OPEN,
-            operation__gang=False,
         ).order_by("host_id", "-priority", "created_at", "id")
     ),
     hosts=IDS,
@@ -59,21 +60,21 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     host only if admission would let it: not one whose target became incompatible (it keeps waiting,
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
     end here instead: one older than a newer target of the component applied in its drain
-    (superseded), one at or below what the host runs (nothing to do); one older than a newer target
-    pending for the host waits (superseded once that one is applied, or the host runs it already).
+    (superseded, a gang's member too, though it never takes the host alone), one at or below what
+    the host runs (nothing to do); one older than a newer target pending for the host waits
+    (superseded once that one is applied, or the host runs it already).
     `installed` False: the tasks ending (the first of their drains) installed nothing, and nothing
     in their drains is applied yet."""
-    pending = task_refs_from_rows(_CANDIDATES.rows(hosts=set(applied)))
-    held = frozenset(task.host_id for task in pending.values() if task.hold_reason)
+    pending = task_refs_from_rows(_PENDING_ON_HOSTS.rows(hosts=set(applied)))
+    held = frozenset(task.host_id for task in pending.values() if task.hold_reason and not task.gang)
     candidates = {task_id: task for task_id, task in pending.items() if not task.hold_reason}
-    incompatible = incompatible_targets(candidates.values())
-    # Every candidate not refused is applied in this drain, in turn: the newest of a component may
-    # replace the older ones whatever their order.
-    left = list(candidates.values())
     applied_newer: dict[int, TaskRef] = {}
-    if installed and any(task.target_version_id for task in left):  # only upgrades can be older than what was applied
-        applied_newer = supersede.older_than_applied(left, _applied_in_drains(applied))
-    left = [task for task in left if task.id not in applied_newer]
+    if installed and any(task.target_version_id for task in candidates.values()):  # only upgrades can be older
+        applied_newer = supersede.older_than_applied(candidates.values(), _applied_in_drains(applied))
+    # Every candidate not refused is applied in this drain, in turn: the newest of a component may
+    # replace the older ones whatever their order. A gang's task takes no host alone, nor waits here.
+    left = [task for task in candidates.values() if not task.gang and task.id not in applied_newer]
+    incompatible = incompatible_targets(left)
     pending_newer = supersede.newer_pending(left, may_replace=lambda _, new: new.id not in incompatible)
     left = [task for task in left if task.id not in pending_newer]
     runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
@@ -90,18 +91,18 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
 
 def supersede_older_than_in_place(ctx: TickContext, applied: list[TaskRef]) -> None:
     """Upgrades just applied in place (no drain, so no handover after them) supersede the older
-    pending upgrades of their component on their hosts: admission kept those waiting for the host
-    they held (_settle_superseded), so that one failed or cancelled leaves the host the older one.
-    Only where the host now runs the target or newer: an executor may report its work done and the
-    host on another version (no pre-return gate checks work done in place). Two reads, only when an
-    upgrade finishes in place; a held task is left, as at the handover."""
+    pending upgrades of their component on their hosts, a gang's included: admission kept those
+    waiting for the host they held (_settle_superseded), so that one failed or cancelled leaves the
+    host the older one. Only where the host now runs the target or newer: an executor may report
+    its work done and the host on another version (no pre-return gate checks work done in place).
+    Two reads, only when an upgrade finishes in place; a held task is left, as at the handover."""
     upgrades = [task for task in applied if task.target_version_id]
     if upgrades:
         reached = supersede.at_or_past_target(upgrades, supersede.installed_versions(upgrades))
         upgrades = [task for task in upgrades if task.id in reached]
     if not upgrades:
         return
-    pending = task_refs_from_rows(_CANDIDATES.rows(hosts={task.host_id for task in upgrades}))
+    pending = task_refs_from_rows(_PENDING_ON_HOSTS.rows(hosts={task.host_id for task in upgrades}))
     candidates = {task_id: task for task_id, task in pending.items() if not task.hold_reason}
     supersede.finish_superseded(ctx, candidates, supersede.older_than_applied(candidates.values(), upgrades))
 

@@ -10,7 +10,9 @@ Admission and handover both ask, before a pending upgrade task takes its host:
   the newer one cancelled, failed or withdrawn before the host has it leaves the host the older one,
   not neither (a drain for a target withdrawn meanwhile passes the host to it). It did nothing, so
   it is not `done`; but nobody cancelled its operation, which completes (not cancelled) once its
-  tasks have finished, the superseded ones included.
+  tasks have finished, the superseded ones included. A gang's task is not held back at admission
+  (its gang is judged whole) but is superseded as any once the newer one is applied on its host;
+  the rest of its gang is then admitted without it.
 - does the host already run its target (or something newer, not withdrawn, where the operation says
   the target or newer will do: `or_newer`, a train's upgrade, regular or emergency)? It finishes
   `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
