@@ -146,12 +146,12 @@ def versions_withdrawal_apply(
     active upgrade to them is offboarded through the upgrade's own service (pending work cancelled,
     hosts running it rolled back); a version without one has the hosts that may serve with it rolled
     back all the same (`version_rollback`), rather than left serving it until their next drain, and
-    the completed upgrades they reached only through it active again, as an offboarding does. Not
+    what that takes them below asked for again (`fallen_back_restore`), as an offboarding does. Not
     when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then.
     Whichever way, the installs of them no executor has claimed are stopped (`installs_stop`): the
     offboardings', the ad-hoc operations', the rollbacks' and the emergencies'."""
     from trains.models import Upgrade, UpgradeState
-    from trains.services.offboarding import upgrade_offboard, upgrades_fallen_back_reopen
+    from trains.services.offboarding import fallen_back_restore, upgrade_offboard
 
     version_ids = list(version_ids)
     stopped = installs_stop(version_ids=version_ids, reason=reason, actor=actor)
@@ -173,7 +173,7 @@ def versions_withdrawal_apply(
         )
         rollbacks += rollback.operations
         without_previous += rollback.without_previous
-        upgrades_fallen_back_reopen(withdrawn=version, why=f"withdrawn: {reason}", actor=actor)
+        fallen_back_restore(withdrawn=version, why=f"withdrawn: {reason}", actor=actor)
     return Withdrawal(
         offboarded=len(offboarded),
         rollbacks=rollbacks,

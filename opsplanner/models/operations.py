@@ -88,6 +88,11 @@ class Operation(models.Model):
         help_text="its target or a newer release will do (a train's upgrade, regular or emergency); "
         "otherwise an older target is a deliberate downgrade",
     )
+    resubmission_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="resubmissions",
+        help_text="the ad-hoc operation whose superseded work this one asks for again, the version that "
+        "superseded it withdrawn (opsplanner.services.resubmission)",
+    )  # fmt: skip
     created_at = models.DateTimeField(default=clock.now)
     cancelled_at = models.DateTimeField(
         null=True, blank=True, help_text="when it was cancelled; tasks then under way finish, and it closes cancelled"

@@ -75,6 +75,7 @@ class OperationRequest:
     hold_reason: str = ""
     override_buffers: bool = False
     or_newer: bool = False  # the target or a newer release will do (tick/supersede.py)
+    resubmission_of: int | None = None  # the operation whose lost work this asks for again (resubmission.py)
 
 
 class OperationFields(TypedDict, total=False):
@@ -99,6 +100,7 @@ class OperationFields(TypedDict, total=False):
     hold_reason: str
     override_buffers: bool
     or_newer: bool
+    resubmission_of: int | None
 
 
 def operation_submit(*, actor: Actor = None, **fields: Unpack[OperationFields]) -> Operation:
@@ -245,11 +247,13 @@ def _operation(
         hold_reason=request.hold_reason[:300],
         override_buffers=request.override_buffers,
         or_newer=request.or_newer,
+        resubmission_of_id=request.resubmission_of,
         created_at=now,
     )
     # The table's check constraints are checked above, in words (each would otherwise cost a query),
-    # and so are the two references: the target was read in this transaction, the user is the actor.
-    operation.full_clean(validate_constraints=False, exclude=["component_version", "requested_by"])
+    # and so are the references: the target was read in this transaction, the user is the actor, the
+    # operation resubmitted was read by the resubmission.
+    operation.full_clean(validate_constraints=False, exclude=["component_version", "requested_by", "resubmission_of"])
     return operation
 
 

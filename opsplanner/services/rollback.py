@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from opsplanner import clock
@@ -77,6 +77,18 @@ def hosts_serving_counts(version_ids: Iterable[int]) -> dict[int, int]:
         .order_by()
     )
     return {row["version_id"]: row["n"] for row in rows}
+
+
+def going_back_below(target: Any) -> Q:
+    """InstalledVersion rows of a withdrawn version whose host its rollback takes below `target` (a
+    sort key, or a reference to one): the version it ran before is older or withdrawn too, or there is
+    none (the pre-return gate takes the withdrawn version off). What fell back with the withdrawal: a
+    completed upgrade's hosts (trains/services/offboarding.py) or an ad-hoc operation's (resubmission.py)."""
+    return (
+        Q(previous_version__isnull=True)
+        | Q(previous_version__sort_key__lt=target)
+        | Q(previous_version__withdrawn_at__isnull=False)
+    )
 
 
 def version_rollback(

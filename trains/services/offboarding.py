@@ -1,20 +1,22 @@
 """Offboarding a failing upgrade: its pending work cancelled, its version withdrawn and rolled
-back, and the completed upgrades that some hosts reached only through it made active again
-(re-onboarding, asked and approved, is trains/services/reonboarding.py)."""
+back, the completed upgrades that some hosts reached only through it made active again, and the
+ad-hoc work it superseded on hosts its rollback takes below asked for again (re-onboarding, asked and
+approved, is trains/services/reonboarding.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 
 from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
 from opsplanner.services.operations import operation_cancel
-from opsplanner.services.rollback import installs_stop, stopped_operations_open, version_rollback
+from opsplanner.services.resubmission import superseded_work_resubmit
+from opsplanner.services.rollback import going_back_below, installs_stop, stopped_operations_open, version_rollback
 from trains.models import Upgrade, UpgradePhase, UpgradeState
 from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import upgrade_tasks
@@ -25,7 +27,8 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     withdrawn (no host returns running it: repairs roll it back; its installs no executor claimed
     yet are stopped, and their operations of this pool cancelled), hosts that may serve with it
     (back in service, past the pre-return gate, draining) get a rollback operation, and completed
-    upgrades that some hosts reached only through it are active again (upgrades_fallen_back_reopen).
+    upgrades that some hosts reached only through it are active again, and ad-hoc work it
+    superseded is asked for again (fallen_back_restore).
     Runs in the caller's transaction."""
     now = clock.now()
     # The pool's tick lock, then the version's row, then the upgrade's: the order of the train tick
@@ -71,7 +74,7 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         subject=upgrade,
         refused_kind="upgrade.rollback_refused",
     )
-    reopened = upgrades_fallen_back_reopen(
+    fallen_back = fallen_back_restore(
         withdrawn=target, why=f"withdrawn as upgrade #{upgrade.pk} was offboarded", offboarded=upgrade.pk, actor=actor
     )
     failed_hosts = list(
@@ -88,7 +91,8 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
             "installs_stopped": stopped.installs,
             "rollbacks": rollback.operations,
             "failed_hosts": failed_hosts,
-            "reopened": reopened,
+            "reopened": fallen_back.reopened,
+            "resubmitted": fallen_back.resubmitted,
         },
     )
     event_record(
@@ -101,14 +105,24 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     return True
 
 
-def _going_back_below(target: Any) -> Q:
-    """InstalledVersion rows of a withdrawn version whose host its rollback takes below `target` (a
-    sort key, or a reference to one): the version it ran before is older or withdrawn too, or there is
-    none (the pre-return gate takes the withdrawn version off)."""
-    return (
-        Q(previous_version__isnull=True)
-        | Q(previous_version__sort_key__lt=target)
-        | Q(previous_version__withdrawn_at__isnull=False)
+class FallenBack(NamedTuple):
+    """What a withdrawal asked for again (`fallen_back_restore`)."""
+
+    reopened: list[int]  # completed upgrades made active again
+    resubmitted: list[int]  # ad-hoc operations submitted again (opsplanner.services.resubmission)
+
+
+def fallen_back_restore(
+    *, withdrawn: ComponentVersion, why: str, offboarded: int | None = None, actor: Actor
+) -> FallenBack:
+    """Ask again for what the withdrawn version's rollback takes hosts below: the completed upgrades
+    they reached only through it (upgrades_fallen_back_reopen), and the ad-hoc upgrades it superseded
+    (superseded_work_resubmit). The one place both ways of withdrawing call (an offboarding, and an
+    operator's or the fleet file's withdrawal of a version no upgrade offboarded), in their
+    transaction, after their rollback. `why` the version was withdrawn."""
+    return FallenBack(
+        reopened=upgrades_fallen_back_reopen(withdrawn=withdrawn, why=why, offboarded=offboarded, actor=actor),
+        resubmitted=superseded_work_resubmit(withdrawn=withdrawn, why=why, actor=actor),
     )
 
 
@@ -124,7 +138,7 @@ def upgrades_fallen_back_reopen(
     ids made active."""
     running = InstalledVersion.objects.filter(version=withdrawn, host__pool_id=OuterRef("pool_id"))
     candidates = Upgrade.objects.filter(
-        Exists(running.filter(_going_back_below(OuterRef("component_version__sort_key")))),
+        Exists(running.filter(going_back_below(OuterRef("component_version__sort_key")))),
         state=UpgradeState.COMPLETED,
         component_version__component_id=withdrawn.component_id,
         component_version__sort_key__lt=withdrawn.sort_key,
@@ -136,7 +150,7 @@ def upgrades_fallen_back_reopen(
         except ValidationError:  # a name its scope used is gone: what it covers cannot be told
             continue
         fallen = sorted(
-            InstalledVersion.objects.filter(_going_back_below(upgrade.component_version.sort_key))
+            InstalledVersion.objects.filter(going_back_below(upgrade.component_version.sort_key))
             .filter(version=withdrawn, host_id__any=scope)
             .values_list("host_id", flat=True)
         )

@@ -1,0 +1,196 @@
+"""Nothing lost when the version that superseded an operator's ad-hoc upgrade is withdrawn after it
+was applied: the rollback takes the host to what it ran before N+1, below the N the operator asked
+for, so the withdrawal resubmits N for that host (an ad-hoc operation linked to the original, with an
+event saying why), applied after the rollback in the same drain. Once per superseded task, not for
+an operation the operator cancelled, and not for an N withdrawn since (an alert says so instead)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+from django.db.models import F
+
+from fleet.models import ComponentVersion, Host
+from fleet.services.catalogue import component_version_release, component_version_withdraw
+from fleet.services.inventory import compatibility_rule_create
+from opsplanner.models import Event, HostTask, Operation, OperationSource, TaskState
+from opsplanner.models.operations import FailureCode
+from opsplanner.services.approvals import approval_decide
+from opsplanner.services.operations import operation_cancel
+from tests.builders import make_fleet
+from tests.driving import drive, instant_simulator
+from tests.test_superseded_versions import bios, bios_on, bios_upgrade
+from tests.trains_builders import make_user
+from trains.models import Upgrade
+from trains.services.offboarding import upgrade_offboard
+from trains.services.reonboarding import upgrade_reonboard_request
+from trains.services.upgrades import upgrade_create
+
+pytestmark = pytest.mark.django_db
+
+
+def superseded(operation: Operation, host: Host) -> bool:
+    task = operation.tasks.get(host=host)
+    return (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+
+
+def n_superseded_by_an_applied_n_plus_one(**n_fields: object) -> tuple[Operation, list[Host]]:
+    """One host on bios 2.14.0 asked for 2.16.0 (N) by an operator, then for 2.18.0 (N+1): it got
+    2.18.0 directly and the 2.16.0 task ended superseded. The operation to 2.16.0 and the hosts."""
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    wanted = bios_upgrade(hosts, "2.16.0", **n_fields)
+    bios_upgrade(hosts, "2.18.0")
+    drive(pool)
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert superseded(wanted, hosts[0])
+    return wanted, hosts
+
+
+def withdraw_n_plus_one() -> None:
+    component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks NICs", actor="op2")
+
+
+def resubmissions_of(operation: Operation) -> list[Operation]:
+    return list(Operation.objects.filter(resubmission_of=operation))
+
+
+def drains_of(host: Host) -> int:
+    return HostTask.objects.filter(host=host, drain_key=F("id")).count()
+
+
+def test_an_n_superseded_by_an_n_plus_one_withdrawn_after_it_was_applied_is_installed_after_the_rollback() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one(priority=80, needs_drain=True)
+    drains_before = drains_of(hosts[0])
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"  # not left on 2.14.0, where the rollback takes it
+    [again] = resubmissions_of(wanted)
+    assert (again.source, again.component_version, again.priority, again.needs_drain) == (
+        OperationSource.AD_HOC, bios("2.16.0"), 80, True,
+    )  # fmt: skip
+    assert again.tasks.get().state == TaskState.DONE
+    rollback = HostTask.objects.get(operation__source=OperationSource.REPAIR, host=hosts[0])
+    assert rollback.state == TaskState.HANDED_OVER  # the rollback first, then 2.16.0, in one drain
+    assert drains_of(hosts[0]) == drains_before + 1
+    event = Event.objects.get(kind="operation.resubmitted")
+    assert (event.subject_id, event.data["original"], event.data["hosts"]) == (again.pk, wanted.pk, [hosts[0].pk])
+    assert "2.18.0" in event.reason
+
+
+def test_an_n_superseded_by_an_n_plus_one_whose_upgrade_is_offboarded_is_resubmitted() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    upgrade = upgrade_create(pool=hosts[0].pool, component="bios", version="2.18.0", reason="the rest of the pool")
+
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+    drive(hosts[0].pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"
+    assert len(resubmissions_of(wanted)) == 1
+    offboarded = Event.objects.get(kind="upgrade.offboarded")
+    assert offboarded.data["resubmitted"] == [resubmissions_of(wanted)[0].pk]
+
+
+def test_a_resubmission_finds_nothing_to_do_once_the_n_plus_one_is_re_onboarded_before_the_host_left_it() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    upgrade = upgrade_create(pool=hosts[0].pool, component="bios", version="2.18.0", reason="the rest of the pool")
+    with transaction.atomic():
+        assert upgrade_offboard(upgrade=Upgrade.objects.get(pk=upgrade.pk), reason="bricks NICs")
+    drains_before = drains_of(hosts[0])
+
+    approval = upgrade_reonboard_request(upgrade_id=upgrade.pk, reason="the vendor fixed it", actor=make_user())
+    approval_decide(approval_id=approval.pk, approve=True, reason="fix verified", actor=make_user())
+    drive(hosts[0].pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"  # not taken back down to 2.16.0
+    [again] = resubmissions_of(wanted)
+    assert again.tasks.get().state == TaskState.DONE
+    assert drains_of(hosts[0]) == drains_before
+
+
+def test_withdrawing_again_after_a_release_resubmits_nothing_twice() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    withdraw_n_plus_one()
+    component_version_release(version_id=bios("2.18.0").pk, reason="false alarm", actor="op2")
+
+    withdraw_n_plus_one()  # before any tick: the host still runs 2.18.0
+    drive(hosts[0].pool)
+
+    assert len(resubmissions_of(wanted)) == 1
+    assert bios_on(hosts[0]) == "2.16.0"
+
+
+def test_a_resubmission_the_operator_cancelled_is_not_made_again_by_the_next_withdrawal() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    withdraw_n_plus_one()
+    [again] = resubmissions_of(wanted)
+    operation_cancel(operation_id=again.pk, reason="2.16.0 is not wanted after all", actor="op")
+    component_version_release(version_id=bios("2.18.0").pk, reason="false alarm", actor="op2")
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    assert resubmissions_of(wanted) == [again]
+    assert bios_on(hosts[0]) == "2.14.0"
+
+
+def test_an_n_withdrawn_itself_is_not_resubmitted_and_an_alert_says_so() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    component_version_withdraw(version_id=bios("2.16.0").pk, reason="leaks memory", actor="op2")
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    assert resubmissions_of(wanted) == []
+    assert bios_on(hosts[0]) == "2.14.0"
+    alert = Event.objects.get(kind="alert.resubmission_refused")
+    assert (alert.subject_id, alert.data["hosts"]) == (wanted.pk, [hosts[0].pk])
+    assert alert.data["refusal"] == "bios 2.16.0 is withdrawn: leaks memory"
+
+
+def test_an_n_now_incompatible_is_not_resubmitted_and_an_alert_says_so() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+    cuda = ComponentVersion.objects.get(component__name="cuda-runtime", version="12.4.1")
+    compatibility_rule_create(job_facing_version=cuda, lower_component=bios("2.16.0").component, max_version="2.15.0")
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    assert resubmissions_of(wanted) == []
+    assert bios_on(hosts[0]) == "2.14.0"  # the rollback, still compatible, ran
+    alert = Event.objects.get(kind="alert.resubmission_refused")
+    assert (alert.subject_id, alert.data["hosts"]) == (wanted.pk, [hosts[0].pk])
+    assert "would break a compatibility rule" in alert.data["refusal"]
+
+
+def test_an_operation_the_operator_cancelled_is_not_resubmitted() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=2, planned_buffer_hosts=1)
+    bios_upgrade(hosts[:1], "2.18.0")  # first in the queue: the one host the buffer lets out
+    wanted = bios_upgrade(hosts, "2.16.0")
+    drive(pool, until=lambda: superseded(wanted, hosts[0]), check=False)
+    operation_cancel(operation_id=wanted.pk, reason="not needed any more", actor="op")
+    drive(pool)
+
+    withdraw_n_plus_one()
+    drive(pool)
+
+    assert resubmissions_of(wanted) == []
+    assert bios_on(hosts[0]) == "2.14.0"
+
+
+def test_a_host_that_asked_for_nothing_below_the_withdrawn_version_gets_only_its_rollback() -> None:
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    bios_upgrade(hosts, "2.18.0")
+    drive(pool)
+
+    withdraw_n_plus_one()
+    drive(pool)
+
+    assert not Event.objects.filter(kind="operation.resubmitted").exists()
+    assert Operation.objects.filter(source=OperationSource.AD_HOC).count() == 1
+    assert bios_on(hosts[0]) == "2.14.0"
