@@ -443,6 +443,11 @@ def jobs_run(
     return results
 
 
+# How long `last_line` waits, after the shard's process ended, for the pipe of its standard error to
+# close. It closes once every writer did: at once, unless a grandchild the shard left holds it open.
+RELAY_DRAIN_SECONDS = 60.0
+
+
 class _StderrRelay:
     """Passes a shard's standard error on to ours as it comes (its progress and its error stay where
     they were), keeping its last line for ShardFailed."""
@@ -457,13 +462,16 @@ class _StderrRelay:
             return
         for raw in stream:
             line = raw.decode(errors="replace")
+            if line.strip():  # kept before it is passed on: our own stderr may be slow to take it
+                self._last = line.strip()
             sys.stderr.write(line)
             sys.stderr.flush()
-            if line.strip():
-                self._last = line.strip()
 
     def last_line(self) -> str:
-        self._thread.join(timeout=5)  # the process has ended: what is left in the pipe comes at once
+        """The shard's last line, once its process has ended. Waits for the relay to reach the end of
+        the pipe rather than a few seconds: a relay lagging behind the exit (a loaded machine, a slow
+        stderr) lost the shard's own error. A grandchild holding the pipe costs the bound, no hang."""
+        self._thread.join(timeout=RELAY_DRAIN_SECONDS)
         return self._last[:500]
 
 
