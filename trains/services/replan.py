@@ -48,11 +48,12 @@ def upgrade_replan(
     only a multi-cycle upgrade has). Nothing changed is no change: no write, no event.
 
     A visit already running keeps its plan and operations; the new values apply from the next visit
-    (visit_start reads the upgrades afresh each tick). Any change clears `deadline_alerted_at`: the
-    alert judged the old plan, so the forecast judges the new one at once (train_says_at_once, as
-    upgrade_create and train_update do) and alerts again, with the advice that still applies, if
-    the deadline is still missed. The promise (`promise_made_at`, `promised_cycle`, `promised_at`) is
-    kept: it records what the train promised when the upgrade was created, and is held against that.
+    (visit_start reads the upgrades afresh each tick). Any change clears the deadline alert mark
+    (`deadline_alerted_at`, `deadline_alert_fix`): the alert judged the old plan, so the forecast
+    judges the new one at once (train_says_at_once, as upgrade_create and train_update do) and
+    alerts again, with the advice that still applies, if the deadline is still missed. The promise
+    (`promise_made_at`, `promised_cycle`, `promised_at`) is kept: it records what the train promised
+    when the upgrade was created, and is held against that.
 
     An emergency upgrade is refused: its own train, approved by a second operator, takes it alone and
     whole (priority, deadline and hosts per visit mean nothing there); changing it would change what
@@ -82,9 +83,9 @@ def upgrade_replan(
     # Guarded as well as locked (SQLite, the embedded default, takes no row lock): a state changed
     # since the read, an offboarding or a completion, is never written over.
     still = Upgrade.objects.filter(pk=upgrade.pk, state__in=REPLANNABLE_STATES)
-    if still.update(**values, deadline_alerted_at=None) != 1:
+    if still.update(**values, deadline_alerted_at=None, deadline_alert_fix="") != 1:
         raise ValidationError(f"Upgrade #{upgrade.pk} changed meanwhile; read it again.", code="conflict")
-    upgrade.deadline_alerted_at = None
+    upgrade.deadline_alerted_at, upgrade.deadline_alert_fix = None, ""
     event_record(
         kind="upgrade.replanned",
         subject=upgrade,

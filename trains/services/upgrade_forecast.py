@@ -4,11 +4,14 @@ Each upgrade's first forecast is kept as its promise (`promised_cycle`, `promise
 be held against when every host ran it (trains.selectors_promise.upgrade_promise). An upgrade whose
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
 larger buffer, an emergency train, resuming its stopped train), each played forward before it is
-advised, or that no change the forecast knows meets it; once (deadline_alerted_at). An upgrade every
+advised, or that no change the forecast knows meets it; once per cause (deadline_alerted_at and
+deadline_alert_fix: again when that cause is gone and another misses it), and once the forecast
+meets it again, an event says it is back on track and the mark is cleared. An upgrade every
 visit refuses on some hosts as incompatible promises nothing until they are compatible, nor one whose
 phase in force is held until the hold lifts (its alert's fix: skip the phase). A paused
 or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
-one query while every upgrade of the pool has its promise and none waits on a deadline."""
+one query while every upgrade of the pool has its promise and none has a deadline (one with a
+deadline, alerted or not, is judged at each check: its cause may change or go away)."""
 
 from __future__ import annotations
 
@@ -49,16 +52,27 @@ class DeadlineFix(TextChoices):
     SKIP_PHASE = "skip_phase", "Skip the held phase (a second operator approves) or widen its selection"
 
 
+# Why a deadline is missed, named by the fix its alert gives: a block of its own for each of these
+# forecasts; otherwise the train's pace, whose advice (priority, buffer, whole visits, emergency
+# train, none known) is played once, as that cause is first alerted, not at every visit start.
+BLOCKED_FIXES: dict[str, str] = {
+    ForecastCode.PHASE_HELD: DeadlineFix.SKIP_PHASE,
+    ForecastCode.TRAIN_STOPPED: DeadlineFix.RESUME_TRAIN,
+    ForecastCode.INCOMPATIBLE: DeadlineFix.COMPATIBLE_TARGET,
+    ForecastCode.WAITS_FOR_HUMAN: DeadlineFix.RETURN_HOSTS,
+}
+
+
 def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     """Give each active upgrade of the pool that has none its promise, and alert for each whose
-    deadline the forecast misses (not alerted before); the ids alerted. The train tick and the
-    creation of an upgrade ask it; without a train it waits for one, and a stopped train's upgrades
-    get no promise until it runs (their deadlines are at risk meanwhile)."""
+    deadline the forecast misses, once per cause (`_deadline_judge`); the ids alerted. The train
+    tick and the creation of an upgrade ask it; without a train it waits for one, and a stopped
+    train's upgrades get no promise until it runs (their deadlines are at risk meanwhile)."""
     rows = list(
         Upgrade.objects.filter(pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False)
-        .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False, deadline_alerted_at__isnull=True))
+        .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False))
         .order_by("id")  # written in id order, as every writer of several upgrades (no deadlock)
-        .values_list("id", "deadline", "deadline_alerted_at", "promise_made_at")
+        .values_list("id", "deadline", "deadline_alert_fix", "promise_made_at")
     )
     if not rows:
         return []
@@ -68,20 +82,73 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
         return []  # no running train: the upgrade page says "not scheduled"
     done = {} if backlog.stopped else play_forward(backlog, now=now)  # a stopped train promises nothing
     _promises_make(backlog, [upgrade_id for upgrade_id, _, _, made in rows if made is None], done, now)
-    alerted = []
     by_id = {u.pk: u for u in backlog.upgrades}
-    for upgrade_id, deadline, alerted_at, _ in rows:
-        if deadline is None or alerted_at is not None or upgrade_id not in by_id:
-            continue
-        forecast = upgrade_forecast_of(by_id[upgrade_id], backlog, done)
-        if forecast.deadline_met is not False:
-            continue
-        # Guarded on the state too: an upgrade offboarded since the read gets no alert.
-        active = Upgrade.objects.filter(pk=upgrade_id, state=UpgradeState.ACTIVE)
-        if active.filter(deadline_alerted_at__isnull=True).update(deadline_alerted_at=now):
-            _alert(backlog, by_id[upgrade_id], deadline, forecast, now)
-            alerted.append(upgrade_id)
-    return alerted
+    return [
+        upgrade_id
+        for upgrade_id, deadline, alerted_fix, _ in rows
+        if deadline is not None
+        and upgrade_id in by_id
+        and _deadline_judge(backlog, by_id[upgrade_id], deadline, alerted_fix, done, now)
+    ]
+
+
+def _deadline_judge(
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, alerted_fix: str, done: dict, now: dt.datetime
+) -> bool:
+    """Alert when the forecast misses the deadline for a cause not alerted yet (none alerted, or the
+    one alerted is gone: the hold lifted, the train resumed, the hosts returned, and another misses
+    it), saying once that it is back on track when the forecast meets it again; True when alerted.
+    Each mark is guarded on the fix read, so of two checks racing one alerts, or says so."""
+    forecast = upgrade_forecast_of(upgrade, backlog, done)
+    if forecast.deadline_met is not False and not alerted_fix:
+        return False
+    # Guarded on the state too: an upgrade offboarded since the read gets no alert.
+    mark = Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE, deadline_alert_fix=alerted_fix)
+    if forecast.deadline_met is not False:
+        if _clear_of(deadline, forecast, now) and mark.update(deadline_alerted_at=None, deadline_alert_fix=""):
+            _back_on_track(upgrade, alerted_fix, forecast)
+        return False
+    if alerted_fix and _same_cause(alerted_fix, forecast):
+        return False
+    fix, advice = _what_would_meet(backlog, upgrade, deadline, forecast, now)
+    if not mark.update(deadline_alerted_at=now, deadline_alert_fix=fix):
+        return False
+    _alert(backlog, upgrade, deadline, forecast, fix, advice)
+    return True
+
+
+# An alert in force is resolved only by a forecast that meets the deadline with room to spare: one
+# that hovers at it, moving by a visit's length as visits are measured, would otherwise say "at risk"
+# and "back on track" in turn at every visit start.
+BACK_ON_TRACK_MARGIN = dt.timedelta(hours=1)
+BACK_ON_TRACK_SHARE = 0.1  # of the time left to the deadline, when that is more
+
+
+def _clear_of(deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime) -> bool:
+    """Whether the forecast meets the deadline by the margin that resolves an alert in force."""
+    margin = max(BACK_ON_TRACK_MARGIN, (deadline - now) * BACK_ON_TRACK_SHARE)
+    return forecast.at is not None and forecast.at <= deadline - margin
+
+
+def _same_cause(alerted_fix: str, forecast: UpgradeForecast) -> bool:
+    blocked = BLOCKED_FIXES.get(forecast.code)
+    return alerted_fix == blocked if blocked else alerted_fix not in BLOCKED_FIXES.values()
+
+
+def _back_on_track(upgrade: Upgrade, alerted_fix: str, forecast: UpgradeForecast) -> None:
+    event_record(
+        kind="upgrade.deadline_back_on_track",
+        subject=upgrade,
+        actor=ACTOR,
+        reason=f"upgrade #{upgrade.pk} ({upgrade.component_version}) meets its deadline again: {forecast.text}",
+        pool_id=upgrade.pool_id,
+        data={
+            "upgrade": upgrade.pk,
+            "fix": alerted_fix,  # what the alert it resolves advised
+            "forecast_at": forecast.at.isoformat() if forecast.at else None,
+            "forecast_cycle": forecast.cycle,
+        },
+    )
 
 
 def _promises_make(backlog: PoolBacklog, upgrade_ids: list[int], done: dict, now: dt.datetime) -> None:
@@ -113,9 +180,8 @@ def _promises_make(backlog: PoolBacklog, upgrade_ids: list[int], done: dict, now
 
 
 def _alert(
-    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, forecast: UpgradeForecast, fix: str, advice: str
 ) -> None:
-    fix, advice = _what_would_meet(backlog, upgrade, deadline, forecast, now)
     if forecast.hosts_escalated and fix != DeadlineFix.RETURN_HOSTS:
         advice += f"; the {forecast.hosts_escalated} hosts escalated to a human must also be returned in time"
     if forecast.code == ForecastCode.TRAIN_STOPPED:
