@@ -62,7 +62,7 @@ def test_a_skipped_phase_that_still_misses_the_deadline_alerts_again_with_the_ne
 
     assert forecast_of(upgrade).code == ForecastCode.SCHEDULED
     assert fixes_alerted(upgrade) == [DeadlineFix.SKIP_PHASE, DeadlineFix.NONE_KNOWN]
-    assert Upgrade.objects.get(pk=upgrade.pk).deadline_alert_fix == DeadlineFix.NONE_KNOWN
+    assert Upgrade.objects.get(pk=upgrade.pk).deadline_alert_fixes == [DeadlineFix.SKIP_PHASE, DeadlineFix.NONE_KNOWN]
     assert back_on_track(upgrade) == []
     upgrades_forecast_check(pool_id=pool_id, now=clock.now())  # the same cause: said once
     assert len(fixes_alerted(upgrade)) == 2
@@ -79,7 +79,7 @@ def test_a_skipped_phase_that_meets_the_deadline_says_it_is_back_on_track_and_cl
     assert (back.data["fix"], back.data["forecast_cycle"]) == (DeadlineFix.SKIP_PHASE, 1)  # what it resolves
     assert back.reason.startswith(f"upgrade #{upgrade.pk} ({upgrade.component_version}) meets its deadline again: ")
     assert "reaches every host by cycle 1" in back.reason
-    assert Upgrade.objects.values_list("deadline_alerted_at", "deadline_alert_fix").get(pk=upgrade.pk) == (None, "")
+    assert Upgrade.objects.values_list("deadline_alerted_at", "deadline_alert_fixes").get(pk=upgrade.pk) == (None, [])
 
 
 def test_a_forecast_that_meets_the_deadline_narrowly_leaves_the_alert_in_force() -> None:
@@ -92,7 +92,7 @@ def test_a_forecast_that_meets_the_deadline_narrowly_leaves_the_alert_in_force()
     Upgrade.objects.filter(pk=upgrade.pk).update(deadline=at + dt.timedelta(minutes=10))
     upgrades_forecast_check(pool_id=pool_id, now=clock.now())
     assert back_on_track(upgrade) == []
-    assert Upgrade.objects.get(pk=upgrade.pk).deadline_alert_fix == DeadlineFix.SKIP_PHASE
+    assert Upgrade.objects.get(pk=upgrade.pk).deadline_alert_fixes == [DeadlineFix.SKIP_PHASE]
 
     Upgrade.objects.filter(pk=upgrade.pk).update(deadline=at + dt.timedelta(days=1))
     upgrades_forecast_check(pool_id=pool_id, now=clock.now())
@@ -124,6 +124,20 @@ def test_a_resumed_train_whose_upgrade_still_misses_its_deadline_alerts_with_the
     assert fixes_alerted(late) == [DeadlineFix.RESUME_TRAIN, DeadlineFix.RAISE_PRIORITY]
     train_tick(train_id=train.pk)
     assert len(fixes_alerted(late)) == 2
+
+
+def test_a_cause_that_comes_back_is_not_alerted_again() -> None:
+    # A nightly freeze: paused, judged, resumed, judged, over and over. Each cause is said once.
+    pool, train = one_upgrade_per_visit()
+    create(pool, "gpu-driver", "560.35.03", priority=500)
+    late = create(pool, "bios", "2.16.0", deadline=clock.now() + dt.timedelta(hours=2))
+    for _ in range(3):
+        train_pause(train_id=train.pk, reason="change freeze", actor=make_user())
+        upgrades_forecast_check(pool_id=pool.pk, now=clock.now())
+        train_resume(train_id=train.pk, reason="freeze over", actor=make_user())
+        upgrades_forecast_check(pool_id=pool.pk, now=clock.now())
+
+    assert sorted(fixes_alerted(late)) == sorted([DeadlineFix.RAISE_PRIORITY, DeadlineFix.RESUME_TRAIN])
 
 
 def two_checks_racing(pool_id: int) -> None:

@@ -53,14 +53,14 @@ class Upgrade(models.Model):
     deadline = models.DateTimeField(
         null=True, blank=True, help_text="every host by then; ahead of upgrades of the same priority without one"
     )
-    # The deadline alert in force: when it was raised and the fix it advised (its cause); cleared
-    # when the forecast meets the deadline again or a replan changes the plan
-    # (trains/services/upgrade_forecast.py alerts again when the cause changes).
+    # The deadline alerts in force: when the last was raised and the fixes they advised (their
+    # causes), in order; cleared when the forecast meets the deadline again or a replan changes the
+    # plan (trains/services/upgrade_forecast.py alerts again for a cause not alerted yet).
     deadline_alerted_at = models.DateTimeField(
         null=True, blank=True, help_text="when the forecast last said, for a new cause, the deadline cannot be met"
     )
-    deadline_alert_fix = models.CharField(
-        max_length=32, blank=True, default="", help_text="the fix that alert advised; empty: no alert in force"
+    deadline_alert_fixes = models.JSONField(
+        default=list, blank=True, help_text="the fixes the alerts in force advised, in order; empty: none in force"
     )
     # Its promise: the first forecast its train gave it (trains/services/upgrade_forecast.py), kept
     # to be held against when every host ran it. Made at most once; no time: beyond the horizon.

@@ -5,6 +5,7 @@ approved, is trains/services/reonboarding.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 from django.core.exceptions import ValidationError
@@ -54,18 +55,18 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     # Withdrawn now: no host installs it from here on, not even one whose install is queued.
     stopped = installs_stop(version_ids=[target.pk], reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
     # Its visits' operations with work pending, and the operations of this pool whose installs were
-    # stopped (an ad-hoc one to the version too), as a withdrawal cancels them: they installed nothing.
+    # stopped (an ad-hoc one to the version too), as a withdrawal cancels them: their installs there
+    # ran nothing. In id order; the pending tasks cancelled counted apart, its own and the others'.
     with_pending = HostTask.objects.filter(operation=OuterRef("pk"), state=TaskState.PENDING)
     open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN).filter(
         Exists(with_pending)
     )
-    cancelling = set(open_ops.values_list("id", flat=True)) | stopped_operations_open(
-        stopped, only_pool=upgrade.pool_id
-    )
-    cancelled = sum(
-        operation_cancel(operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
-        for pk in sorted(cancelling)
-    )
+    own = set(open_ops.values_list("id", flat=True))
+    cancelled = Counter[bool]()
+    for pk in sorted(own | stopped_operations_open(stopped, only_pool=upgrade.pool_id)):
+        cancelled[pk in own] += operation_cancel(
+            operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
+        )
     rollback = version_rollback(
         version=target,
         scope=f"upgrade #{upgrade.pk}",
@@ -87,7 +88,8 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         reason=reason,
         pool_id=upgrade.pool_id,
         data={
-            "cancelled_tasks": cancelled,
+            "cancelled_tasks": cancelled[True],
+            "other_tasks_cancelled": cancelled[False],  # of other operations whose installs were stopped
             "installs_stopped": stopped.installs,
             "rollbacks": rollback.operations,
             "failed_hosts": failed_hosts,

@@ -49,7 +49,7 @@ def upgrade_replan(
 
     A visit already running keeps its plan and operations; the new values apply from the next visit
     (visit_start reads the upgrades afresh each tick). Any change clears the deadline alert mark
-    (`deadline_alerted_at`, `deadline_alert_fix`): the alert judged the old plan, so the forecast
+    (`deadline_alerted_at`, `deadline_alert_fixes`): the alert judged the old plan, so the forecast
     judges the new one at once (train_says_at_once, as upgrade_create and train_update do) and
     alerts again, with the advice that still applies, if the deadline is still missed. The promise
     (`promise_made_at`, `promised_cycle`, `promised_at`) is kept: it records what the train promised
@@ -83,9 +83,9 @@ def upgrade_replan(
     # Guarded as well as locked (SQLite, the embedded default, takes no row lock): a state changed
     # since the read, an offboarding or a completion, is never written over.
     still = Upgrade.objects.filter(pk=upgrade.pk, state__in=REPLANNABLE_STATES)
-    if still.update(**values, deadline_alerted_at=None, deadline_alert_fix="") != 1:
+    if still.update(**values, deadline_alerted_at=None, deadline_alert_fixes=[]) != 1:
         raise ValidationError(f"Upgrade #{upgrade.pk} changed meanwhile; read it again.", code="conflict")
-    upgrade.deadline_alerted_at, upgrade.deadline_alert_fix = None, ""
+    upgrade.deadline_alerted_at, upgrade.deadline_alert_fixes = None, []
     event_record(
         kind="upgrade.replanned",
         subject=upgrade,

@@ -5,8 +5,9 @@ be held against when every host ran it (trains.selectors_promise.upgrade_promise
 forecast misses its deadline raises an alert that says what would meet it (a higher priority, a
 larger buffer, an emergency train, resuming its stopped train), each played forward before it is
 advised, or that no change the forecast knows meets it; once per cause (deadline_alerted_at and
-deadline_alert_fix: again when that cause is gone and another misses it), and once the forecast
-meets it again, an event says it is back on track and the mark is cleared. An upgrade every
+deadline_alert_fixes, the fixes alerted: again for a cause not alerted yet, when the one alerted is
+gone and another misses it, but not for one that comes back), and once the forecast meets it again
+by a margin, an event says it is back on track and the mark is cleared. An upgrade every
 visit refuses on some hosts as incompatible promises nothing until they are compatible, nor one whose
 phase in force is held until the hold lifts (its alert's fix: skip the phase). A paused
 or autostopped train promises nothing: the first visit it starts once resumed does. Runs in the caller's transaction;
@@ -72,7 +73,7 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
         Upgrade.objects.filter(pool_id=pool_id, state=UpgradeState.ACTIVE, emergency=False)
         .filter(Q(promise_made_at__isnull=True) | Q(deadline__isnull=False))
         .order_by("id")  # written in id order, as every writer of several upgrades (no deadlock)
-        .values_list("id", "deadline", "deadline_alert_fix", "promise_made_at")
+        .values_list("id", "deadline", "deadline_alert_fixes", "promise_made_at")
     )
     if not rows:
         return []
@@ -85,33 +86,34 @@ def upgrades_forecast_check(*, pool_id: int, now: dt.datetime) -> list[int]:
     by_id = {u.pk: u for u in backlog.upgrades}
     return [
         upgrade_id
-        for upgrade_id, deadline, alerted_fix, _ in rows
+        for upgrade_id, deadline, alerted, _ in rows
         if deadline is not None
         and upgrade_id in by_id
-        and _deadline_judge(backlog, by_id[upgrade_id], deadline, alerted_fix, done, now)
+        and _deadline_judge(backlog, by_id[upgrade_id], deadline, alerted, done, now)
     ]
 
 
 def _deadline_judge(
-    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, alerted_fix: str, done: dict, now: dt.datetime
+    backlog: PoolBacklog, upgrade: Upgrade, deadline: dt.datetime, alerted: list[str], done: dict, now: dt.datetime
 ) -> bool:
-    """Alert when the forecast misses the deadline for a cause not alerted yet (none alerted, or the
-    one alerted is gone: the hold lifted, the train resumed, the hosts returned, and another misses
-    it), saying once that it is back on track when the forecast meets it again; True when alerted.
-    Each mark is guarded on the fix read, so of two checks racing one alerts, or says so."""
+    """Alert when the forecast misses the deadline for a cause not alerted yet (`alerted`, the fixes
+    alerted since the mark was last cleared: none, or the hold lifted, the train resumed, the hosts
+    returned, and another cause misses it; a cause that comes back, a train paused again, is not
+    alerted twice), saying once that it is back on track when the forecast meets it again; True when
+    alerted. Each mark is guarded on the fixes read, so of two checks racing one alerts, or says so."""
     forecast = upgrade_forecast_of(upgrade, backlog, done)
-    if forecast.deadline_met is not False and not alerted_fix:
+    if forecast.deadline_met is not False and not alerted:
         return False
     # Guarded on the state too: an upgrade offboarded since the read gets no alert.
-    mark = Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE, deadline_alert_fix=alerted_fix)
+    mark = Upgrade.objects.filter(pk=upgrade.pk, state=UpgradeState.ACTIVE, deadline_alert_fixes=alerted)
     if forecast.deadline_met is not False:
-        if _clear_of(deadline, forecast, now) and mark.update(deadline_alerted_at=None, deadline_alert_fix=""):
-            _back_on_track(upgrade, alerted_fix, forecast)
+        if _clear_of(deadline, forecast, now) and mark.update(deadline_alerted_at=None, deadline_alert_fixes=[]):
+            _back_on_track(upgrade, alerted[-1], forecast)
         return False
-    if alerted_fix and _same_cause(alerted_fix, forecast):
+    if _alerted_for(alerted, forecast):
         return False
     fix, advice = _what_would_meet(backlog, upgrade, deadline, forecast, now)
-    if not mark.update(deadline_alerted_at=now, deadline_alert_fix=fix):
+    if not mark.update(deadline_alerted_at=now, deadline_alert_fixes=[*alerted, fix]):
         return False
     _alert(backlog, upgrade, deadline, forecast, fix, advice)
     return True
@@ -130,9 +132,13 @@ def _clear_of(deadline: dt.datetime, forecast: UpgradeForecast, now: dt.datetime
     return forecast.at is not None and forecast.at <= deadline - margin
 
 
-def _same_cause(alerted_fix: str, forecast: UpgradeForecast) -> bool:
+def _alerted_for(alerted: list[str], forecast: UpgradeForecast) -> bool:
+    """Whether the cause of this forecast's miss was alerted already: its block's fix, or for the
+    train's pace any pace fix."""
     blocked = BLOCKED_FIXES.get(forecast.code)
-    return alerted_fix == blocked if blocked else alerted_fix not in BLOCKED_FIXES.values()
+    if blocked:
+        return blocked in alerted
+    return any(fix not in BLOCKED_FIXES.values() for fix in alerted)
 
 
 def _back_on_track(upgrade: Upgrade, alerted_fix: str, forecast: UpgradeForecast) -> None:

@@ -1,4 +1,4 @@
-"""An upgrade remembers the fix its deadline alert advised (its cause), so a new cause is alerted
+"""An upgrade remembers the fixes its deadline alerts advised (their causes), so a new cause is alerted
 again and a deadline met again clears the alert (trains/services/upgrade_forecast.py). Upgrades
 alerted before take the fix of their last alert, so they are not alerted again for the same cause."""
 
@@ -18,8 +18,9 @@ def upgrades_alert_fix_from_events(apps, schema_editor):
             .first()
         )
         fix = (last or {}).get("fix") or ""
-        if fix:
-            Upgrade.objects.filter(pk=upgrade_id).update(deadline_alert_fix=fix[:32])
+        # Without a fix to remember, no alert is in force: the mark is cleared, as the field says.
+        changes = {"deadline_alert_fixes": [fix]} if fix else {"deadline_alerted_at": None}
+        Upgrade.objects.filter(pk=upgrade_id).update(**changes)
 
 
 class Migration(migrations.Migration):
@@ -31,9 +32,9 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="upgrade",
-            name="deadline_alert_fix",
-            field=models.CharField(
-                blank=True, default="", help_text="the fix that alert advised; empty: no alert in force", max_length=32
+            name="deadline_alert_fixes",
+            field=models.JSONField(
+                blank=True, default=list, help_text="the fixes the alerts in force advised, in order; empty: none in force"
             ),
         ),
         migrations.AlterField(
