@@ -16,7 +16,8 @@ superseded once the newer one is applied: in the drain it is admitted to (at the
 it), as it finishes in place, or in the tick it is admitted if the host runs it already; not
 before: were the newer one cancelled, failed or withdrawn before the host has it, the host would
 get neither. An admitted upgrade whose host already runs its target (or newer) finishes
-without a drain (supersede.py), after which what waits is judged again in the same tick.
+without a drain, and one older than what its host got after it was created (while it was held,
+say) ends superseded (supersede.py), after which what waits is judged again in the same tick.
 """
 
 from __future__ import annotations

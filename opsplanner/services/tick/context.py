@@ -131,7 +131,7 @@ class TaskRef:
     queued_at: float  # when the task was created, as a number: only ever compared, never shown
 
 
-class _SortableTime(models.Func):
+class SortableTime(models.Func):
     """A timestamp as a number that sorts like it: reading thousands of timestamps as datetime
     objects costs the tick more than anything else it reads."""
 
@@ -170,7 +170,7 @@ OPERATION_FIELDS = {
 
 def task_rows(queryset: models.QuerySet[HostTask]) -> models.QuerySet[HostTask, tuple[Any, ...]]:
     """The queryset as the rows task_refs_from_rows() takes: TASK_FIELDS, in that order."""
-    return queryset.annotate(queued_at=_SortableTime("created_at")).values_list(*TASK_FIELDS)
+    return queryset.annotate(queued_at=SortableTime("created_at")).values_list(*TASK_FIELDS)
 
 
 def task_refs(queryset: models.QuerySet[HostTask]) -> dict[int, TaskRef]:

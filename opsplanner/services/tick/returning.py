@@ -61,7 +61,8 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     with the reason, and the host is verified and returned). Upgrades the drained host must not get
     end here instead: one older than a newer target of the component applied in its drain
     (superseded, a gang's member too, though it never takes the host alone), one at or below what
-    the host runs (nothing to do); one older than a newer target pending for the host waits
+    the host runs (nothing to do), one older than what the host got after it was created (overtaken:
+    a held task's hold lifted since, say); one older than a newer target pending for the host waits
     (superseded once that one is applied, or the host runs it already).
     `installed` False: the tasks ending (the first of their drains) installed nothing, and nothing
     in their drains is applied yet."""
@@ -77,15 +78,16 @@ def successors(ctx: TickContext, applied: dict[int, TaskRef], *, installed: bool
     incompatible = incompatible_targets(left)
     pending_newer = supersede.newer_pending(left, may_replace=lambda _, new: new.id not in incompatible)
     left = [task for task in left if task.id not in pending_newer]
-    runs = supersede.nothing_to_do(left, supersede.installed_versions(left))
+    runs, overtaken = supersede.by_what_hosts_run(left)
     takers: dict[int, TaskRef] = {}
     for task in left:
-        if task.id not in incompatible and task.id not in runs:
+        if task.id not in incompatible and task.id not in runs and task.id not in overtaken:
             takers.setdefault(task.host_id, task)
     # The host already runs what supersedes them: nothing to wait for.
     settled = {older: newer for older, newer in pending_newer.items() if newer.id in runs}
     supersede.finish_superseded(ctx, candidates, {**applied_newer, **settled})
     supersede.finish_nothing_to_do(ctx, candidates, runs)
+    supersede.finish_overtaken(ctx, candidates, overtaken)
     return Successors(takers, held)
 
 
@@ -95,7 +97,8 @@ def supersede_older_than_in_place(ctx: TickContext, applied: list[TaskRef]) -> N
     waiting for the host they held (_settle_superseded), so that one failed or cancelled leaves the
     host the older one. Only where the host now runs the target or newer: an executor may report
     its work done and the host on another version (no pre-return gate checks work done in place).
-    Two reads, only when an upgrade finishes in place; a held task is left, as at the handover."""
+    Two reads, only when an upgrade finishes in place; a held task is left, as at the handover: it
+    ends superseded once its hold lifts, when it would take the host (supersede.overtaken)."""
     upgrades = [task for task in applied if task.target_version_id]
     if upgrades:
         reached = supersede.at_or_past_target(upgrades, supersede.installed_versions(upgrades))

@@ -16,7 +16,10 @@ Admission and handover both ask, before a pending upgrade task takes its host:
 - does the host already run its target (or something newer, not withdrawn, where the operation says
   the target or newer will do: `or_newer`, a train's upgrade, regular or emergency)? It finishes
   `done` without a drain: there is nothing to do. An operator's ad-hoc or emergency operation to an
-  older version, and the repair flow's rollback, are deliberate downgrades and still run.
+  older version, and the repair flow's rollback, are deliberate downgrades and still run, but for
+  one created before the host got the newer version (`overtaken`): N+1 reached the host while N
+  waited, by whatever path (on hold, when nothing above judges it; from a drain before; reported by
+  the host), so N ends `superseded` when it would take the host, at admission or at a handover.
 A withdrawn version supersedes nothing (`supersedes`, the one definition): it is to be rolled back,
 so the host still wants the older version (a reopened upgrade's, say), applied after it in its drain.
 Versions are compared by `ComponentVersion.sort_key` (fleet/versions.py), read with each task.
@@ -31,13 +34,14 @@ from typing import NamedTuple
 from fleet.models import ComponentVersion, InstalledVersion
 from opsplanner.models import OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.tick.context import TaskRef, TickContext
+from opsplanner.services.tick.context import SortableTime, TaskRef, TickContext
 
 
 class Installed(NamedTuple):
     sort_key: str
     label: str  # "bios 2.18.0"
     withdrawn: bool  # offboarded or withdrawn by hand: to be rolled back, so no newer version to keep
+    since: float  # installed_at, as TaskRef.queued_at (the same SQL): only compared with it
 
 
 def _is_upgrade(task: TaskRef) -> bool:
@@ -107,14 +111,24 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
     upgrades = [t for t in tasks if _is_upgrade(t)]
     if not upgrades:
         return {}
-    rows = InstalledVersion.objects.filter(
-        host_id__any={t.host_id for t in upgrades}, component_id__any={t.target_component_id for t in upgrades}
-    ).values_list(
-        "host_id", "component_id", "version__sort_key", "component__name", "version__version", "version__withdrawn_at"
+    rows = (
+        InstalledVersion.objects.filter(
+            host_id__any={t.host_id for t in upgrades}, component_id__any={t.target_component_id for t in upgrades}
+        )
+        .annotate(since=SortableTime("installed_at"))
+        .values_list(
+            "host_id",
+            "component_id",
+            "version__sort_key",
+            "component__name",
+            "version__version",
+            "version__withdrawn_at",
+            "since",
+        )
     )
     return {
-        (host, component): Installed(key, f"{name} {version}", withdrawn is not None)
-        for host, component, key, name, version, withdrawn in rows
+        (host, component): Installed(key, f"{name} {version}", withdrawn is not None, since)
+        for host, component, key, name, version, withdrawn, since in rows
     }
 
 
@@ -145,6 +159,53 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
         ):
             found[task.id] = runs.label
     return found
+
+
+def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
+    """{task id: what the host runs} for upgrade tasks whose host got a newer version, not withdrawn,
+    after the task was created: applying them would take the host back down to a version superseded
+    while they waited, whatever brought the newer one (a drain or an in-place install while they were
+    held, a train, the host's own report). A task created after the host got it asks for a downgrade
+    on purpose (an operator's ad-hoc or emergency operation): it is not here, and runs."""
+    found: dict[int, str] = {}
+    for task in tasks:
+        runs = installed.get(_slot(task)) if _is_upgrade(task) else None
+        if runs is None or task.target_sort_key is None or runs.withdrawn:
+            continue
+        if task.target_sort_key < runs.sort_key and runs.since > task.queued_at:
+            found[task.id] = runs.label
+    return found
+
+
+def by_what_hosts_run(tasks: list[TaskRef]) -> tuple[dict[int, str], dict[int, str]]:
+    """What the hosts run already settles, for pending upgrades about to take their host: (those with
+    nothing to do, those overtaken), each {task id: what the host runs}. One read, only for upgrades.
+    Both are asked wherever a task takes a host (admission, handover): the one place of this rule."""
+    if not any(task.target_version_id for task in tasks):
+        return {}, {}
+    installed = installed_versions(tasks)
+    runs = nothing_to_do(tasks, installed)
+    return runs, overtaken([task for task in tasks if task.id not in runs], installed)
+
+
+def finish_overtaken(ctx: TickContext, tasks: dict[int, TaskRef], runs: dict[int, str]) -> None:
+    """Pending → cancelled with the code superseded (as any task a newer version superseded: the
+    withdrawn version's rollback asks again for it, resubmission.py), naming what the host runs. One
+    guarded UPDATE per version, an event per task."""
+    by_label: dict[str, list[TaskRef]] = defaultdict(list)
+    for task_id, label in runs.items():
+        by_label[label].append(tasks[task_id])
+    for label, group in by_label.items():
+        ctx.move_tasks(
+            group,
+            expected=TaskState.PENDING,
+            new=TaskState.CANCELLED,
+            failure_code=FailureCode.SUPERSEDED,
+            failure_reason=f"superseded by {label}, which the host got after this task was created"[:500],
+            finished_at=ctx.now,
+            waiting_code="",
+            waiting_reason="",
+        )
 
 
 def _version_labels(tasks: Iterable[TaskRef]) -> dict[int, str]:
@@ -207,11 +268,14 @@ def finish_nothing_to_do(ctx: TickContext, tasks: dict[int, TaskRef], runs: dict
 
 
 def finish_admitted_with_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskRef]:
-    """The admitted upgrades whose host already runs their target (or newer) finish without a drain;
-    returns the others. Read only when upgrades are admitted (one query). The host such a task claimed
-    and the room it took are free again: admission then judges again what waits (admission.admit)."""
-    if not any(task.target_version_id for task in admitted):
+    """The admitted upgrades whose host already runs their target (or newer) finish without a drain,
+    those overtaken by what their host got since they were created end superseded (by_what_hosts_run);
+    returns the others. The host such a task claimed and the room it took are free again: admission
+    then judges again what waits (admission.admit)."""
+    runs, overtook = by_what_hosts_run(admitted)
+    if not runs and not overtook:
         return admitted
-    runs = nothing_to_do(admitted, installed_versions(admitted))
-    finish_nothing_to_do(ctx, {task.id: task for task in admitted}, runs)
-    return [task for task in admitted if task.id not in runs]
+    by_id = {task.id: task for task in admitted}
+    finish_nothing_to_do(ctx, by_id, runs)
+    finish_overtaken(ctx, by_id, overtook)
+    return [task for task in admitted if task.id not in runs and task.id not in overtook]
