@@ -2,7 +2,8 @@
 was applied: the rollback takes the host to what it ran before N+1, below the N the operator asked
 for, so the withdrawal resubmits N for that host (an ad-hoc operation linked to the original, with an
 event saying why), applied after the rollback in the same drain. Once per superseded task, not for
-an operation the operator cancelled, and not for an N withdrawn since (an alert says so instead)."""
+an operation the operator cancelled, and not for an N withdrawn since, even in the same fleet file
+apply, nor on a host that may no longer take it (an alert names those; the other hosts still get it)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import pytest
 from django.db import transaction
 from django.db.models import F
 
-from fleet.models import ComponentVersion, Host
+from fleet.fleetfile import fleet_apply
+from fleet.fleetfile.export import fleet_export_document
+from fleet.fleetfile.schema import fleet_spec_from_document
+from fleet.models import Component, ComponentVersion, Host, Pool
+from fleet.services import installed_version_set
 from fleet.services.catalogue import component_version_release, component_version_withdraw
+from fleet.services.host_changes import host_retire
 from fleet.services.inventory import compatibility_rule_create
 from opsplanner.models import Event, HostTask, Operation, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_cancel
-from tests.builders import make_fleet
+from tests.builders import make_fleet, make_version
 from tests.driving import drive, instant_simulator
 from tests.test_superseded_versions import bios, bios_on, bios_upgrade
 from tests.trains_builders import make_user
@@ -34,21 +40,40 @@ def superseded(operation: Operation, host: Host) -> bool:
     return (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
 
 
-def n_superseded_by_an_applied_n_plus_one(**n_fields: object) -> tuple[Operation, list[Host]]:
-    """One host on bios 2.14.0 asked for 2.16.0 (N) by an operator, then for 2.18.0 (N+1): it got
-    2.18.0 directly and the 2.16.0 task ended superseded. The operation to 2.16.0 and the hosts."""
+def n_superseded_by_an_applied_n_plus_one(hosts: int = 1, **n_fields: object) -> tuple[Operation, list[Host]]:
+    """Hosts on bios 2.14.0 (one by default) asked for 2.16.0 (N) by an operator, then for 2.18.0
+    (N+1): they got 2.18.0 directly and the 2.16.0 tasks ended superseded. The operation to 2.16.0
+    and the hosts."""
     instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
-    wanted = bios_upgrade(hosts, "2.16.0", **n_fields)
-    bios_upgrade(hosts, "2.18.0")
+    pool, fleet = make_fleet(domains=1, hosts_per_domain=hosts)
+    wanted = bios_upgrade(fleet, "2.16.0", **n_fields)
+    bios_upgrade(fleet, "2.18.0")
     drive(pool)
-    assert bios_on(hosts[0]) == "2.18.0"
-    assert superseded(wanted, hosts[0])
-    return wanted, hosts
+    assert [bios_on(host) for host in fleet] == ["2.18.0"] * hosts
+    assert all(superseded(wanted, host) for host in fleet)
+    return wanted, fleet
 
 
 def withdraw_n_plus_one() -> None:
     component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks NICs", actor="op2")
+
+
+def fleet_file_withdrawing(pool: Pool, reasons: dict[str, str]) -> None:
+    """Apply the pool's exported fleet file with these bios versions withdrawn ({version: why})."""
+    document = fleet_export_document(pool=pool.name)
+    bios_entry = next(c for c in document["components"] if c["name"] == "bios")
+    bios_entry["versions"] = [
+        {"version": v, "withdrawn": reasons[v]} if isinstance(v, str) and v in reasons else v
+        for v in bios_entry["versions"]
+    ]
+    fleet_apply(spec=fleet_spec_from_document(document))
+
+
+def cuda_on_one_host_that_bars(host: Host, version: str) -> None:
+    """The host alone now runs cuda-runtime 12.6.0, which works only with bios below `version`."""
+    cuda = make_version(Component.objects.get(name="cuda-runtime"), "12.6.0")
+    installed_version_set(host=host, version=cuda)
+    compatibility_rule_create(job_facing_version=cuda, lower_component=bios(version).component, max_version="2.15.0")
 
 
 def resubmissions_of(operation: Operation) -> list[Operation]:
@@ -151,6 +176,19 @@ def test_an_n_withdrawn_itself_is_not_resubmitted_and_an_alert_says_so() -> None
     assert alert.data["refusal"] == "bios 2.16.0 is withdrawn: leaks memory"
 
 
+def test_an_n_the_fleet_file_withdraws_with_the_n_plus_one_that_superseded_it_is_not_resubmitted() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one()
+
+    fleet_file_withdrawing(hosts[0].pool, {"2.16.0": "leaks memory", "2.18.0": "bricks NICs"})
+    drive(hosts[0].pool)
+
+    assert resubmissions_of(wanted) == []  # none left waiting, refused, for ever
+    assert bios_on(hosts[0]) == "2.14.0"
+    alert = Event.objects.get(kind="alert.resubmission_refused")
+    assert (alert.subject_id, alert.data["hosts"]) == (wanted.pk, [hosts[0].pk])
+    assert alert.data["refusal"] == "bios 2.16.0 is withdrawn: leaks memory"
+
+
 def test_an_n_now_incompatible_is_not_resubmitted_and_an_alert_says_so() -> None:
     wanted, hosts = n_superseded_by_an_applied_n_plus_one()
     cuda = ComponentVersion.objects.get(component__name="cuda-runtime", version="12.4.1")
@@ -164,6 +202,38 @@ def test_an_n_now_incompatible_is_not_resubmitted_and_an_alert_says_so() -> None
     alert = Event.objects.get(kind="alert.resubmission_refused")
     assert (alert.subject_id, alert.data["hosts"]) == (wanted.pk, [hosts[0].pk])
     assert "would break a compatibility rule" in alert.data["refusal"]
+
+
+def test_a_host_now_incompatible_with_n_does_not_cost_the_other_hosts_their_resubmission() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one(hosts=2)
+    cuda_on_one_host_that_bars(hosts[1], "2.16.0")
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    [again] = resubmissions_of(wanted)
+    assert list(again.tasks.values_list("host_id", flat=True)) == [hosts[0].pk]
+    assert [bios_on(host) for host in hosts] == ["2.16.0", "2.14.0"]
+    alert = Event.objects.get(kind="alert.resubmission_refused")
+    assert (alert.subject_id, alert.data["hosts"]) == (wanted.pk, [hosts[1].pk])
+    assert list(alert.data["refused"]) == [hosts[1].hostname]
+    assert "bios 2.16.0 does not work with cuda-runtime 12.6.0" in alert.data["refusal"]
+
+
+def test_a_host_retired_since_does_not_cost_the_other_hosts_their_resubmission() -> None:
+    wanted, hosts = n_superseded_by_an_applied_n_plus_one(hosts=3)
+    host_retire(hostname=hosts[2].hostname, reason="leaves the fleet", actor="op")
+
+    withdraw_n_plus_one()
+    drive(hosts[0].pool)
+
+    [again] = resubmissions_of(wanted)
+    assert sorted(again.tasks.values_list("host_id", flat=True)) == [hosts[0].pk, hosts[1].pk]
+    assert [bios_on(host) for host in hosts[:2]] == ["2.16.0", "2.16.0"]
+    alert = Event.objects.get(kind="alert.resubmission_refused")
+    assert (alert.data["hosts"], list(alert.data["refused"])) == ([hosts[2].pk], [hosts[2].hostname])
+    assert hosts[2].hostname in alert.reason
+    assert "retired" in alert.data["refusal"]
 
 
 def test_an_operation_the_operator_cancelled_is_not_resubmitted() -> None:

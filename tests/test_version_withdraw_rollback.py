@@ -151,13 +151,30 @@ def test_the_rollbacks_a_withdrawal_submits_are_not_cancelled_by_it() -> None:
     assert list(rollbacks.values_list("state", flat=True)) == [TaskState.PENDING] * 2
 
 
-def a_file_withdrawing_the_new_driver(pool: Pool) -> dict:
+def a_file_withdrawing(pool: Pool, reasons: dict[str, str]) -> dict:
+    """The pool's exported file with these driver versions withdrawn ({version: why})."""
     document = fleet_export_document(pool=pool.name)
     component = next(c for c in document["components"] if c["name"] == "gpu-driver")
     component["versions"] = [
-        v if v != NEW else {"version": v, "withdrawn": "breaks NCCL"} for v in component["versions"]
+        {"version": v, "withdrawn": reasons[v]} if isinstance(v, str) and v in reasons else v
+        for v in component["versions"]
     ]
     return document
+
+
+def a_file_withdrawing_the_new_driver(pool: Pool) -> dict:
+    return a_file_withdrawing(pool, {NEW: "breaks NCCL"})
+
+
+def test_a_fleet_file_withdrawing_a_version_and_the_one_before_it_refuses_the_rollback_as_the_api_does() -> None:
+    pool, hosts = pool_running_the_new_driver(hosts=2)
+
+    fleet_apply(spec=fleet_spec_from_document(a_file_withdrawing(pool, {OLD: "leaks memory", NEW: "breaks NCCL"})))
+
+    assert rollback_tasks() == []  # not a rollback left waiting, refused, for ever
+    refused = Event.objects.get(kind="component_version.rollback_refused")
+    assert "leaks memory" in refused.reason
+    assert refused.data["hosts"] == sorted(h.pk for h in hosts)
 
 
 def test_a_fleet_files_plan_says_how_many_pending_tasks_of_other_operations_its_withdrawal_cancels() -> None:

@@ -155,7 +155,9 @@ class FleetWriter:
         ]  # fmt: skip
         self._insert(ComponentVersion, columns, rows, "versions")
         updated = self.plan.of("version", "update")
-        withdrawals = self._offboard(updated)
+        # Every version as the file has it before any withdrawal's work, so that work sees the others
+        # this apply withdraws or releases (a rollback to one, a resubmission of one: resubmission.py);
+        # an offboarding keeps the file's reason (upgrade_offboard leaves a FLEET_FILE withdrawal be).
         for change in updated:
             _, version = change.spec
             withdrawn = version.withdrawn_reason is not None
@@ -166,6 +168,7 @@ class FleetWriter:
                 **({"withdrawn_at": self.now if withdrawn else None} if "withdrawn" in change.fields else {}),
                 **({"withdrawn_by": who} if "withdrawn" in change.fields or withdrawn else {}),
             )
+        withdrawals = self._offboard(updated)
         ids = {
             (name, version): pk
             for pk, name, version in ComponentVersion.objects.values_list("id", "component__name", "version")
@@ -186,7 +189,7 @@ class FleetWriter:
 
     def _offboard(self, updated: list[Change]) -> dict[int, Withdrawal]:
         """Upgrades to a version the file withdraws are offboarded by their own service (pending work
-        cancelled, hosts running it rolled back); the file's reason is written after it. What each
+        cancelled, hosts running it rolled back), the file's withdrawal written already. What each
         withdrawal did, by version."""
         from fleet.services.catalogue import versions_withdrawal_apply
 

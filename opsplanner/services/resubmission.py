@@ -17,8 +17,10 @@ taking the host back down. While the host runs the withdrawn version, N is no "n
 
 Each superseded task is asked for again once (a second withdrawal, or a release and a withdrawal,
 finds the resubmission and leaves it, done, pending or cancelled by an operator); not for an
-operation the operator cancelled; and not for an N withdrawn since or now incompatible: an alert
-(`alert.resubmission_refused`) says why instead."""
+operation the operator cancelled; and not for an N withdrawn since (by the same fleet file apply too:
+writers.py writes its withdrawals first). Each host is judged first: one retired since, or that N
+would now put in breach of a compatibility rule, is refused alone, the others still get N. An alert
+(`alert.resubmission_refused`) names the hosts refused and says why."""
 
 from __future__ import annotations
 
@@ -28,11 +30,12 @@ from typing import NamedTuple
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef
 
-from fleet.models import ComponentVersion, InstalledVersion
+from fleet.models import ComponentVersion, Host, InstalledVersion
+from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.compatibility import withdrawn_refusal
+from opsplanner.services.compatibility import target_refusal, withdrawn_refusal
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.rollback import going_back_below
 
@@ -42,7 +45,13 @@ class LostWork(NamedTuple):
 
     operation: Operation
     host_ids: list[int]
-    pool_ids: set[int]
+
+
+class Refused(NamedTuple):
+    """Fallen hosts not asked for again, and why (one line each: the refusal the submit path gives)."""
+
+    host_ids: list[int]
+    refusal: str
 
 
 def _lost_work(withdrawn: ComponentVersion) -> list[LostWork]:
@@ -72,21 +81,20 @@ def _lost_work(withdrawn: ComponentVersion) -> list[LostWork]:
             operation__component_version__sort_key__lt=withdrawn.sort_key,
         )
         .exclude(Exists(asked_again))
-        .values_list("operation_id", "host_id", "pool_id")
+        .values_list("operation_id", "host_id")
     )
     hosts: dict[int, list[int]] = defaultdict(list)
-    pools: dict[int, set[int]] = defaultdict(set)
-    for operation_id, host_id, pool_id in rows:
+    for operation_id, host_id in rows:
         hosts[operation_id].append(host_id)
-        pools[operation_id].add(pool_id)
     operations = Operation.objects.filter(pk__in=list(hosts)).select_related("component_version__component")
-    return [LostWork(op, sorted(hosts[op.pk]), pools[op.pk]) for op in operations.order_by("pk")]
+    return [LostWork(op, sorted(hosts[op.pk])) for op in operations.order_by("pk")]
 
 
 def superseded_work_resubmit(*, withdrawn: ComponentVersion, why: str, actor: Actor) -> list[int]:
     """Ask again for the ad-hoc work the withdrawn version superseded and its rollback takes below
-    (`_lost_work`): one operation per original, for its hosts that fell back. `why` the version was
-    withdrawn. In the withdrawal's transaction, after its rollback; the operations submitted."""
+    (`_lost_work`): one operation per original, for its hosts that fell back and may take its target
+    (`_resubmit`). `why` the version was withdrawn. In the withdrawal's transaction, after its
+    rollback; the operations submitted."""
     submitted = []
     for lost in _lost_work(withdrawn):
         target = lost.operation.component_version
@@ -95,66 +103,115 @@ def superseded_work_resubmit(*, withdrawn: ComponentVersion, why: str, actor: Ac
             f"{withdrawn}, which superseded {target} on {len(lost.host_ids)} hosts of operation "
             f"#{lost.operation.pk}, was {why}: its rollback takes them below {target}"
         )
-        again = _resubmit(lost, target, lost_why, actor=actor)
-        if again is not None:
-            submitted.append(again.pk)
+        submitted += [again.pk for again in _resubmit(lost, target, lost_why, actor=actor)]
     return submitted
 
 
-def _resubmit(lost: LostWork, target: ComponentVersion, why: str, *, actor: Actor) -> Operation | None:
-    """The original's work again on the hosts that fell back, with its options; or, when its target
-    is withdrawn or now refused (incompatible), an alert saying so, and None."""
-    original = lost.operation
-    refusal = withdrawn_refusal(target)
+def _resubmit(lost: LostWork, target: ComponentVersion, why: str, *, actor: Actor) -> list[Operation]:
+    """The original's work again on the hosts that fell back, with its options, each host judged
+    first: one that may no longer take the target (retired, now incompatible) does not cost the
+    others theirs, as no later withdrawal finds them again. A gang stays inside one pool: one per
+    pool its hosts are in now. The hosts refused (all of them when the target is withdrawn) are
+    named in one alert, with why; the operations submitted."""
+    pools = dict(Host.objects.filter(pk__in=lost.host_ids).values_list("id", "pool_id"))  # live ones
+    withdrawn = withdrawn_refusal(target)
+    refused = [Refused(lost.host_ids, withdrawn.message)] if withdrawn else _hosts_refused(lost.host_ids, pools, target)
+    barred = {host_id for group in refused for host_id in group.host_ids}
+    submitted = []
+    for host_ids in _requests(lost.operation, {h: pool for h, pool in pools.items() if h not in barred}):
+        try:
+            submitted.append(_submit(lost.operation, host_ids, target, why, pools, actor=actor))
+        except ValidationError as refusal:  # a gang now larger than its pool's planned buffer, say
+            refused.append(Refused(host_ids, "; ".join(refusal.messages)))
+    if refused:
+        _refusal_record(lost, target, why, refused, pools, actor=actor)
+    return submitted
+
+
+def _hosts_refused(host_ids: list[int], pools: dict[int, int], target: ComponentVersion) -> list[Refused]:
+    """The hosts that may not take `target` now: retired (or gone) since, not among the live
+    `pools`; and those it would put in breach of a compatibility rule (the submit path's refusal)."""
+    refused = []
+    if gone := [host_id for host_id in host_ids if host_id not in pools]:
+        refused.append(Refused(gone, "retired, or no longer in the inventory"))
+    incompatible = sorted(host_incompatibilities(sorted(pools), planned=[target]))
+    refusal = target_refusal(incompatible, target) if incompatible else None
     if refusal is not None:
-        _refusal_record(lost, target, why, refusal.message, actor=actor)
-        return None
-    try:
-        again = operation_submit(
-            kind=OperationKind.UPGRADE,
-            scope=f"resubmission of operation #{original.pk} on {len(lost.host_ids)} hosts",
-            host_ids=lost.host_ids,
-            component=target.component.name,
-            version=target.version,
-            reason=f"asked again: {why} (operation #{original.pk}: {original.reason})"[:500],
-            priority=original.priority,
-            source=OperationSource.AD_HOC,
-            needs_drain=original.needs_drain,
-            gang=original.gang,
-            estimated_duration_s=original.estimated_duration_s,
-            executor=original.executor,
-            drainer=original.drainer,
-            max_attempts=original.max_attempts,
-            drain_timeout_s=original.drain_timeout_s,
-            or_newer=True,  # the newer version, were it no longer withdrawn, will do (as it did)
-            resubmission_of=original.pk,
-            actor=actor,
-        )
-    except ValidationError as refused:  # incompatible now, say
-        _refusal_record(lost, target, why, "; ".join(refused.messages), actor=actor)
-        return None
+        refused.append(Refused(incompatible, refusal.message))
+    return refused
+
+
+def _requests(original: Operation, pools: dict[int, int]) -> list[list[int]]:
+    """The hosts of each resubmission: all in one, or a gang's by pool (a gang stays in one pool)."""
+    if not original.gang:
+        return [sorted(pools)] if pools else []
+    by_pool: dict[int, list[int]] = defaultdict(list)
+    for host_id, pool_id in sorted(pools.items()):
+        by_pool[pool_id].append(host_id)
+    return [by_pool[pool_id] for pool_id in sorted(by_pool)]
+
+
+def _submit(
+    original: Operation, host_ids: list[int], target: ComponentVersion, why: str, pools: dict[int, int], *, actor: Actor
+) -> Operation:
+    """The original's work again on these hosts, with its options, and an event saying why."""
+    again = operation_submit(
+        kind=OperationKind.UPGRADE,
+        scope=f"resubmission of operation #{original.pk} on {len(host_ids)} hosts",
+        host_ids=host_ids,
+        component=target.component.name,
+        version=target.version,
+        reason=f"asked again: {why} (operation #{original.pk}: {original.reason})"[:500],
+        priority=original.priority,
+        source=OperationSource.AD_HOC,
+        needs_drain=original.needs_drain,
+        gang=original.gang,
+        estimated_duration_s=original.estimated_duration_s,
+        executor=original.executor,
+        drainer=original.drainer,
+        max_attempts=original.max_attempts,
+        drain_timeout_s=original.drain_timeout_s,
+        or_newer=True,  # the newer version, were it no longer withdrawn, will do (as it did)
+        resubmission_of=original.pk,
+        actor=actor,
+    )
     event_record(
         kind="operation.resubmitted",
         subject=again,
         actor=actor,
         reason=why[:500],
-        pool_id=_one_pool(lost),
-        data={"original": original.pk, "target": str(target), "hosts": lost.host_ids[:100]},
+        pool_id=_one_pool(host_ids, pools),
+        data={"original": original.pk, "target": str(target), "hosts": host_ids[:100]},
     )
     return again
 
 
-def _refusal_record(lost: LostWork, target: ComponentVersion, why: str, refusal: str, *, actor: Actor) -> None:
-    """An alert on the original operation: its work fell back and is not asked again, and why."""
+def _refusal_record(
+    lost: LostWork, target: ComponentVersion, why: str, refused: list[Refused], pools: dict[int, int], *, actor: Actor
+) -> None:
+    """An alert on the original operation: the work of these hosts fell back and is not asked again,
+    naming them and why."""
+    each = sorted((host_id, group.refusal) for group in refused for host_id in group.host_ids)
+    names = dict(Host.all_objects.filter(pk__in=[host_id for host_id, _ in each[:100]]).values_list("id", "hostname"))
+    named = [names.get(host_id, f"host #{host_id}") for host_id, _ in each[:100]]
+    refusal = "; ".join(group.refusal for group in refused)
+    listed = ", ".join(named[:5]) + (", …" if len(each) > 5 else "")
     event_record(
         kind="alert.resubmission_refused",
         subject=lost.operation,
         actor=actor,
-        reason=f"{why}, and it is not asked again: {refusal}"[:500],
-        pool_id=_one_pool(lost),
-        data={"target": str(target), "hosts": lost.host_ids[:100], "refusal": refusal},
+        reason=f"{why}, and it is not asked again on {len(each)} of them ({listed}): {refusal}"[:500],
+        pool_id=_one_pool([host_id for host_id, _ in each], pools),
+        data={
+            "target": str(target),
+            "hosts": [host_id for host_id, _ in each[:100]],
+            "refusal": refusal,
+            "refused": {name: why_not for name, (_, why_not) in zip(named, each, strict=False)},
+        },
     )
 
 
-def _one_pool(lost: LostWork) -> int | None:
-    return next(iter(lost.pool_ids)) if len(lost.pool_ids) == 1 else None
+def _one_pool(host_ids: list[int], pools: dict[int, int]) -> int | None:
+    """The pool of these hosts when they are all in one (and known to be); None otherwise."""
+    found = {pools.get(host_id) for host_id in host_ids}
+    return found.pop() if len(found) == 1 else None
