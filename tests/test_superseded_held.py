@@ -181,3 +181,39 @@ def test_a_held_n_whose_host_got_n_plus_one_since_withdrawn_runs_when_the_hold_l
 
     assert bios_on(hosts[0]) == "2.16.0"
     assert held.tasks.get().state == TaskState.DONE
+
+
+def test_a_downgrade_asked_from_above_runs_though_the_host_came_down_part_way_since() -> None:
+    # Asked while the host ran 2.18.0; someone flashed 2.16.0 by hand since: the host got nothing
+    # newer than it ran when asked, so 2.14.0 is still what the operator means (found in review).
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.18.0")))
+    downgrade = held_upgrade(hosts, "2.14.0")
+    bios("2.16.0")
+    host_versions_report(host=hosts[0], versions={"bios": "2.16.0"}, reason="flashed by hand")
+
+    lift_hold(downgrade)
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.14.0"
+    assert downgrade.tasks.get().state == TaskState.DONE
+
+
+def test_a_deliberate_downgrade_waiting_behind_an_overtaken_n_still_runs() -> None:
+    # N (2.16.0) asked before the host got 2.18.0 is overtaken; 2.14.0, asked after, is a downgrade
+    # on purpose. Admission judged 2.14.0 in N's place and ended it superseded by N, never applied.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    n = held_upgrade(hosts, "2.16.0")
+    bios("2.18.0")
+    host_versions_report(host=hosts[0], versions={"bios": "2.18.0"}, reason="flashed by hand")
+    downgrade = held_upgrade(hosts, "2.14.0")
+
+    lift_hold(downgrade)
+    lift_hold(n)
+    drive(pool)
+
+    assert_superseded_by_what_the_host_runs(n.tasks.get())
+    assert downgrade.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.14.0"

@@ -155,8 +155,9 @@ def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     _skip_superseded(head, obstacles)
     decisions = _judge_queue(head, obstacles, headroom)
     _read_on(ctx, head, obstacles, headroom, decisions, size=horizon, budget=budget)
-    admitted = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
-    _settle_superseded(ctx, head, decisions, taking={task.id for task in admitted})
+    settled = supersede.finish_admitted_with_nothing_to_do(ctx, decisions.admitted)
+    admitted = settled.taking
+    _settle_superseded(ctx, head, decisions, taking={task.id for task in admitted}, overtaken=settled.overtaken)
     current = {task_id: task.waiting_reason for task_id, task in head.candidates.items()}
     _write_waiting(ctx, decisions.waiting, current)
     if head.full:
@@ -319,15 +320,19 @@ def _skip_superseded(head: _QueueHead, obstacles: _Obstacles) -> None:
         head.order = [task for task in head.order if task.id not in newer]
 
 
-def _settle_superseded(ctx: TickContext, head: _QueueHead, decisions: _Decisions, *, taking: set[int]) -> None:
+def _settle_superseded(
+    ctx: TickContext, head: _QueueHead, decisions: _Decisions, *, taking: set[int], overtaken: set[int]
+) -> None:
     """An upgrade whose newer target was admitted to take the host (`taking`: to drain it, or to
     install in place) waits for the host that one holds, and ends superseded once it is applied
     (at the handover after it, or as it finishes in place: returning.supersede_older_than_in_place);
     one whose newer target still waits waits for it. Pending, both: were the newer one cancelled,
     failed or withdrawn before the host has it, the host would otherwise get neither. One whose
-    newer target had nothing to do (the host runs it already) ends superseded now."""
+    newer target had nothing to do (the host runs it already) ends superseded now; one whose newer
+    target was overtaken (`overtaken`: the host got newer still, so that one ended superseded) is left
+    as it was, judged again next tick on its own (a downgrade asked since the host got it runs)."""
     admitted = {task.id for task in decisions.admitted}
-    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted - taking}
+    taken = {older: newer for older, newer in head.superseded.items() if newer.id in admitted - taking - overtaken}
     supersede.finish_superseded(ctx, head.candidates, taken)
     for older, newer in head.superseded.items():
         if newer.id in taking:  # in the words of the next ticks' judgement, which then write nothing

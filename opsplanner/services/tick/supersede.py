@@ -42,6 +42,9 @@ class Installed(NamedTuple):
     label: str  # "bios 2.18.0"
     withdrawn: bool  # offboarded or withdrawn by hand: to be rolled back, so no newer version to keep
     since: float  # installed_at, as TaskRef.queued_at (the same SQL): only compared with it
+    # What the host ran before it (previous_version): whether it came up to it or down (`overtaken`);
+    # None when it ran nothing before or what it ran is withdrawn (no version to keep).
+    came_from: str | None
 
 
 def _is_upgrade(task: TaskRef) -> bool:
@@ -124,11 +127,15 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
             "version__version",
             "version__withdrawn_at",
             "since",
+            "previous_version__sort_key",
+            "previous_version__withdrawn_at",
         )
     )
     return {
-        (host, component): Installed(key, f"{name} {version}", withdrawn is not None, since)
-        for host, component, key, name, version, withdrawn, since in rows
+        (host, component): Installed(
+            key, f"{name} {version}", withdrawn is not None, since, None if came_withdrawn else came_from
+        )
+        for host, component, key, name, version, withdrawn, since, came_from, came_withdrawn in rows
     }
 
 
@@ -163,16 +170,19 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
 
 def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks whose host got a newer version, not withdrawn,
-    after the task was created: applying them would take the host back down to a version superseded
-    while they waited, whatever brought the newer one (a drain or an in-place install while they were
-    held, a train, the host's own report). A task created after the host got it asks for a downgrade
-    on purpose (an operator's ad-hoc or emergency operation): it is not here, and runs."""
+    after the task was created, coming up from its target or below: applying them would take the
+    host back down to a version superseded while they waited, whatever brought the newer one (a drain
+    or an in-place install while they were held, a train, the host's own report). A task created
+    after the host got it asks for a downgrade on purpose (an operator's ad-hoc or emergency
+    operation), and so does one created while the host ran something above its target, which it has
+    come down from since (flashed by hand, a lesser downgrade): it is not here, and runs."""
     found: dict[int, str] = {}
     for task in tasks:
         runs = installed.get(_slot(task)) if _is_upgrade(task) else None
         if runs is None or task.target_sort_key is None or runs.withdrawn:
             continue
-        if task.target_sort_key < runs.sort_key and runs.since > task.queued_at:
+        came_up = runs.came_from is None or runs.came_from <= task.target_sort_key
+        if task.target_sort_key < runs.sort_key and runs.since > task.queued_at and came_up:
             found[task.id] = runs.label
     return found
 
@@ -267,15 +277,22 @@ def finish_nothing_to_do(ctx: TickContext, tasks: dict[int, TaskRef], runs: dict
     )
 
 
-def finish_admitted_with_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> list[TaskRef]:
+class Settled(NamedTuple):
+    """What `finish_admitted_with_nothing_to_do` left of the admitted tasks."""
+
+    taking: list[TaskRef]  # they take their host
+    overtaken: set[int]  # ended superseded by what their host got since: they took nothing
+
+
+def finish_admitted_with_nothing_to_do(ctx: TickContext, admitted: list[TaskRef]) -> Settled:
     """The admitted upgrades whose host already runs their target (or newer) finish without a drain,
     those overtaken by what their host got since they were created end superseded (by_what_hosts_run);
-    returns the others. The host such a task claimed and the room it took are free again: admission
-    then judges again what waits (admission.admit)."""
+    the others take their host. The host such a task claimed and the room it took are free again:
+    admission then judges again what waits (admission.admit)."""
     runs, overtook = by_what_hosts_run(admitted)
     if not runs and not overtook:
-        return admitted
+        return Settled(admitted, set())
     by_id = {task.id: task for task in admitted}
     finish_nothing_to_do(ctx, by_id, runs)
     finish_overtaken(ctx, by_id, overtook)
-    return [task for task in admitted if task.id not in runs and task.id not in overtook]
+    return Settled([task for task in admitted if task.id not in runs and task.id not in overtook], set(overtook))
