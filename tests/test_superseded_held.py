@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from fleet.models import Host
+from fleet.services import installed_version_set
 from fleet.services.catalogue import component_version_withdraw
 from fleet.services.host_versions import host_versions_report
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
@@ -217,3 +218,19 @@ def test_a_deliberate_downgrade_waiting_behind_an_overtaken_n_still_runs() -> No
     assert_superseded_by_what_the_host_runs(n.tasks.get())
     assert downgrade.tasks.get().state == TaskState.DONE
     assert bios_on(hosts[0]) == "2.14.0"
+
+
+def test_a_downgrade_asked_after_the_host_runs_n_plus_one_runs_though_n_plus_one_is_recorded_again() -> None:
+    # Recording the version the host runs again kept no date of its own: it moved installed_at, and
+    # the downgrade asked before that looked overtaken by it.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.18.0")))
+    downgrade = held_upgrade(hosts, "2.16.0")
+    installed_version_set(host=hosts[0], version=bios("2.18.0"), reason="inventory refreshed")
+
+    lift_hold(downgrade)
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"
+    assert downgrade.tasks.get().state == TaskState.DONE

@@ -114,8 +114,11 @@ def installed_version_set(
         current = InstalledVersion(host=host, component_id=version.component_id, version=version)
     elif current.version_id != version.pk:
         current.previous_version_id = current.version_id
+    # When it came to run it: the same version recorded again keeps its date (as the tick's record of
+    # versions does), which the supersede rules read (an ad-hoc upgrade asked since is a downgrade).
+    if current.pk is None or current.version_id != version.pk:
+        current.installed_at = clock.now()
     current.version = version
-    current.installed_at = clock.now()
     validated_save(current)
     event_record(
         kind="host.version_installed",
