@@ -17,6 +17,7 @@ from fleet.services.host_versions import host_versions_report
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
+from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.test_superseded_versions import bios, bios_on, bios_upgrade, executions
@@ -184,21 +185,21 @@ def test_a_held_n_whose_host_got_n_plus_one_since_withdrawn_runs_when_the_hold_l
     assert held.tasks.get().state == TaskState.DONE
 
 
-def test_a_downgrade_asked_from_above_runs_though_the_host_came_down_part_way_since() -> None:
-    # Asked while the host ran 2.18.0; someone flashed 2.16.0 by hand since: the host got nothing
-    # newer than it ran when asked, so 2.14.0 is still what the operator means (found in review).
+def test_a_held_n_whose_host_moved_up_twice_meanwhile_is_superseded_when_the_hold_lifts() -> None:
+    # 2.14.0 → 2.18.0 → 2.20.0 while N (2.16.0) waited: the version the host ran before what it runs
+    # (2.18.0) is above N, and reading it as "came down" took the host back down (helper-54).
     instant_simulator()
     pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    held = held_upgrade(hosts, "2.16.0")
     drive(pool, until=done(bios_upgrade(hosts, "2.18.0")))
-    downgrade = held_upgrade(hosts, "2.14.0")
-    bios("2.16.0")
-    host_versions_report(host=hosts[0], versions={"bios": "2.16.0"}, reason="flashed by hand")
+    drive(pool, until=done(bios_upgrade(hosts, "2.20.0")))
 
-    lift_hold(downgrade)
+    lift_hold(held)
     drive(pool)
 
-    assert bios_on(hosts[0]) == "2.14.0"
-    assert downgrade.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.20.0"
+    task = held.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
 
 
 def test_a_deliberate_downgrade_waiting_behind_an_overtaken_n_still_runs() -> None:
@@ -213,6 +214,8 @@ def test_a_deliberate_downgrade_waiting_behind_an_overtaken_n_still_runs() -> No
 
     lift_hold(downgrade)
     lift_hold(n)
+    pool_tick(pool_id=pool.pk, kick=False)
+    assert downgrade.tasks.get().state != TaskState.PENDING  # judged again in the same tick
     drive(pool)
 
     assert_superseded_by_what_the_host_runs(n.tasks.get())

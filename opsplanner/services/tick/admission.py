@@ -165,7 +165,10 @@ def _admit_pass(ctx: TickContext, *, budget: int) -> tuple[int, bool]:
     broken = obstacles.repairs_broken
     _admit(ctx, [t for t in admitted if t.id not in broken])
     _admit_broken_repairs(ctx, [t for t in admitted if t.id in broken])
-    return len(decisions.waiting), len(admitted) < len(decisions.admitted) and bool(decisions.waiting)
+    # Judged again at once when a task finished without taking its host while others wait, or one
+    # left behind an overtaken task (not waiting: _settle_superseded) may now take it (helper-54).
+    left_behind = any(newer.id in settled.overtaken for newer in head.superseded.values())
+    return len(decisions.waiting), len(admitted) < len(decisions.admitted) and (bool(decisions.waiting) or left_behind)
 
 
 def _examine_head(ctx: TickContext, *, horizon: int) -> _QueueHead:

@@ -42,9 +42,6 @@ class Installed(NamedTuple):
     label: str  # "bios 2.18.0"
     withdrawn: bool  # offboarded or withdrawn by hand: to be rolled back, so no newer version to keep
     since: float  # installed_at, as TaskRef.queued_at (the same SQL): only compared with it
-    # What the host ran before it (previous_version): whether it came up to it or down (`overtaken`);
-    # None when it ran nothing before or what it ran is withdrawn (no version to keep).
-    came_from: str | None
 
 
 def _is_upgrade(task: TaskRef) -> bool:
@@ -127,15 +124,11 @@ def installed_versions(tasks: Iterable[TaskRef]) -> dict[tuple[int, int], Instal
             "version__version",
             "version__withdrawn_at",
             "since",
-            "previous_version__sort_key",
-            "previous_version__withdrawn_at",
         )
     )
     return {
-        (host, component): Installed(
-            key, f"{name} {version}", withdrawn is not None, since, None if came_withdrawn else came_from
-        )
-        for host, component, key, name, version, withdrawn, since, came_from, came_withdrawn in rows
+        (host, component): Installed(key, f"{name} {version}", withdrawn is not None, since)
+        for host, component, key, name, version, withdrawn, since in rows
     }
 
 
@@ -170,19 +163,20 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
 
 def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks whose host got a newer version, not withdrawn,
-    after the task was created, coming up from its target or below: applying them would take the
-    host back down to a version superseded while they waited, whatever brought the newer one (a drain
-    or an in-place install while they were held, a train, the host's own report). A task created
-    after the host got it asks for a downgrade on purpose (an operator's ad-hoc or emergency
-    operation), and so does one created while the host ran something above its target, which it has
-    come down from since (flashed by hand, a lesser downgrade): it is not here, and runs."""
+    after the task was created: applying them would take the host back down to a version superseded
+    while they waited, whatever brought the newer one (a drain or an in-place install while they were
+    held, a train, the host's own report). A task created after the host got it asks for a downgrade
+    on purpose (an operator's ad-hoc or emergency operation): it is not here, and runs. Not told
+    apart (what the host ran when the task was asked is not kept): a downgrade asked while the host
+    ran something above its target, which then came down part way (flashed by hand, rolled back)
+    since; it ends superseded too, which loses that request (the reason says so) rather than taking
+    a host down that moved up twice while its task waited (the version it ran before is one step)."""
     found: dict[int, str] = {}
     for task in tasks:
         runs = installed.get(_slot(task)) if _is_upgrade(task) else None
         if runs is None or task.target_sort_key is None or runs.withdrawn:
             continue
-        came_up = runs.came_from is None or runs.came_from <= task.target_sort_key
-        if task.target_sort_key < runs.sort_key and runs.since > task.queued_at and came_up:
+        if task.target_sort_key < runs.sort_key and runs.since > task.queued_at:
             found[task.id] = runs.label
     return found
 
