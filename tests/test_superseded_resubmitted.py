@@ -25,9 +25,10 @@ from opsplanner.services.approvals import approval_decide
 from opsplanner.services.operations import operation_cancel
 from tests.builders import make_fleet, make_version
 from tests.driving import drive, instant_simulator
+from tests.test_offboard_rollback import bios_fix_then_newer_bios
 from tests.test_superseded_versions import bios, bios_on, bios_upgrade
 from tests.trains_builders import make_user
-from trains.models import Upgrade
+from trains.models import Upgrade, UpgradeState
 from trains.services.offboarding import upgrade_offboard
 from trains.services.reonboarding import upgrade_reonboard_request
 from trains.services.upgrades import upgrade_create
@@ -264,3 +265,15 @@ def test_a_host_that_asked_for_nothing_below_the_withdrawn_version_gets_only_its
     assert not Event.objects.filter(kind="operation.resubmitted").exists()
     assert Operation.objects.filter(source=OperationSource.AD_HOC).count() == 1
     assert bios_on(hosts[0]) == "2.14.0"
+
+
+def test_a_fleet_file_withdrawing_a_completed_fix_with_the_version_that_superseded_it_does_not_reopen_it() -> None:
+    # The train's side of the above: the fix to a version the same apply withdraws was made active
+    # again, an upgrade to a withdrawn version (helper-54).
+    pool, _, fix, _ = bios_fix_then_newer_bios(newer_at_once=True)
+
+    fleet_file_withdrawing(pool, {"2.16.0": "leaks memory", "2.17.0": "bricks NICs"})
+
+    assert Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED
+    [alert] = Event.objects.filter(kind="alert.upgrade_fallen_back", subject_id=fix.pk)
+    assert "bios 2.16.0 is withdrawn: leaks memory: not made active again" in alert.reason

@@ -15,6 +15,7 @@ from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
+from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.operations import operation_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
 from opsplanner.services.rollback import going_back_below, installs_stop, stopped_operations_open, version_rollback
@@ -170,12 +171,20 @@ def _fallen_back_record(
         f"{why}: its rollback takes them below it"
     )
     data = {"withdrawn": str(withdrawn), "offboarded": offboarded, "hosts": fallen[:100]}
-    if upgrade.emergency:  # no train takes it up again: someone must ask for one
+    # No train takes it up again: an emergency's has finished, and a target withdrawn too (by the same
+    # fleet file apply, say) is no upgrade to run. Someone must ask for what they want instead.
+    target_withdrawn = withdrawn_refusal(upgrade.component_version)
+    if upgrade.emergency or target_withdrawn is not None:
+        what = (
+            f"{target_withdrawn.message}: not made active again"
+            if target_withdrawn is not None
+            else "request another emergency train if still urgent"
+        )
         event_record(
             kind="alert.upgrade_fallen_back",
             subject=upgrade,
             actor=actor,
-            reason=f"emergency {upgrade} completed, but {why}; request another emergency train if still urgent"[:500],
+            reason=f"{'emergency ' if upgrade.emergency else ''}{upgrade} completed, but {why}; {what}"[:500],
             pool_id=upgrade.pool_id,
             data=data,
         )
