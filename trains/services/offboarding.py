@@ -18,7 +18,13 @@ from opsplanner.models import HostTask, Operation, OperationState, TaskState
 from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.operations import operation_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
-from opsplanner.services.rollback import going_back_below, installs_stop, stopped_operations_open, version_rollback
+from opsplanner.services.rollback import (
+    StoppedInstalls,
+    going_back_below,
+    installs_stop,
+    stopped_operations_open,
+    version_rollback,
+)
 from trains.models import Upgrade, UpgradePhase, UpgradeState
 from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import upgrade_tasks
@@ -55,19 +61,7 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         target.save(update_fields=["withdrawn_at", "withdrawn_reason", "withdrawn_by"])
     # Withdrawn now: no host installs it from here on, not even one whose install is queued.
     stopped = installs_stop(version_ids=[target.pk], reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
-    # Its visits' operations with work pending, and the operations of this pool whose installs were
-    # stopped (an ad-hoc one to the version too), as a withdrawal cancels them: their installs there
-    # ran nothing. In id order; the pending tasks cancelled counted apart, its own and the others'.
-    with_pending = HostTask.objects.filter(operation=OuterRef("pk"), state=TaskState.PENDING)
-    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN).filter(
-        Exists(with_pending)
-    )
-    own = set(open_ops.values_list("id", flat=True))
-    cancelled = Counter[bool]()
-    for pk in sorted(own | stopped_operations_open(stopped, only_pool=upgrade.pool_id)):
-        cancelled[pk in own] += operation_cancel(
-            operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
-        )
+    cancelled = _offboarded_work_cancel(upgrade, stopped, actor=actor)
     rollback = version_rollback(
         version=target,
         scope=f"upgrade #{upgrade.pk}",
@@ -106,6 +100,24 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         pool_id=upgrade.pool_id,
     )
     return True
+
+
+def _offboarded_work_cancel(upgrade: Upgrade, stopped: StoppedInstalls, *, actor: Actor) -> Counter[bool]:
+    """Cancel its visits' operations with work pending, and the operations of this pool whose
+    installs were stopped (an ad-hoc one to the version too), as a withdrawal cancels them: their
+    installs there ran nothing. In id order; the pending tasks cancelled, counted by whether the
+    operation was its own."""
+    with_pending = HostTask.objects.filter(operation=OuterRef("pk"), state=TaskState.PENDING)
+    open_ops = Operation.objects.filter(visit_link__upgrade=upgrade, state=OperationState.OPEN).filter(
+        Exists(with_pending)
+    )
+    own = set(open_ops.values_list("id", flat=True))
+    cancelled = Counter[bool]()
+    for pk in sorted(own | stopped_operations_open(stopped, only_pool=upgrade.pool_id)):
+        cancelled[pk in own] += operation_cancel(
+            operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
+        )
+    return cancelled
 
 
 class FallenBack(NamedTuple):
