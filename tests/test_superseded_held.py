@@ -14,7 +14,7 @@ from fleet.models import Host
 from fleet.services import installed_version_set
 from fleet.services.catalogue import component_version_withdraw
 from fleet.services.host_versions import host_versions_report
-from opsplanner.models import HostTask, Operation, OperationState, TaskState
+from opsplanner.models import HostTask, Operation, OperationSource, OperationState, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
@@ -199,6 +199,59 @@ def test_a_held_n_whose_host_moved_up_twice_meanwhile_is_superseded_when_the_hol
 
     assert bios_on(hosts[0]) == "2.20.0"
     task = held.tasks.get()
+    assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
+
+
+def test_a_downgrade_asked_from_above_whose_host_came_down_part_way_meanwhile_still_runs() -> None:
+    # Asked for 2.14.0 while the host ran 2.20.0; it came down to 2.18.0 by hand while the request was
+    # held. 2.18.0 is newer than what was asked but not than what the host ran then: the request
+    # stands. It ended superseded (the request lost) when what the host ran was not kept.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.20.0")))
+    downgrade = held_upgrade(hosts, "2.14.0")
+    bios("2.18.0")
+    host_versions_report(host=hosts[0], versions={"bios": "2.18.0"}, reason="rolled back by hand")
+
+    lift_hold(downgrade)
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.14.0"
+    assert downgrade.tasks.get().state == TaskState.DONE
+    assert_completed(downgrade)
+
+
+def test_a_downgrade_asked_from_above_whose_host_went_above_what_it_ran_meanwhile_is_superseded() -> None:
+    # Asked for 2.14.0 while the host ran 2.16.0; it got 2.18.0 since: that is newer than both.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.16.0")))
+    downgrade = held_upgrade(hosts, "2.14.0")
+    bios("2.18.0")
+    host_versions_report(host=hosts[0], versions={"bios": "2.18.0"}, reason="flashed by hand")
+
+    lift_hold(downgrade)
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.18.0"
+    assert_superseded_by_what_the_host_runs(downgrade.tasks.get())
+
+
+def test_a_rollback_asked_from_a_withdrawn_version_is_superseded_by_a_newer_one_the_host_got_since() -> None:
+    # The rollback of the withdrawn 2.18.0 is asked from above (created before the version is marked
+    # withdrawn, in the same transaction), but a withdrawn version is no version to keep: the host
+    # left it for 2.16.0, newer than the rollback's 2.14.0, and stays there.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.18.0")))
+    component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks GPUs", actor="op")
+    rollback = Operation.objects.get(source=OperationSource.REPAIR, component_version=bios("2.14.0"))
+    host_versions_report(host=hosts[0], versions={"bios": "2.16.0"}, reason="flashed by hand")
+
+    drive(pool)
+
+    assert bios_on(hosts[0]) == "2.16.0"
+    task = rollback.tasks.get()
     assert (task.state, task.failure_code) == (TaskState.CANCELLED, FailureCode.SUPERSEDED)
 
 

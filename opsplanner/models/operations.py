@@ -211,6 +211,18 @@ class HostTask(models.Model):
         blank=True,
         help_text="handed over: when its drain brought the host back to service (its work then counts as a success)",
     )
+    # Only for a downgrade asked from above (rare): null for every other task, so the foreign key
+    # costs an insert nothing and its partial index below holds only those.
+    downgrade_from = models.ForeignKey(
+        ComponentVersion,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+        help_text="an upgrade asked while its host ran a version of the component above the target: that version "
+        "(tick/supersede.py: the host coming down part way since does not supersede it); null otherwise",
+    )
 
     class Meta:
         ordering = ["-priority", "created_at", "id"]
@@ -249,6 +261,12 @@ class HostTask(models.Model):
             # The tasks of given drains the pre-return gate, the handover and the repair read (every
             # verified host asks): without it, a seq scan of every task ever made.
             models.Index(fields=["drain_key"], name="host_task_drain_idx", condition=Q(state__in=DRAIN_READ_STATES)),
+            # What deleting a version asks (PROTECT): without it, a seq scan of every task ever made.
+            models.Index(
+                fields=["downgrade_from"],
+                name="host_task_downgrade_from_idx",
+                condition=Q(downgrade_from__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ from django.db import models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
-from fleet.models import ComponentVersion, Host, HostState, Pool
+from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool
 from fleet.selectors.compatibility import PlannedHosts
 from fleet.services.hosts import host_transition
 from opsplanner import clock
@@ -261,6 +261,7 @@ def _create_tasks(operations: list[Operation], scopes: list[_Scope]) -> None:
     """One pending task per host of each operation. A new task waits its turn, and says so until
     admission examines it (invariant 5)."""
     queued = {pool_id: queue_reason(name) for hosts in scopes for pool_id, name in hosts.pool_names.items()}
+    above = _versions_above_targets(operations, scopes)
     HostTask.objects.bulk_create(
         [
             HostTask(
@@ -270,14 +271,42 @@ def _create_tasks(operations: list[Operation], scopes: list[_Scope]) -> None:
                 priority=operation.priority,
                 waiting_code=queued[hosts.pools[host_id]][0],
                 waiting_reason=queued[hosts.pools[host_id]][1],
+                downgrade_from_id=above.get((index, host_id)),
                 created_at=operation.created_at,
                 state_changed_at=operation.created_at,
             )
-            for operation, hosts in zip(operations, scopes, strict=True)
+            for index, (operation, hosts) in enumerate(zip(operations, scopes, strict=True))
             for host_id in hosts.host_ids
         ],
         batch_size=5000,
     )
+
+
+def _versions_above_targets(operations: list[Operation], scopes: list[_Scope]) -> dict[tuple[int, int], int]:
+    """{(operation's index, host): the version the host runs} where an upgrade is asked while its host
+    runs a version of the component above the target: a downgrade asked from above, which the host
+    coming down part way before it runs does not supersede (`HostTask.downgrade_from`, tick/supersede.py
+    `overtaken`). Not for an operation that takes its target or newer: it never goes down. One query,
+    none without such an upgrade."""
+    downgrades = [
+        (index, operation.component_version, hosts)
+        for index, (operation, hosts) in enumerate(zip(operations, scopes, strict=True))
+        if operation.component_version is not None and not operation.or_newer
+    ]
+    if not downgrades:
+        return {}
+    rows = InstalledVersion.objects.filter(
+        host_id__any={host_id for _, _, hosts in downgrades for host_id in hosts.host_ids},
+        component_id__any={target.component_id for _, target, _ in downgrades},
+    ).values_list("host_id", "component_id", "version_id", "version__sort_key")
+    runs = {(host_id, component_id): (version_id, key) for host_id, component_id, version_id, key in rows}
+    above = {}
+    for index, target, hosts in downgrades:
+        for host_id in hosts.host_ids:
+            version_id, key = runs.get((host_id, target.component_id), (None, ""))
+            if version_id is not None and key > target.sort_key:
+                above[(index, host_id)] = version_id
+    return above
 
 
 def _record_submissions(operations: list[Operation], scopes: list[_Scope], *, actor: Actor) -> None:

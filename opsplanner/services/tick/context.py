@@ -129,6 +129,7 @@ class TaskRef:
     waiting_reason: str
     priority: int
     queued_at: float  # when the task was created, as a number: only ever compared, never shown
+    downgrade_from_id: int | None  # asked while the host ran this version, above the target (tick/supersede.py)
 
 
 class SortableTime(models.Func):
@@ -145,7 +146,17 @@ class SortableTime(models.Func):
 
 
 # TaskRef's fields read from the task's own row (the column names are the fields' names) ...
-TASK_FIELDS = ("id", "host_id", "operation_id", "state", "drain_key", "waiting_reason", "priority", "queued_at")
+TASK_FIELDS = (
+    "id",
+    "host_id",
+    "operation_id",
+    "state",
+    "drain_key",
+    "waiting_reason",
+    "priority",
+    "queued_at",
+    "downgrade_from_id",
+)
 # ... and those read from its operation: {TaskRef field: Operation column or lookup}. TaskRef is built by
 # name from both (_pick_fields), so reordering any of the three cannot shift a value.
 OPERATION_FIELDS = {

@@ -20,6 +20,9 @@ Admission and handover both ask, before a pending upgrade task takes its host:
   one created before the host got the newer version (`overtaken`): N+1 reached the host while N
   waited, by whatever path (on hold, when nothing above judges it; from a drain before; reported by
   the host), so N ends `superseded` when it would take the host, at admission or at a handover.
+  What the host ran when a task was asked, if above its target (`HostTask.downgrade_from`), counts
+  as what it asked from: a downgrade asked from above whose host came down part way since still
+  runs, and is overtaken only by a version above what the host ran then.
 A withdrawn version supersedes nothing (`supersedes`, the one definition): it is to be rolled back,
 so the host still wants the older version (a reopened upgrade's, say), applied after it in its drain.
 Versions are compared by `ComponentVersion.sort_key` (fleet/versions.py), read with each task.
@@ -163,28 +166,48 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
 
 def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks whose host got a newer version, not withdrawn,
-    after the task was created: applying them would take the host back down to a version superseded
-    while they waited, whatever brought the newer one (a drain or an in-place install while they were
-    held, a train, the host's own report). A task created after the host got it asks for a downgrade
-    on purpose (an operator's ad-hoc or emergency operation): it is not here, and runs. Not told
-    apart (what the host ran when the task was asked is not kept): a downgrade asked while the host
-    ran something above its target, which then came down part way (flashed by hand, rolled back)
-    since; it ends superseded too, which loses that request (the reason says so) rather than taking
-    a host down that moved up twice while its task waited (the version it ran before is one step)."""
-    found: dict[int, str] = {}
+    after the task was created, and newer too than what it ran when the task was asked (a version above
+    the target, `downgrade_from`, unless withdrawn since): applying them would take the host back down
+    to a version superseded while they waited, whatever brought the newer one (a drain or an in-place
+    install while they were held, a train, the host's own report). A task created after the host got
+    it asks for a downgrade on purpose (an operator's ad-hoc or emergency operation): it is not here,
+    and runs; so does one asked while the host ran something above its target that came down part way
+    since (flashed by hand, rolled back): the host is still above what was asked. One whose host went
+    above what it ran then, or moved up (twice or more) from below its target, is here. The version
+    asked from is read only for the tasks the date alone would put here (one query, rarely)."""
+    by_date: dict[int, tuple[TaskRef, Installed]] = {}
     for task in tasks:
         runs = installed.get(_slot(task)) if _is_upgrade(task) else None
         if runs is None or task.target_sort_key is None or runs.withdrawn:
             continue
         if task.target_sort_key < runs.sort_key and runs.since > task.queued_at:
-            found[task.id] = runs.label
-    return found
+            by_date[task.id] = (task, runs)
+    asked_from = _versions_asked_from(task for task, _ in by_date.values())
+    return {
+        task_id: runs.label
+        for task_id, (task, runs) in by_date.items()
+        if runs.sort_key > asked_from.get(task.downgrade_from_id or 0, "")
+    }
+
+
+def _versions_asked_from(tasks: Iterable[TaskRef]) -> dict[int, str]:
+    """{version id: its sort key} for the versions above their targets the tasks' hosts ran when they
+    were asked, except those withdrawn since (read now, not when asked: a rollback is asked from the
+    version being withdrawn): a withdrawn version is no version to keep (`supersedes`), so a downgrade
+    asked from it is overtaken by any newer version, as one asked from below. One query, none if no
+    task has one."""
+    ids = {task.downgrade_from_id for task in tasks if task.downgrade_from_id is not None}
+    if not ids:
+        return {}
+    rows = ComponentVersion.objects.filter(pk__any=ids, withdrawn_at__isnull=True).values_list("id", "sort_key")
+    return dict(rows)
 
 
 def by_what_hosts_run(tasks: list[TaskRef]) -> tuple[dict[int, str], dict[int, str]]:
     """What the hosts run already settles, for pending upgrades about to take their host: (those with
-    nothing to do, those overtaken), each {task id: what the host runs}. One read, only for upgrades.
-    Both are asked wherever a task takes a host (admission, handover): the one place of this rule."""
+    nothing to do, those overtaken), each {task id: what the host runs}. One read, only for upgrades
+    (and one for the versions downgrades were asked from, only when `overtaken` needs them). Both are
+    asked wherever a task takes a host (admission, handover): the one place of this rule."""
     if not any(task.target_version_id for task in tasks):
         return {}, {}
     installed = installed_versions(tasks)
