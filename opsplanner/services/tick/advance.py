@@ -203,9 +203,10 @@ def _not_applied(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str], *,
     (maintenance: installs_stop). The task installs nothing and ends cancelled, saying why; its host
     goes on to its next pending task in the same drain (one drain for both, as after applied work),
     or back to service without the checks, as after a failed drain: nothing was done on it. One whose
-    drain applied earlier work (handed over to this task) is verified first, carried by this task
-    (returns_done then ends it cancelled, not done); one that installs in place without a drain just
-    stays in service. The tasks whose hosts go back unverified."""
+    drain applied earlier work (handed over to this task) is verified first, carried by this task:
+    the gate judges only that work, and the task ends cancelled there, passed or not (a failure is
+    the drain's last applied task's: verification.verifications_finished); one that installs in
+    place without a drain just stays in service. The tasks whose hosts go back unverified."""
     in_place = [task for task in tasks if task.drain_key is None]
     tasks_not_applied(ctx, in_place, why, then={task.id: "the host stays in service" for task in in_place})
     ctx.release_leases([task.id for task in in_place], reason="nothing applied; no drain to end")

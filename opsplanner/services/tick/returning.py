@@ -7,6 +7,7 @@ Both are set-based: a handful of queries per call, whatever the number of hosts.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from typing import NamedTuple
 
 from fleet.models import ComponentVersion, InstalledVersion
@@ -187,6 +188,7 @@ _DRAIN_UPGRADES = PreparedQuery(
         state__in=DRAIN_READ_STATES,  # every state host_task_drain_idx holds
         operation__kind="upgrade",
     ).values_list(
+        "id",
         "drain_key",
         "host_id",
         "operation__component_version_id",
@@ -223,10 +225,12 @@ class GateRefusal(NamedTuple):
     reasons: list[str]
 
 
-def pre_return_refusals(tasks: list[TaskRef]) -> dict[int, GateRefusal]:
+def pre_return_refusals(tasks: list[TaskRef], *, installed_nothing: Collection[int] = ()) -> dict[int, GateRefusal]:
     """Invariant 3: every upgrade of this drain is at its target, the versions are compatible and
-    none is withdrawn; the tasks whose host it refuses, with why."""
-    problems, withdrawn = _pre_return_problems(tasks)
+    none is withdrawn; the tasks whose host it refuses, with why. The drain is what it applied:
+    not the targets of `installed_nothing` (tasks whose install never ran, which carry the checks
+    of the work their drain applied before them: advance._not_applied), withdrawn or not."""
+    problems, withdrawn = _pre_return_problems(tasks, frozenset(installed_nothing))
     refusals = {task_id: GateRefusal(FailureCode.NOT_RETURNABLE, reasons) for task_id, reasons in problems.items()}
     for task in tasks:
         if task.host_id in withdrawn:
@@ -235,7 +239,9 @@ def pre_return_refusals(tasks: list[TaskRef]) -> dict[int, GateRefusal]:
     return refusals
 
 
-def _pre_return_problems(tasks: list[TaskRef]) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+def _pre_return_problems(
+    tasks: list[TaskRef], installed_nothing: frozenset[int]
+) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Every upgrade of this drain at its target and the versions compatible: what is not, by task;
     and the withdrawn versions the hosts run, by host."""
     if not tasks:
@@ -252,8 +258,8 @@ def _pre_return_problems(tasks: list[TaskRef]) -> tuple[dict[int, list[str]], di
     # back to repair for running something newer than the task it superseded. A withdrawn target the
     # host still runs is no missed target either: the gate refuses it as withdrawn (runs_withdrawn).
     tolerated: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for drain_key, host_id, target_id, component_id, sort_key, withdrawn_at, state in chain:
-        if drain_key is None:  # filtered on drain_key: never, but the column may be null
+    for task_id, drain_key, host_id, target_id, component_id, sort_key, withdrawn_at, state in chain:
+        if drain_key is None or task_id in installed_nothing:  # filtered on drain_key: never null
             continue
         if state == TaskState.FAILED or withdrawn_at is not None:
             tolerated[(drain_key, component_id)].add(target_id)

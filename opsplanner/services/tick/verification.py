@@ -9,7 +9,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from opsplanner.bulk import insert_missing
@@ -17,7 +17,7 @@ from opsplanner.models import VERIFY_CLASSES, HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.prepared import IDS, PreparedQuery, PreparedUpdate
 from opsplanner.services.tick.checks import withdrawn_targets
-from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext
+from opsplanner.services.tick.context import SUBJECT_HOST, TaskRef, TickContext, task_refs_from_rows, task_rows
 from opsplanner.services.tick.returning import pre_return_refusals, tasks_not_applied
 
 VERIFY_DEADLINE_S = 3600
@@ -100,10 +100,10 @@ def start_verification(ctx: TickContext, tasks: list[TaskRef]) -> None:
             )
 
 
-_VERIFY_OUTCOMES = PreparedQuery(
-    lambda *, ids: WorkItem.objects.filter(host_task_id__any=ids, kind=WorkKind.VERIFY).values_list(
-        "host_task_id", "verify_class", "state", "result", "outcome_reason", "consumed_at"
-    ),
+_VERIFY_OUTCOMES = PreparedQuery(  # and installs failed unclaimed: a task that installed nothing carries checks
+    lambda *, ids: WorkItem.objects.filter(
+        Q(kind=WorkKind.VERIFY) | Q(kind=WorkKind.EXECUTE, state=WorkState.FAILED, attempts=0), host_task_id__any=ids
+    ).values_list("host_task_id", "kind", "verify_class", "state", "result", "outcome_reason", "consumed_at"),
     ids=IDS,
 )
 _DRAINED_BY = PreparedQuery(
@@ -112,19 +112,35 @@ _DRAINED_BY = PreparedQuery(
     ),
     ids=IDS,
 )
+Outcome = tuple[str, str, dict[str, Any], str]  # a check's class, state, result and reason
 
 
-def verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[tuple[TaskRef, str]]) -> None:
-    """When all three verifications of a task are finished: the pre-return gate, or repair."""
-    tasks = [t for t in tasks if t.state == TaskState.VERIFYING]
-    if not tasks:
-        return
-    outcomes: dict[int, list[tuple[str, str, dict[str, Any], str]]] = defaultdict(list)
-    for task_id, verify_class, state, result, reason, consumed in _VERIFY_OUTCOMES.rows(ids={t.id for t in tasks}):
+def _outcomes(tasks: list[TaskRef]) -> tuple[dict[int, list[Outcome]], dict[int, str]]:
+    """The tasks' checks, by task; and {task: its install's reason} for those whose install failed:
+    verifying, they installed nothing (advance._not_applied) and carry their drain's checks."""
+    outcomes: dict[int, list[Outcome]] = defaultdict(list)
+    never_ran: dict[int, str] = {}
+    rows = _VERIFY_OUTCOMES.rows(ids={t.id for t in tasks})
+    for task_id, kind, verify_class, state, result, reason, consumed in rows:
+        if kind == WorkKind.EXECUTE:
+            never_ran[task_id] = reason
+            continue
         # Only outcomes consumed by this tick or an earlier one count: an item that finished after
         # this tick read its batch is the next tick's, so the gate runs exactly once per task.
         outcomes[task_id].append((verify_class, state if consumed else WorkState.RUNNING, result or {}, reason))
+    return outcomes, never_ran
+
+
+def verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[tuple[TaskRef, str]]) -> None:
+    """When all three verifications of a task are finished: the pre-return gate, or repair. A task
+    that installed nothing only carries the checks of what its drain applied before it: the gate
+    judges that alone, the task ends not applied, and a failure is the drain's last applied task's."""
+    tasks = [t for t in tasks if t.state == TaskState.VERIFYING]
+    if not tasks:
+        return
+    outcomes, never_ran = _outcomes(tasks)
     passed: list[TaskRef] = []
+    failing: list[tuple[TaskRef, FailureCode, str]] = []
     observed: list[tuple[int, str, str]] = []
     for task in tasks:
         rows = outcomes[task.id]
@@ -140,17 +156,24 @@ def verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[
         for _, _, result, _ in rows:
             observed.extend((task.host_id, c, v) for c, v in (result.get("versions") or {}).items())
         if failures:
-            why = "verification failed: " + "; ".join(failures)
-            _fail_verifying(ctx, task, FailureCode.CHECK_FAILED, why, repair)
+            failing.append((task, FailureCode.CHECK_FAILED, "verification failed: " + "; ".join(failures)))
         else:
             passed.append(task)
     record_versions(ctx, observed)
-    refusals = pre_return_refusals(passed)
+    refusals = pre_return_refusals(passed, installed_nothing=never_ran.keys())
     for task in passed:
         if task.id in refusals:
             code, reasons = refusals[task.id]
-            _fail_verifying(ctx, task, code, "not returned: " + "; ".join(reasons), repair)
+            failing.append((task, code, "not returned: " + "; ".join(reasons)))
+    not_installed = _not_installed([*passed, *(task for task, _, _ in failing)], never_ran)
+    _fail_applied_work(ctx, [f for f in failing if f[0].id in not_installed], not_installed, repair)
+    for task, code, why in failing:
+        if task.id not in not_installed:
+            _fail_verifying(ctx, task, code, why, repair)
     returning = [t for t in passed if t.id not in refusals]
+    carriers = [t for t in returning if t.id in not_installed]
+    then = dict.fromkeys((t.id for t in carriers), "the host passed its drain's checks and returns to service")
+    tasks_not_applied(ctx, carriers, not_installed, then=then, expected=TaskState.VERIFYING)
     ctx.move_hosts(
         [t.host_id for t in returning if not is_repair(t)],
         expected=HostState.VERIFYING,
@@ -158,6 +181,55 @@ def verifications_finished(ctx: TickContext, tasks: list[TaskRef], repair: list[
         reason="verified: work applied, checks passed, versions compatible",
     )
     undrain(ctx, returning)
+
+
+def _not_installed(tasks: list[TaskRef], never_ran: dict[int, str]) -> dict[int, str]:
+    """{task: why} for the tasks among these that installed nothing (their install failed before it
+    ran: `never_ran`), in the words of a drain for a target withdrawn meanwhile while it is withdrawn
+    (as advance._never_ran); a query only when there is one."""
+    carriers = [task for task in tasks if task.id in never_ran]
+    if not carriers:
+        return {}
+    return {**{t.id: never_ran[t.id] for t in carriers}, **withdrawn_targets(carriers)}
+
+
+_LAST_APPLIED = PreparedQuery(  # the tasks that applied work in these drains, the last of each last
+    lambda *, keys: task_rows(HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER)).order_by(
+        "drain_key", "finished_at", "id"
+    ),
+    keys=IDS,
+)
+
+
+def _fail_applied_work(
+    ctx: TickContext,
+    failing: list[tuple[TaskRef, FailureCode, str]],
+    not_installed: dict[int, str],
+    repair: list[tuple[TaskRef, str]],
+) -> None:
+    """Tasks that installed nothing whose host failed its drain's checks or the gate: the failure is
+    the drain's last applied task's (handed over to the next), as if it had carried the checks (it
+    fails with the code, and counts against its upgrade's policy); the task ends not applied, and
+    the host it holds goes to repair. One query, only when there is one."""
+    if not failing:
+        return
+    rows = _LAST_APPLIED.rows(keys={task.drain_key for task, _, _ in failing if task.drain_key is not None})
+    last = {task.drain_key: task for task in task_refs_from_rows(rows).values()}  # in order: the last wins
+    for task, code, why in failing:
+        applied = last.get(task.drain_key)
+        if applied is not None:
+            ctx.move_tasks(
+                [applied],
+                expected=TaskState.HANDED_OVER,
+                new=TaskState.FAILED,
+                failure_code=code,
+                failure_reason=f"{why} (its drain's checks, carried by task {task.id}, which installed nothing)"[:500],
+                finished_at=ctx.now,
+            )
+        then = f"its drain's earlier work failed its checks ({why}); the host goes to repair"
+        tasks_not_applied(ctx, [task], not_installed, then={task.id: then}, expected=TaskState.VERIFYING)
+        ctx.move_hosts([task.host_id], expected=HostState.VERIFYING, new=HostState.FAILED, reason=why)
+        repair.append((task, why))
 
 
 def undrain(ctx: TickContext, returning: list[TaskRef]) -> None:
@@ -195,17 +267,9 @@ def returns_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
             new=HostState.IN_SERVICE,
             reason="returned to service",
         )
+    # Those that installed nothing ended not applied at the gate (verifications_finished): not verifying.
     verified = [t for t in tasks if t.state == TaskState.VERIFYING]
-    not_installed = _not_installed(verified)
-    ctx.move_tasks(
-        [t for t in verified if t.id not in not_installed],
-        expected=TaskState.VERIFYING,
-        new=TaskState.DONE,
-        finished_at=ctx.now,
-    )
-    then = dict.fromkeys(not_installed, "the host was verified for its drain's earlier work and is back in service")
-    skipped = [t for t in verified if t.id in not_installed]
-    tasks_not_applied(ctx, skipped, not_installed, then=then, expected=TaskState.VERIFYING)
+    ctx.move_tasks(verified, expected=TaskState.VERIFYING, new=TaskState.DONE, finished_at=ctx.now)
     ctx.release_leases([t.id for t in tasks], reason="host back in service")
     # The drain's earlier tasks (handed over) stay so; that their host came back is what makes their
     # work a success (trains/services/upgrades.py: phase_successes), whatever happens to it later.
@@ -232,26 +296,6 @@ _DRAIN_RETURNED = PreparedUpdate(
     keys=IDS,
     now=dt.datetime,
 )
-
-
-_NEVER_RUN = PreparedQuery(  # the tasks among these whose install no executor ever claimed
-    lambda *, ids: WorkItem.objects.filter(
-        host_task_id__any=ids, kind=WorkKind.EXECUTE, state=WorkState.FAILED, attempts=0
-    ).values_list("host_task_id"),
-    ids=IDS,
-)
-
-
-def _not_installed(tasks: list[TaskRef]) -> dict[int, str]:
-    """{task: why} for the tasks that carried their drain's checks without installing their own
-    target: withdrawn before an executor claimed the install (advance._not_applied). No query for a
-    batch with no withdrawn target; so one released again meanwhile is not found here, and the
-    pre-return gate, missing its target, refuses the host (a withdrawal undone within seconds)."""
-    candidates = [t for t in tasks if t.kind == OperationKind.UPGRADE and t.target_withdrawn_at is not None]
-    if not candidates:
-        return {}
-    never_ran = {task_id for (task_id,) in _NEVER_RUN.rows(ids={t.id for t in candidates})}
-    return withdrawn_targets([t for t in candidates if t.id in never_ran])
 
 
 def returns_failed(
