@@ -71,7 +71,7 @@ def test_the_orchestration_core_imports_nothing_of_the_trains() -> None:
 
 # Where the inventory reaches into the trains on purpose, and why; a new one must be added here.
 INVENTORY_USES_OF_TRAINS = {
-    "fleet/fleetfile/apply.py": "a file that withdraws a version counts the upgrades it will offboard",
+    "fleet/fleetfile/withdrawals.py": "a file that withdraws a version counts the upgrades it will offboard or reopen",
     "fleet/selectors/owners.py": "a service owner's page shows the trains that will visit their hosts",
     "fleet/services/catalogue.py": "the one offboarding path of a withdrawn version, for the API and the file",
 }

@@ -13,14 +13,14 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from fleet.fleetfile.live import LiveInventory, live_inventory_read
-from fleet.fleetfile.plan import Change, FleetPlan, fleet_plan
+from fleet.fleetfile.plan import FleetPlan, fleet_plan
 from fleet.fleetfile.safety import plan_refusals
 from fleet.fleetfile.schema import FleetFileInvalid, FleetSpec, Problem
+from fleet.fleetfile.withdrawals import withdrawals_foresee
 from fleet.fleetfile.writers import FleetWriter
 from fleet.models import Pool
 from fleet.models.hosts import RETIRED
 from opsplanner.events import Actor
-from opsplanner.services.rollback import hosts_serving_counts, unstarted_installs_counts
 
 
 class FleetApplyRefused(ValidationError):
@@ -64,7 +64,7 @@ def fleet_apply(
         _only_new_hosts(spec, live)
     plan = fleet_plan(spec, live, prune=prune)
     plan.dry_run = dry_run
-    _note_offboards(plan)
+    withdrawals_foresee(plan)
     plan.refusals = plan_refusals(plan, live)
     if plan.refusals:
         raise FleetApplyRefused(plan)
@@ -95,41 +95,6 @@ def existing_host_problem(index: int, hostname: str, *, retired: bool) -> Proble
     if retired:
         return Problem(f"hosts[{index}].hostname", retired_host_said(hostname))
     return Problem(f"hosts[{index}].hostname", f"host {hostname} exists already")
-
-
-def _note_offboards(plan: FleetPlan) -> None:
-    """A version the file withdraws offboards its active upgrades, or else rolls back the hosts that
-    may serve with it, cancels the pending tasks of the other operations aimed at it and stops the
-    installs of it not yet claimed (`versions_withdrawal_apply`): the plan says which, and how many."""
-    from fleet.services.catalogue import withdrawal_cancels  # it checks plans with this package: imported late
-    from trains.models import Upgrade, UpgradeState
-
-    withdrawn: dict[int, Change] = {
-        change.live.id: change
-        for change in plan.of("version", "update")
-        if change.fields.get("withdrawn") == (False, True)
-    }
-    if not withdrawn:
-        return
-    by_version: dict[int, list[int]] = {}
-    for pk, version_id in Upgrade.objects.filter(
-        component_version_id__in=list(withdrawn), state=UpgradeState.ACTIVE
-    ).values_list("id", "component_version_id"):
-        by_version.setdefault(version_id, []).append(pk)
-    serving = hosts_serving_counts(withdrawn.keys() - by_version.keys())
-    cancels = withdrawal_cancels(withdrawn.keys())
-    stops = unstarted_installs_counts(withdrawn.keys())
-    for version_id, change in withdrawn.items():
-        notes = []
-        if version_id in by_version:
-            notes.append("offboards " + ", ".join(f"upgrade #{pk}" for pk in sorted(by_version[version_id])))
-        elif serving.get(version_id):
-            notes.append(f"rolls back the {serving[version_id]} hosts running it")
-        if cancels.get(version_id):
-            notes.append(f"cancels the {cancels[version_id]} pending tasks of other operations aimed at it")
-        if stops.get(version_id):
-            notes.append(f"stops the {stops[version_id]} installs of it no executor has claimed yet")
-        change.note = "; ".join(notes)
 
 
 def plan_text(plan: FleetPlan) -> str:

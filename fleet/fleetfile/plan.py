@@ -29,6 +29,7 @@ class Change:
     spec: Any = None  # what the file says (None for a removal)
     live: Any = None  # the live row (None for a creation)
     note: str = ""
+    withdrawal: dict[str, Any] | None = None  # a version withdrawn: what that will do (withdrawals.py)
 
     def line(self) -> str:
         text = f"{SYMBOLS[self.action]} {self.kind} {self.name}"
@@ -43,6 +44,7 @@ class Change:
             "name": self.name,
             "fields": {name: [_plain(a), _plain(b)] for name, (a, b) in self.fields.items()},
             "note": self.note,
+            **({"withdrawal": self.withdrawal} if self.withdrawal is not None else {}),
         }
 
 

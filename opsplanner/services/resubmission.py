@@ -35,9 +35,9 @@ from fleet.selectors.compatibility import host_incompatibilities
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.compatibility import target_refusal, withdrawn_refusal
+from opsplanner.services.compatibility import target_refusal
 from opsplanner.services.operations import operation_submit
-from opsplanner.services.rollback import going_back_below
+from opsplanner.services.rollback import AS_THEY_ARE, PlannedWithdrawals, going_back_below
 
 
 class LostWork(NamedTuple):
@@ -54,13 +54,13 @@ class Refused(NamedTuple):
     refusal: str
 
 
-def _lost_work(withdrawn: ComponentVersion) -> list[LostWork]:
+def _lost_work(withdrawn: ComponentVersion, planned: PlannedWithdrawals) -> list[LostWork]:
     """The ad-hoc upgrades (not cancelled) to an older version of the withdrawn one's component whose
     task ended superseded once the host had the withdrawn version (superseded by it: the task ended
     when or after the host got it), on hosts still running it that its rollback takes below their
     target, and not resubmitted for that host already. By operation, in id order (two queries)."""
     fell_back = InstalledVersion.objects.filter(
-        going_back_below(OuterRef("operation__component_version__sort_key")),
+        going_back_below(OuterRef("operation__component_version__sort_key"), planned=planned),
         host_id=OuterRef("host_id"),
         version=withdrawn,
         installed_at__lte=OuterRef("finished_at"),
@@ -90,38 +90,68 @@ def _lost_work(withdrawn: ComponentVersion) -> list[LostWork]:
     return [LostWork(op, sorted(hosts[op.pk])) for op in operations.order_by("pk")]
 
 
-def superseded_work_resubmit(*, withdrawn: ComponentVersion, why: str, actor: Actor) -> list[int]:
-    """Ask again for the ad-hoc work the withdrawn version superseded and its rollback takes below
-    (`_lost_work`): one operation per original, for its hosts that fell back and may take its target
-    (`_resubmit`). `why` the version was withdrawn. In the withdrawal's transaction, after its
-    rollback; the operations submitted."""
-    submitted = []
-    for lost in _lost_work(withdrawn):
+class Resubmission(NamedTuple):
+    """One operation's superseded work that fell back, as `superseded_work_resubmit` asks for it again."""
+
+    lost: LostWork
+    target: ComponentVersion
+    requests: list[list[int]]  # the hosts of each operation to submit
+    refused: list[Refused]  # the hosts that may not take the target, and why
+    pools: dict[int, int]  # host -> pool, the live hosts among them
+
+
+def resubmissions_foreseen(
+    withdrawn: ComponentVersion, *, planned: PlannedWithdrawals = AS_THEY_ARE
+) -> list[Resubmission]:
+    """The ad-hoc work the withdrawn version superseded and its rollback takes below (`_lost_work`),
+    by original in id order: its hosts that fell back, each judged first (one that may no longer
+    take the target, retired or now incompatible, does not cost the others theirs; all of them when
+    the target is withdrawn), in the operations to submit (a gang stays inside one pool: one per pool
+    its hosts are in now). Reads only: `superseded_work_resubmit` submits them, a fleet file's plan
+    counts them (`planned`: the versions as the file will have them)."""
+    foreseen = []
+    for lost in _lost_work(withdrawn, planned):
         target = lost.operation.component_version
         assert target is not None  # an upgrade has its target (operation_upgrade_has_target)
+        pools = dict(Host.objects.filter(pk__in=lost.host_ids).values_list("id", "pool_id"))  # live ones
+        target_withdrawn = planned.refusal(target)
+        refused = (
+            [Refused(lost.host_ids, target_withdrawn.message)]
+            if target_withdrawn
+            else _hosts_refused(lost.host_ids, pools, target)
+        )
+        barred = {host_id for group in refused for host_id in group.host_ids}
+        requests = _requests(lost.operation, {h: pool for h, pool in pools.items() if h not in barred})
+        foreseen.append(Resubmission(lost, target, requests, refused, pools))
+    return foreseen
+
+
+def superseded_work_resubmit(*, withdrawn: ComponentVersion, why: str, actor: Actor) -> list[int]:
+    """Ask again for the ad-hoc work the withdrawn version superseded and its rollback takes below
+    (`resubmissions_foreseen`): one operation per original (per pool for a gang), with its options,
+    and an alert naming the hosts refused, with why. `why` the version was withdrawn. In the
+    withdrawal's transaction, after its rollback; the operations submitted."""
+    submitted = []
+    for resubmission in resubmissions_foreseen(withdrawn):
+        lost, target = resubmission.lost, resubmission.target
         lost_why = (
             f"{withdrawn}, which superseded {target} on {len(lost.host_ids)} hosts of operation "
             f"#{lost.operation.pk}, was {why}: its rollback takes them below {target}"
         )
-        submitted += [again.pk for again in _resubmit(lost, target, lost_why, actor=actor)]
+        submitted += [again.pk for again in _resubmit(resubmission, lost_why, actor=actor)]
     return submitted
 
 
-def _resubmit(lost: LostWork, target: ComponentVersion, why: str, *, actor: Actor) -> list[Operation]:
-    """The original's work again on the hosts that fell back, with its options, each host judged
-    first: one that may no longer take the target (retired, now incompatible) does not cost the
-    others theirs, as no later withdrawal finds them again. A gang stays inside one pool: one per
-    pool its hosts are in now. The hosts refused (all of them when the target is withdrawn) are
-    named in one alert, with why; the operations submitted."""
-    pools = dict(Host.objects.filter(pk__in=lost.host_ids).values_list("id", "pool_id"))  # live ones
-    withdrawn = withdrawn_refusal(target)
-    refused = [Refused(lost.host_ids, withdrawn.message)] if withdrawn else _hosts_refused(lost.host_ids, pools, target)
-    barred = {host_id for group in refused for host_id in group.host_ids}
+def _resubmit(resubmission: Resubmission, why: str, *, actor: Actor) -> list[Operation]:
+    """Submit its operations; one the submit path refuses (a gang now larger than its pool's planned
+    buffer, say) joins the hosts refused, named in one alert with why. The operations submitted."""
+    lost, target, pools = resubmission.lost, resubmission.target, resubmission.pools
+    refused = list(resubmission.refused)
     submitted = []
-    for host_ids in _requests(lost.operation, {h: pool for h, pool in pools.items() if h not in barred}):
+    for host_ids in resubmission.requests:
         try:
             submitted.append(_submit(lost.operation, host_ids, target, why, pools, actor=actor))
-        except ValidationError as refusal:  # a gang now larger than its pool's planned buffer, say
+        except ValidationError as refusal:
             refused.append(Refused(host_ids, "; ".join(refusal.messages)))
     if refused:
         _refusal_record(lost, target, why, refused, pools, actor=actor)

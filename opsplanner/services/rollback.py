@@ -6,9 +6,10 @@ a withdrawn version no executor has claimed yet are stopped (`installs_stop`), f
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
@@ -32,6 +33,7 @@ from opsplanner.models import (
     WorkState,
 )
 from opsplanner.models.work_items import NOT_RUN_KEY, NotRunCode
+from opsplanner.services.compatibility import Refusal, withdrawn_refusal
 from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick.context import SUBJECT_WORK
 
@@ -79,15 +81,46 @@ def hosts_serving_counts(version_ids: Iterable[int]) -> dict[int, int]:
     return {row["version_id"]: row["n"] for row in rows}
 
 
-def going_back_below(target: Any) -> Q:
+class PlannedWithdrawals(NamedTuple):
+    """Versions as a fleet file's apply will have them when its withdrawals' work runs, for its plan,
+    which reads before anything is written (the apply writes every version first: writers.py). A
+    selector asked with the default reads them as they are."""
+
+    withdrawn: Mapping[int, str] = {}  # version id -> the reason the file gives
+    released: frozenset[int] = frozenset()
+
+    def refusal(self, version: ComponentVersion) -> Refusal | None:
+        """`withdrawn_refusal` of the version as it will be."""
+        if version.pk in self.released:
+            return None
+        if version.pk in self.withdrawn and version.withdrawn_at is None:
+            version = copy.copy(version)
+            version.withdrawn_at, version.withdrawn_reason = clock.now(), self.withdrawn[version.pk]
+        return withdrawn_refusal(version)
+
+    def withdrawn_q(self, field: str) -> Q:
+        """The rows whose version `field` is withdrawn, as it will be."""
+        live = Q(**{f"{field}__withdrawn_at__isnull": False})
+        if self.released:
+            live &= ~Q(**{f"{field}_id__in": sorted(self.released)})
+        if self.withdrawn:
+            live |= Q(**{f"{field}_id__in": sorted(self.withdrawn)})
+        return live
+
+
+AS_THEY_ARE = PlannedWithdrawals()
+
+
+def going_back_below(target: Any, *, planned: PlannedWithdrawals = AS_THEY_ARE) -> Q:
     """InstalledVersion rows of a withdrawn version whose host its rollback takes below `target` (a
     sort key, or a reference to one): the version it ran before is older or withdrawn too, or there is
     none (the pre-return gate takes the withdrawn version off). What fell back with the withdrawal: a
-    completed upgrade's hosts (trains/services/offboarding.py) or an ad-hoc operation's (resubmission.py)."""
+    completed upgrade's hosts (trains/services/offboarding.py) or an ad-hoc operation's (resubmission.py).
+    `planned`: the versions as a fleet file will have them (its plan)."""
     return (
         Q(previous_version__isnull=True)
         | Q(previous_version__sort_key__lt=target)
-        | Q(previous_version__withdrawn_at__isnull=False)
+        | planned.withdrawn_q("previous_version")
     )
 
 

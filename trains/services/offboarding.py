@@ -15,10 +15,11 @@ from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
-from opsplanner.services.compatibility import withdrawn_refusal
 from opsplanner.services.operations import operation_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
 from opsplanner.services.rollback import (
+    AS_THEY_ARE,
+    PlannedWithdrawals,
     StoppedInstalls,
     going_back_below,
     installs_stop,
@@ -141,62 +142,86 @@ def fallen_back_restore(
     )
 
 
-def upgrades_fallen_back_reopen(
-    *, withdrawn: ComponentVersion, why: str, offboarded: int | None = None, actor: Actor
-) -> list[int]:
-    """Make active again the completed upgrades to an older release of the withdrawn version's
-    component that some host of their scope reached only through it ("all hosts run 2.16.0 or newer"
-    with 2.17.0): its rollback takes them below their target, and a completed upgrade the train no
-    longer looks at left them there. An emergency upgrade's train has finished: an alert says so
-    instead. `why` the version was withdrawn (and the upgrade `offboarded` for it, if one was). Runs
-    in the withdrawal's transaction (an offboarding's, or an operator's or the fleet file's); the
-    ids made active."""
+class FallenBackUpgrade(NamedTuple):
+    """A completed upgrade some hosts of whose scope the withdrawn version's rollback takes below its
+    target (`upgrades_fallen_back`)."""
+
+    upgrade: Upgrade
+    hosts: list[int]
+    not_reopened: str  # why it stays completed, an alert saying so ("" when it is made active again)
+
+
+def upgrades_fallen_back(
+    withdrawn: ComponentVersion, *, planned: PlannedWithdrawals = AS_THEY_ARE
+) -> list[FallenBackUpgrade]:
+    """The completed upgrades to an older release of the withdrawn version's component that some host
+    of their scope reached only through it ("all hosts run 2.16.0 or newer" with 2.17.0), in id
+    order: its rollback takes them below their target, and a completed upgrade the train no longer
+    looks at left them there. Each is made active again but an emergency one (its train has finished)
+    or one whose own target is withdrawn too (by the same fleet file apply, say): no train takes them
+    up again. Reads only: `upgrades_fallen_back_reopen` acts on it, a fleet file's plan counts it
+    (`planned`: the versions as the file will have them)."""
     running = InstalledVersion.objects.filter(version=withdrawn, host__pool_id=OuterRef("pool_id"))
     candidates = Upgrade.objects.filter(
-        Exists(running.filter(going_back_below(OuterRef("component_version__sort_key")))),
+        Exists(running.filter(going_back_below(OuterRef("component_version__sort_key"), planned=planned))),
         state=UpgradeState.COMPLETED,
         component_version__component_id=withdrawn.component_id,
         component_version__sort_key__lt=withdrawn.sort_key,
     ).select_related("pool", "component_version__component")
-    reopened = []
+    found = []
     for upgrade in candidates.order_by("pk"):
         try:
             scope = upgrade_scope_hosts(upgrade)
         except ValidationError:  # a name its scope used is gone: what it covers cannot be told
             continue
         fallen = sorted(
-            InstalledVersion.objects.filter(going_back_below(upgrade.component_version.sort_key))
+            InstalledVersion.objects.filter(going_back_below(upgrade.component_version.sort_key, planned=planned))
             .filter(version=withdrawn, host_id__any=scope)
             .values_list("host_id", flat=True)
         )
-        if fallen and _fallen_back_record(upgrade, fallen, withdrawn, why=why, offboarded=offboarded, actor=actor):
-            reopened.append(upgrade.pk)
-    return reopened
+        if not fallen:
+            continue
+        target_withdrawn = planned.refusal(upgrade.component_version)
+        if target_withdrawn is not None:
+            not_reopened = f"{target_withdrawn.message}: not made active again"
+        else:
+            not_reopened = "request another emergency train if still urgent" if upgrade.emergency else ""
+        found.append(FallenBackUpgrade(upgrade, fallen, not_reopened))
+    return found
+
+
+def upgrades_fallen_back_reopen(
+    *, withdrawn: ComponentVersion, why: str, offboarded: int | None = None, actor: Actor
+) -> list[int]:
+    """Make active again the completed upgrades the withdrawn version's rollback takes hosts below
+    (`upgrades_fallen_back`); an alert for those it may not. `why` the version was withdrawn (and
+    the upgrade `offboarded` for it, if one was). Runs in the withdrawal's transaction (an
+    offboarding's, or an operator's or the fleet file's); the ids made active."""
+    return [
+        fallen.upgrade.pk
+        for fallen in upgrades_fallen_back(withdrawn)
+        if _fallen_back_record(fallen, withdrawn, why=why, offboarded=offboarded, actor=actor)
+    ]
 
 
 def _fallen_back_record(
-    upgrade: Upgrade, fallen: list[int], withdrawn: ComponentVersion, *, why: str, offboarded: int | None, actor: Actor
+    fallen: FallenBackUpgrade, withdrawn: ComponentVersion, *, why: str, offboarded: int | None, actor: Actor
 ) -> bool:
-    """Active again (guarded: only from completed), with an event saying why; whether it was."""
+    """Active again (guarded: only from completed), with an event saying why, or the alert saying why
+    not; whether it was."""
+    upgrade = fallen.upgrade
     why = (
-        f"{len(fallen)} hosts of its scope reached {upgrade.component_version} only through {withdrawn}, "
+        f"{len(fallen.hosts)} hosts of its scope reached {upgrade.component_version} only through {withdrawn}, "
         f"{why}: its rollback takes them below it"
     )
-    data = {"withdrawn": str(withdrawn), "offboarded": offboarded, "hosts": fallen[:100]}
-    # No train takes it up again: an emergency's has finished, and a target withdrawn too (by the same
-    # fleet file apply, say) is no upgrade to run. Someone must ask for what they want instead.
-    target_withdrawn = withdrawn_refusal(upgrade.component_version)
-    if upgrade.emergency or target_withdrawn is not None:
-        what = (
-            f"{target_withdrawn.message}: not made active again"
-            if target_withdrawn is not None
-            else "request another emergency train if still urgent"
-        )
+    data = {"withdrawn": str(withdrawn), "offboarded": offboarded, "hosts": fallen.hosts[:100]}
+    if fallen.not_reopened:
+        said = f"{'emergency ' if upgrade.emergency else ''}{upgrade} completed, but {why}; {fallen.not_reopened}"
         event_record(
             kind="alert.upgrade_fallen_back",
             subject=upgrade,
             actor=actor,
-            reason=f"{'emergency ' if upgrade.emergency else ''}{upgrade} completed, but {why}; {what}"[:500],
+            reason=said[:500],
             pool_id=upgrade.pool_id,
             data=data,
         )

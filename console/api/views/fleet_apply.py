@@ -35,6 +35,22 @@ class TextYAMLParser(YAMLTextParser):
     media_type = "text/yaml"
 
 
+class WithdrawalForeseenSerializer(serializers.Serializer):
+    """What withdrawing the version will do (fleet.fleetfile.withdrawals.WithdrawalForeseen)."""
+
+    offboards = serializers.ListField(child=serializers.IntegerField(), help_text="active upgrades offboarded")
+    rolls_back_hosts = serializers.IntegerField(help_text="hosts rolled back to the version they ran before")
+    cancels_tasks = serializers.IntegerField(help_text="pending tasks of other operations aimed at it cancelled")
+    stops_installs = serializers.IntegerField(help_text="installs of it no executor has claimed, stopped")
+    reopens = serializers.ListField(child=serializers.IntegerField(), help_text="completed upgrades made active again")
+    fallen_back_alerts = serializers.ListField(
+        child=serializers.IntegerField(), help_text="completed upgrades its rollback takes below, left so with an alert"
+    )
+    resubmits_operations = serializers.IntegerField(help_text="ad-hoc operations asked again for work it superseded")
+    resubmits_hosts = serializers.IntegerField(help_text="the hosts of those operations")
+    resubmission_refused_hosts = serializers.IntegerField(help_text="hosts that work is not asked again on")
+
+
 class FleetChangeSerializer(serializers.Serializer):
     kind = serializers.CharField()
     action = serializers.ChoiceField(choices=["create", "update", "remove"])
@@ -45,6 +61,7 @@ class FleetChangeSerializer(serializers.Serializer):
         child=serializers.ListField(), help_text="field: [before, after]"
     )
     note = serializers.CharField(allow_blank=True)
+    withdrawal = WithdrawalForeseenSerializer(required=False, help_text="a version withdrawn: what that will do")
 
 
 class FleetPlanSerializer(serializers.Serializer):

@@ -1,0 +1,145 @@
+"""A fleet file's plan counts what its withdrawals will set off beyond the version itself: the hosts
+rolled back, the completed upgrades made active again (or left so, with an alert), and the ad-hoc
+work asked for again, each counted by the selector the apply acts on, so the apply then does exactly
+what the plan said; and the plan, a dry run, writes nothing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from django.apps import apps
+
+from fleet.fleetfile import fleet_apply
+from fleet.fleetfile.export import fleet_export_document
+from fleet.fleetfile.plan import FleetPlan
+from fleet.fleetfile.schema import fleet_spec_from_document
+from fleet.models import Host, Pool
+from opsplanner.models import Event, HostTask, Operation, OperationSource
+from opsplanner.roles import Role
+from tests.api_helpers import role_client
+from tests.driving import drive
+from tests.test_offboard_rollback import bios_fix_then_newer_bios
+from tests.test_superseded_resubmitted import superseded
+from tests.test_superseded_versions import bios_upgrade
+from trains.models import Upgrade, UpgradeState
+
+pytestmark = pytest.mark.django_db
+
+
+class World:
+    """A bios fix (2.16.0) completed on rack-0001, whose hosts then got 2.17.0 from the newer bios'
+    canary; and on one host of rack-0002 an operator's ad-hoc 2.16.0 superseded by an ad-hoc 2.17.0."""
+
+    def __init__(self, *, newer_still_active: bool) -> None:
+        self.pool, self.rack_1, self.fix, self.newer = bios_fix_then_newer_bios(newer_at_once=True)
+        self.host = Host.objects.filter(pool=self.pool, domain__name="rack-0002").order_by("pk").first()
+        assert self.host is not None
+        self.wanted = bios_upgrade([self.host], "2.16.0")
+        bios_upgrade([self.host], "2.17.0")
+        drive(self.pool)
+        assert superseded(self.wanted, self.host)
+        if not newer_still_active:  # withdrawing its version is then the file's alone, and offboards nothing
+            Upgrade.objects.filter(pk=self.newer.pk).update(state=UpgradeState.CANCELLED)
+
+    def file_withdrawing(self, reasons: dict[str, str]) -> dict[str, Any]:
+        """The pool's exported file with these bios versions withdrawn ({version: why})."""
+        document = fleet_export_document(pool=self.pool.name)
+        bios_entry = next(c for c in document["components"] if c["name"] == "bios")
+        bios_entry["versions"] = [
+            {"version": v, "withdrawn": reasons[v]} if isinstance(v, str) and v in reasons else v
+            for v in bios_entry["versions"]
+        ]
+        return document
+
+
+def apply(document: dict[str, Any], *, dry_run: bool = False) -> FleetPlan:
+    return fleet_apply(spec=fleet_spec_from_document(copy.deepcopy(document)), dry_run=dry_run)
+
+
+def withdrawal_of(plan: FleetPlan, version: str) -> dict[str, Any]:
+    [change] = [c for c in plan.of("version", "update") if c.name == f"bios {version}"]
+    assert change.withdrawal is not None
+    return change.withdrawal
+
+
+def rows_of_every_table() -> dict[str, int]:
+    return {
+        model._meta.label: model._base_manager.count()
+        for model in apps.get_models()
+        if model._meta.app_label in ("fleet", "opsplanner", "trains")
+    }
+
+
+def rollback_hosts() -> int:
+    return HostTask.objects.filter(operation__source=OperationSource.REPAIR).count()
+
+
+@pytest.mark.parametrize("newer_still_active", [True, False], ids=["offboarding", "no-upgrade-active"])
+def test_the_plan_counts_the_reopenings_and_resubmissions_a_withdrawal_makes_and_the_apply_makes_them(
+    newer_still_active: bool,
+) -> None:
+    world = World(newer_still_active=newer_still_active)
+    document = world.file_withdrawing({"2.17.0": "bricks NICs"})
+
+    said = withdrawal_of(apply(document, dry_run=True), "2.17.0")
+
+    assert said["offboards"] == ([world.newer.pk] if newer_still_active else [])
+    assert said["reopens"] == [world.fix.pk]
+    assert (said["resubmits_operations"], said["resubmits_hosts"], said["rolls_back_hosts"]) == (1, 1, 3)
+    (change,) = apply(document, dry_run=True).of("version", "update")
+    assert f"reopens upgrade #{world.fix.pk}; resubmits 1 operations for 1 hosts" in change.note
+
+    apply(document)
+
+    assert list(Event.objects.filter(kind="upgrade.reopened").values_list("subject_id", flat=True)) == said["reopens"]
+    assert Upgrade.objects.get(pk=world.fix.pk).state == UpgradeState.ACTIVE
+    resubmitted = Operation.objects.filter(resubmission_of=world.wanted)
+    assert resubmitted.count() == said["resubmits_operations"]
+    assert HostTask.objects.filter(operation__in=resubmitted).count() == said["resubmits_hosts"]
+    assert rollback_hosts() == said["rolls_back_hosts"]
+
+
+def test_a_plan_of_a_file_withdrawing_the_version_asked_for_too_counts_the_alerts_instead() -> None:
+    world = World(newer_still_active=False)
+    document = world.file_withdrawing({"2.16.0": "leaks memory", "2.17.0": "bricks NICs"})
+
+    said = withdrawal_of(apply(document, dry_run=True), "2.17.0")
+
+    assert (said["reopens"], said["fallen_back_alerts"]) == ([], [world.fix.pk])
+    assert (said["resubmits_operations"], said["resubmission_refused_hosts"]) == (0, 1)
+
+    apply(document)
+
+    alerted = Event.objects.filter(kind="alert.upgrade_fallen_back").values_list("subject_id", flat=True)
+    assert list(alerted) == said["fallen_back_alerts"]
+    assert not Operation.objects.filter(resubmission_of=world.wanted).exists()
+    [refused] = Event.objects.filter(kind="alert.resubmission_refused")
+    assert refused.data["hosts"] == [world.host.pk]
+
+
+def test_the_plan_of_a_withdrawal_writes_nothing() -> None:
+    world = World(newer_still_active=True)
+    before = rows_of_every_table()
+    states = dict(Upgrade.objects.values_list("pk", "state"))
+
+    plan = apply(world.file_withdrawing({"2.17.0": "bricks NICs"}), dry_run=True)
+
+    assert withdrawal_of(plan, "2.17.0")["reopens"] == [world.fix.pk]
+    assert rows_of_every_table() == before
+    assert dict(Upgrade.objects.values_list("pk", "state")) == states
+    assert Pool.objects.get(pk=world.pool.pk).planned_buffer_hosts == 3
+
+
+def test_the_api_answers_the_same_counts_with_the_plan() -> None:
+    world = World(newer_still_active=True)
+    document = world.file_withdrawing({"2.17.0": "bricks NICs"})
+
+    response = role_client(Role.OPERATOR).post("/api/fleet/apply/?dry_run=true", document, format="json")
+
+    assert response.status_code == 200, response.content
+    [change] = [c for c in response.json()["changes"] if c["kind"] == "version"]
+    assert change["withdrawal"] == withdrawal_of(apply(document, dry_run=True), "2.17.0")
+    assert (change["withdrawal"]["reopens"], change["withdrawal"]["resubmits_hosts"]) == ([world.fix.pk], 1)
+    assert Event.objects.filter(kind__in=["upgrade.reopened", "operation.resubmitted"]).count() == 0
