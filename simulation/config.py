@@ -251,6 +251,10 @@ class CarriedPhase:
     # Its evidence was in live and it still soaked: it graduates then (the trains policy sees to it).
     soak_ends_at: dt.datetime | None = None
     picked_hosts: tuple[str, ...] = ()  # the hosts the phases so far picked from the pool, by name
+    # The failures counted against it live and the successes its failure rate counted (UpgradePhase's
+    # carried_failures, carried_rate_successes): the lane's tick judges offboarding with them.
+    failures: int = 0
+    rate_successes: int = 0
 
 
 @dataclass

@@ -41,6 +41,7 @@ from fleet.models import (
 from opsplanner import clock
 from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
 from simulation.from_live_trains import (
+    carried_failures_note,
     open_cycle_note,
     open_cycle_snapshot,
     phase_in_force_note,
@@ -301,7 +302,11 @@ def _runs_noted(runs: Runs, snapshots: list[dict[str, Any]], days: float) -> Run
         for pool in (pool for shard in shards for pool in shard.get("pools") or []):
             snapshot = by_pool.get(str(pool.get("name")))
             if snapshot is not None:
-                upgrades = [phase_in_force_note(upgrade) for upgrade in snapshot["upgrades"]]
+                upgrades = [
+                    note(upgrade)
+                    for upgrade in snapshot["upgrades"]
+                    for note in (phase_in_force_note, carried_failures_note)
+                ]
                 pool["notes"] = live_train_notes(snapshot, policy, days) + [note for note in upgrades if note]
     return runs
 

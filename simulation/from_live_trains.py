@@ -17,12 +17,28 @@ live one would (its hosts all in service); a phase held live is named in the for
 (`phase_in_force_note`), as the lane may widen it where the live fleet waits for an operator. A
 snapshot without `phase_progress` (taken before it was) reads as before: the phases as they are, the
 evidence from zero.
+
+The failures counted against the upgrade in its phase in force, and the successes its failure rate
+counts (`phase_progress`'s `failures` and `rate_successes`, by the tick's own queries, and `breach`,
+the tick's reason to offboard it, `policy_breach`), are carried too: the lane writes them on its
+phase (`carried_phase_write`: UpgradePhase.carried_failures, carried_rate_successes), and the tick
+adds them to what it counts of the phase's own tasks (trains.services.upgrades, `_with_carried`), so
+it offboards as the live one would. Only the phase in force carries them: a phase after it counts
+from zero, as live (the failures before it started are not its), and so does the next phase when
+the lane starts there. An upgrade already over its policy live is offboarded by the live tick at its
+next look, before it graduates: the lane keeps its phase (or creates the next, where upgrade_create
+refuses a domain with no host in scope) and offboards it at its first; a carried soak does not
+graduate over a breach either (`_carried_graduate`). The forecast's notes say what it carried
+(`carried_failures_note`). Counted per phase, not per host: a host that failed live and that the lane
+takes again in the phase counts twice if it fails again (live, once), and as a success of the rate if
+it succeeds (live, only as the failure). A snapshot without these keys carries none.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from django.db import transaction
 
@@ -34,10 +50,18 @@ PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what 
 _NOT_CREATED = ("component", "version", "phase_progress")  # the keys that are no upgrade_create argument
 
 
+class _Counted(NamedTuple):
+    """What the train tick counts of an upgrade's phase in force: the evidence, the failures against
+    its policy and the successes its failure rate counts (0 without a rate: nothing reads them)."""
+
+    successes: int
+    failures: int
+    rate_successes: int
+
+
 def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
     """The pool's pending upgrades (not emergency ones), oldest first, each with its phase's progress."""
     from trains.models import Upgrade
-    from trains.services.upgrades import upgrades_phase_successes
 
     upgrades = list(
         Upgrade.objects.filter(pool=pool, state__in=PENDING_UPGRADE_STATES, emergency=False)
@@ -48,10 +72,22 @@ def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
     phases = {u.pk: sorted(u.phases.all(), key=lambda p: p.position) for u in upgrades}
     in_force = [p for u in upgrades for p in phases[u.pk] if p.position == u.current_phase]
     emptied = {p.upgrade_id for p in in_force if p.domain_id is not None and not _domain_in_scope(p)}
-    successes = upgrades_phase_successes(in_force)  # the tick's own count, one query
+    counted = _in_force_counted(upgrades, in_force)
     picked = {h for u in upgrades for p in phases[u.pk] if p.position <= u.current_phase for h in p.picked_hosts}
     names = dict(Host.objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
-    return [_upgrade_snapshot(u, phases[u.pk], successes.get(u.pk, 0), names, u.pk not in emptied) for u in upgrades]
+    return [_upgrade_snapshot(u, phases[u.pk], counted[u.pk], names, u.pk not in emptied) for u in upgrades]
+
+
+def _in_force_counted(upgrades: list[Any], in_force: list[Any]) -> dict[int, _Counted]:
+    """Per upgrade, its phase in force's counts, with the tick's own selectors (a query each)."""
+    from trains.services.upgrades import upgrades_phase_failures, upgrades_phase_successes, upgrades_rate_successes
+
+    current = {p.upgrade_id: p for p in in_force}
+    successes = upgrades_phase_successes(in_force)
+    failures = upgrades_phase_failures([u for u in upgrades if u.pk in current], current)
+    rated = [current[u.pk] for u in upgrades if u.pk in current and u.max_failure_rate is not None]
+    rate = upgrades_rate_successes(rated, up_to=None)
+    return {u.pk: _Counted(successes.get(u.pk, 0), failures.get(u.pk, 0), rate.get(u.pk, 0)) for u in upgrades}
 
 
 def _domain_in_scope(phase: Any) -> bool:
@@ -65,7 +101,7 @@ def _domain_in_scope(phase: Any) -> bool:
 
 
 def _upgrade_snapshot(
-    upgrade: Any, phases: list[Any], successes: int, names: dict[int, str], in_scope: bool
+    upgrade: Any, phases: list[Any], counted: _Counted, names: dict[int, str], in_scope: bool
 ) -> dict[str, Any]:
     """A pending upgrade as upgrade_create takes it: its target, scope and policy, the phases it has
     still to go through (a graduated phase's evidence is in: the lane does not wait for it again) and
@@ -90,18 +126,21 @@ def _upgrade_snapshot(
         "priority": upgrade.priority,
         "deadline": None if deadline is None else deadline.isoformat(),
         "duration_s": upgrade.duration_s,
-        "phase_progress": _phase_progress(upgrade, phases, successes, names, in_scope),
+        "phase_progress": _phase_progress(upgrade, phases, counted, names, in_scope),
     }
 
 
 def _phase_progress(
-    upgrade: Any, phases: list[Any], successes: int, names: dict[int, str], in_scope: bool
+    upgrade: Any, phases: list[Any], counted: _Counted, names: dict[int, str], in_scope: bool
 ) -> dict[str, Any] | None:
     """How far the phase in force has got: its successes, the evidence it needs (both as the tick
     judges them), since when it soaks (None: not yet, or afresh since a re-onboarding) and the hosts
-    it and the phases before it picked (the tick lets every later phase touch them too); and whether
-    its domain, if it has one, still has a host in scope (`_domain_in_scope`)."""
+    it and the phases before it picked (the tick lets every later phase touch them too); whether
+    its domain, if it has one, still has a host in scope (`_domain_in_scope`); the failures counted
+    against it and the successes its failure rate counts, and why they breach its policy if they do
+    (the live tick offboards it at its next look)."""
     from trains.services.phases import phase_evidence_needed
+    from trains.services.upgrade_policy import policy_breach
 
     phase = next((p for p in phases if p.position == upgrade.current_phase), None)
     if phase is None:  # no phase in force to go on from: the lane starts the phases afresh, as before
@@ -109,12 +148,15 @@ def _phase_progress(
     picked = [names[h] for p in phases if p.position <= phase.position for h in p.picked_hosts if h in names]
     reached = phase.successes_reached_at
     return {
-        "successes": successes,
+        "successes": counted.successes,
         "evidence_needed": phase_evidence_needed(phase),
         "successes_reached_at": None if reached is None else reached.isoformat(),
         "picked_hosts": list(dict.fromkeys(picked)),
         "domain_in_scope": in_scope,
         "held_reason": phase.held_reason if phase.held_code else "",
+        "failures": counted.failures,
+        "rate_successes": counted.rate_successes,
+        "breach": policy_breach(upgrade, phase, counted.failures, counted.rate_successes),
     }
 
 
@@ -133,10 +175,15 @@ def upgrade_arrival(upgrade: dict[str, Any], start: dt.datetime) -> tuple[dict[s
     if not progress.get("domain_in_scope", True):
         # Its domain has no host left in scope: upgrade_create refuses the phase, and the lane cannot
         # show its evidence. With the evidence in, it widens at once (early by what is left of its
-        # soak); without, it holds live until an operator acts, and the lane leaves it out.
+        # soak); without, it holds live until an operator acts, and the lane leaves it out. Over its
+        # failure policy, the live tick offboards it at its next look: the lane creates the next phase
+        # with the failures, and its tick offboards it at its first.
+        picked = tuple(progress["picked_hosts"])
+        if progress.get("breach"):
+            return {**fields, "phases": phases[1:]}, replace(_failures_carried(progress), picked_hosts=picked)
         if progress["successes"] < progress["evidence_needed"]:
             return None, None
-        return {**fields, "phases": phases[1:]}, CarriedPhase(picked_hosts=tuple(progress["picked_hosts"]))
+        return {**fields, "phases": phases[1:]}, CarriedPhase(picked_hosts=picked)
     fields["phases"], carried = _phases_carried(phases, progress, start)
     return fields, carried
 
@@ -148,27 +195,38 @@ def _phases_carried(
     first, picked = phases[0], tuple(progress["picked_hosts"])
     reached = dt.datetime.fromisoformat(progress["successes_reached_at"]) if progress["successes_reached_at"] else None
     successes, needed = progress["successes"], progress["evidence_needed"]
+    failed = _failures_carried(progress)  # the lane's tick judges the policy with them, as the live one
     if len(phases) == 1:  # the last phase opens nothing wider: the upgrade completes with its scope
-        return phases, CarriedPhase(picked_hosts=picked)
+        return phases, replace(failed, picked_hosts=picked)
     if successes < needed:
         if successes:  # what it still lacks; a phase before the last needs one at least (upgrade_create)
             first["min_successes"] = max(1, needed - successes)
-        return phases, CarriedPhase(successes_reached_at=reached, picked_hosts=picked)
+        return phases, replace(failed, successes_reached_at=reached, picked_hosts=picked)
     # Its evidence is in: the tick stamps when it was reached at its next look if it has not yet.
     soak_ends_at = (reached or start) + dt.timedelta(seconds=first["soak_s"])
-    if soak_ends_at <= start:
-        return phases[1:], CarriedPhase(picked_hosts=picked)
     # Soaking: the lane's tick cannot see the evidence, so the phase looks for none of its own (an
     # 'any' phase would pick hosts the live one never will) and graduates when its soak ends.
     first["min_successes"], first["selection"] = 1, "fixed"
-    return phases, CarriedPhase(successes_reached_at=reached or start, soak_ends_at=soak_ends_at, picked_hosts=picked)
+    if soak_ends_at <= start:
+        if not progress.get("breach"):  # the next phase counts its failures from its start, as live
+            return phases[1:], CarriedPhase(picked_hosts=picked)
+        # Over its policy: the live tick offboards it before it graduates, at its next look; the lane's at its first.
+        return phases, replace(failed, picked_hosts=picked)
+    return phases, replace(
+        failed, successes_reached_at=reached or start, soak_ends_at=soak_ends_at, picked_hosts=picked
+    )
+
+
+def _failures_carried(progress: dict[str, Any]) -> CarriedPhase:
+    """What a phase carries of its failure counts (0 from a snapshot taken before they were)."""
+    return CarriedPhase(failures=progress.get("failures", 0), rate_successes=progress.get("rate_successes", 0))
 
 
 def carried_phase_write(upgrade: Any, carried: CarriedPhase) -> None:
     """Write on the lane's upgrade (just created) its first phase's carried progress."""
     from trains.models import UpgradePhase
 
-    if carried.successes_reached_at is None and not carried.picked_hosts:
+    if carried == CarriedPhase():
         return
     ids = dict(Host.objects.filter(pool_id=upgrade.pool_id, hostname__in=carried.picked_hosts).values_list(
         "hostname", "id"
@@ -176,6 +234,8 @@ def carried_phase_write(upgrade: Any, carried: CarriedPhase) -> None:
     UpgradePhase.objects.filter(upgrade_id=upgrade.pk, position=0).update(
         successes_reached_at=carried.successes_reached_at,
         picked_hosts=[ids[name] for name in carried.picked_hosts if name in ids],
+        carried_failures=carried.failures,
+        carried_rate_successes=carried.rate_successes,
     )
 
 
@@ -199,11 +259,13 @@ def carried_soaks_graduate(soaking: dict[int, tuple[int, dt.datetime]], pool_ids
 def _carried_graduate(upgrade_id: int, now: dt.datetime) -> bool | None:
     """Graduate the upgrade's first phase (True); False: it left it already (the tick moved it on, it
     completed or was offboarded); None: not yet, a task of it is still open (the tick's rule: no
-    phase widens over a host whose outcome is not known)."""
+    phase widens over a host whose outcome is not known), or its failures breach its policy (the
+    tick offboards it first, as it judges the policy before it graduates a phase)."""
     from opsplanner.models import OPEN_TASK_STATES
     from trains.models import Upgrade, UpgradeState
     from trains.services.phases import phase_graduate
-    from trains.services.upgrades import upgrade_tasks
+    from trains.services.upgrade_policy import policy_breach
+    from trains.services.upgrades import upgrade_phase_failures, upgrade_tasks, upgrades_rate_successes
 
     upgrade = Upgrade.objects.select_related("component_version").get(pk=upgrade_id)
     if upgrade.state != UpgradeState.ACTIVE or upgrade.current_phase != 0:
@@ -211,6 +273,10 @@ def _carried_graduate(upgrade_id: int, now: dt.datetime) -> bool | None:
     if upgrade_tasks(upgrade).filter(state__in=sorted(OPEN_TASK_STATES)).exists():
         return None  # every task of the upgrade is of its first phase until it graduates
     phase, following = list(upgrade.phases.order_by("position")[:2])
+    failures = upgrade_phase_failures(upgrade, phase)
+    rate = upgrades_rate_successes([phase], up_to=None).get(upgrade.pk, 0) if failures else 0
+    if policy_breach(upgrade, phase, failures, rate):
+        return None
     return phase_graduate(
         upgrade=upgrade, phase=phase, nxt=following, now=now, data={"carried": True},
         reason=f"phase {phase.name} had its evidence on the live fleet and has soaked; now {following.name}",
@@ -236,6 +302,24 @@ def phase_in_force_note(upgrade: dict[str, Any]) -> str:
     if progress["successes"] < progress["evidence_needed"]:
         return f"{said} and lacks its evidence: it holds on the live fleet until an operator acts; left out here"
     return f"{said} and has its evidence: the forecast widens it at once (the live fleet, when its soak ends)"
+
+
+def carried_failures_note(upgrade: dict[str, Any]) -> str:
+    """What a forecast says of an upgrade whose phase in force counted failures on the live fleet (the
+    lane carries them while the phase is in force); empty for any other."""
+    progress = upgrade.get("phase_progress") or {}
+    failures, phases = progress.get("failures", 0), upgrade.get("phases") or []
+    if not failures or not phases:
+        return ""
+    said = f"upgrade {upgrade['component']} {upgrade['version']}: "
+    if progress.get("breach"):
+        offboarded = "its tick offboards it at its next look, the forecast at its first"
+        return f"{said}{progress['breach']} on the live fleet: {offboarded}"
+    hosts = f"{failures} host{'' if failures == 1 else 's'}"
+    return (
+        f"{said}{hosts} failed in phase {phases[0]['name']} on the live fleet (its policy allows "
+        f"{upgrade['max_failures']}): the forecast counts them while the phase is in force, as the live tick"
+    )
 
 
 def open_cycle_snapshot(train: Any) -> dict[str, Any] | None:

@@ -32,10 +32,12 @@ pytestmark = pytest.mark.django_db
 HOUR = 3600
 
 
-def live_rollout(canary: dict[str, Any], *, drive_until_successes: int | None = None) -> tuple[Pool, Upgrade]:
+def live_rollout(
+    canary: dict[str, Any], *, drive_until_successes: int | None = None, **policy: Any
+) -> tuple[Pool, Upgrade]:
     """3 racks of 2 hosts, a train (24 h SLO), bios 2.16.0 rolled out with `canary` (on rack-0001)
-    then the rest; driven live (the real tick and the simulated adapters) until the canary has that
-    many successes, and no further."""
+    then the rest (with the failure `policy` given); driven live (the real tick and the simulated
+    adapters) until the canary has that many successes, and no further."""
     from trains.services.trains import train_create
     from trains.services.upgrades import upgrade_create
 
@@ -46,6 +48,7 @@ def live_rollout(canary: dict[str, Any], *, drive_until_successes: int | None = 
         pool=pool, component="bios", version="2.16.0", reason="firmware fix", actor="test",
         phases=[{"name": "canary", "domain": "rack-0001", **canary},
                 {"name": "rest", "percent": 100, "min_successes": 0}],
+        **policy,
     )  # fmt: skip
     if drive_until_successes is not None:
         drive_trains(pool, until=lambda: upgrade_phase_successes(upgrade, 0) >= drive_until_successes)
@@ -145,7 +148,7 @@ def test_it_needs_only_the_evidence_the_phase_still_lacks_and_keeps_the_hosts_it
     assert canary.picked_hosts == picked  # live's pick, by name: the lane does not pick another
     assert snapshot["upgrades"][0]["phase_progress"] == {
         "successes": 2, "evidence_needed": 3, "successes_reached_at": None, "picked_hosts": [picked_name],
-        "domain_in_scope": True, "held_reason": "",
+        "domain_in_scope": True, "held_reason": "", "failures": 0, "rate_successes": 0, "breach": "",
     }  # fmt: skip
 
 

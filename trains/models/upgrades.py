@@ -141,6 +141,16 @@ class UpgradePhase(models.Model):
     picked_hosts = models.JSONField(
         default=list, blank=True, help_text="ids of the hosts of the pool an 'any' phase took beyond its own scope"
     )
+    # A what-if lane's baseline (simulation/from_live_trains.py): what the live phase in force had
+    # counted against and for its failure policy before the lane created its copy, whose tasks it
+    # does not copy. The tick adds them to its counts (phase_failures, phase_rate_successes); 0 on the
+    # live fleet, where every count comes from the phase's own tasks.
+    carried_failures = models.PositiveIntegerField(
+        default=0, help_text="failed hosts counted against the phase before it was created (a what-if lane's copy)"
+    )
+    carried_rate_successes = models.PositiveIntegerField(
+        default=0, help_text="hosts the failure rate counted as succeeded before it was created (a what-if lane's)"
+    )
     held_code = models.CharField(max_length=32, choices=PhaseHoldCode.choices, blank=True)
     held_reason = models.CharField(max_length=500, blank=True)
     held_at = models.DateTimeField(null=True, blank=True)

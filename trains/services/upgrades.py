@@ -13,6 +13,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import Combinable, Expression, ExpressionWrapper
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
@@ -344,7 +345,7 @@ def _counted_failures(depth: int) -> QuerySet[HostTask, Any]:
     )
 
 
-def phase_failures() -> Coalesce:
+def phase_failures() -> Expression:
     """The failures that count against an upgrade in a phase, as an expression on UpgradePhase rows
     (the one definition: the train tick and offboarding count with it, the pages with it bounded by
     phase_failures_while_in_force). A failed task of the phase's operations counts if it failed
@@ -352,8 +353,9 @@ def phase_failures() -> Coalesce:
     is the upgrade's fault (see NOT_THE_UPGRADES_FAULT);
     so does one of an earlier phase's operations that failed since (_counted_failures).
     The policy says how many hosts may fail: a host counts once however often it failed (its catch-up
-    and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took."""
-    return _hosts_in(_counted_failures(depth=1))
+    and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took.
+    A what-if lane's phase adds those its live copy had counted (_with_carried)."""
+    return _with_carried(_hosts_in(_counted_failures(depth=1)), "carried_failures")
 
 
 def _hosts_in(failed: QuerySet[HostTask, Any]) -> Coalesce:
@@ -361,14 +363,24 @@ def _hosts_in(failed: QuerySet[HostTask, Any]) -> Coalesce:
     return Coalesce(Subquery(count, output_field=IntegerField()), 0)
 
 
-def phase_failures_while_in_force() -> Coalesce:
+def _with_carried(count: Combinable, column: str) -> Expression:
+    """`count` plus the phase's carried baseline `column` (UpgradePhase.carried_failures,
+    carried_rate_successes): what a what-if lane's copy of a live phase in force had counted live,
+    from tasks the lane does not copy; 0 on the live fleet. A column of the row, no query: the tick
+    counts failures at every tick. A host that failed live and that the lane takes again in the
+    phase counts again (live, once; its retry's success is one the rate counts)."""
+    return ExpressionWrapper(count + F(column), output_field=IntegerField())
+
+
+def phase_failures_while_in_force() -> Expression:
     """phase_failures as it stood while the phase was in force, as an expression on UpgradePhase rows
     (the pages show each phase's count with it): for a phase not graduated, phase_failures itself;
     for a graduated one, only the failures before it graduated. A later failure of its tasks (a
     catch-up) counts against the phase in force then, from its start (the next phase's graduation
     time): shown with phase_failures, it showed in its own phase too, once per phase since."""
     graduated = OuterRef("graduated_at")
-    return _hosts_in(_counted_failures(depth=1).filter(Q(IsNull(graduated, True)) | Q(finished_at__lt=graduated)))
+    failed = _counted_failures(depth=1).filter(Q(IsNull(graduated, True)) | Q(finished_at__lt=graduated))
+    return _with_carried(_hosts_in(failed), "carried_failures")
 
 
 def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
@@ -510,16 +522,20 @@ def _rate_succeeded_tasks() -> QuerySet[HostTask, Any]:
     return _phase_succeeded_tasks().filter(~Exists(_counted_failures(depth=2).filter(host_id=OuterRef("host_id"))))
 
 
-def phase_rate_successes() -> Coalesce:
+def phase_rate_successes() -> Expression:
     """The successes the failure rate counts in a phase (see _rate_succeeded_tasks), as an expression
-    on UpgradePhase rows: with the failures, each finished host once."""
+    on UpgradePhase rows: with the failures, each finished host once (and a what-if lane's carried
+    baseline, _with_carried)."""
     count = _rate_succeeded_tasks().annotate(n=_COUNT_HOSTS).values("n")
-    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
+    return _with_carried(Coalesce(Subquery(count, output_field=IntegerField()), 0), "carried_rate_successes")
 
 
-def phase_rate_successes_up_to(cap: int) -> _CountUpTo:
-    """phase_rate_successes counted up to `cap`: exact below it, `cap` at or above it."""
-    return _CountUpTo(_rate_succeeded_tasks().values("host_id").distinct(), cap)
+def phase_rate_successes_up_to(cap: int) -> Expression:
+    """phase_rate_successes with its tasks counted up to `cap`: exact below it, at least `cap` at or
+    above it (the carried baseline is added to the capped count: more successes, still within the rate)."""
+    return _with_carried(
+        _CountUpTo(_rate_succeeded_tasks().values("host_id").distinct(), cap), "carried_rate_successes"
+    )
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
@@ -550,7 +566,7 @@ def upgrades_rate_successes(phases: list[UpgradePhase], *, up_to: int | None) ->
     return dict(_PHASE_RATE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
 
 
-def _per_phase(count: Callable[[], Coalesce]) -> PreparedQuery:
+def _per_phase(count: Callable[[], Expression]) -> PreparedQuery:
     """{upgrade: count} of the phases asked for, by `count` (phase_failures, phase_successes, ...); the
     train tick asks both of its upgrades' current phases every tick: compiled once (opsplanner/prepared.py)."""
     return PreparedQuery(
