@@ -146,7 +146,7 @@ LIST_QUERIES = {
     "services": ("limit", LIMIT_OFFSET + 1),  # owners
     "optout-windows": ("limit", LIMIT_OFFSET),
     "reservations": ("limit", LIMIT_OFFSET),
-    "operations": ("limit", LIMIT_OFFSET + 1),  # host tasks by state
+    "operations": ("limit", LIMIT_OFFSET + 2),  # host tasks by state, resubmissions
     "host-tasks": ("page_size", CURSOR),
     "work-items": ("page_size", CURSOR),
     "approvals": ("limit", LIMIT_OFFSET),

@@ -13,6 +13,7 @@ from opsplanner.roles import Role
 from opsplanner.services.operations import operation_submit
 from tests.browser import log_in, screenshot
 from tests.builders import make_fleet
+from tests.test_resubmissions_shown_and_cancelled import an_open_original_resubmitted_on_its_first_host
 from tests.trains_builders import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -167,5 +168,26 @@ def test_the_operations_pages_and_the_live_preview_keep_the_content_security_pol
         preview_shows(page, 2)
         page.wait_for_timeout(300)
         assert refused == []
+    finally:
+        page.close()
+
+
+def test_an_operator_follows_a_resubmission_to_its_original_and_cancels_both_there(
+    live_server_process, chromium
+) -> None:
+    wanted, again, _ = an_open_original_resubmitted_on_its_first_host()
+    page = log_in(chromium, live_server_process, make_user(Role.OPERATOR).username, PASSWORD)
+    try:
+        page.goto(f"{live_server_process.url}/operations/{again.pk}/")
+        page.locator("#resubmission-of").get_by_role("link", name=f"#{wanted.pk}").click()
+        page.wait_for_load_state()
+        assert page.url == f"{live_server_process.url}/operations/{wanted.pk}/"
+        assert page.locator("#resubmissions").get_by_role("link", name=f"#{again.pk}").count() == 1
+        screenshot(page, "operation_resubmitted")
+        page.fill(".cancel-operation textarea[name=reason]", "2.16.0 is not wanted after all")
+        page.click(".cancel-operation button[type=submit]")
+        page.locator(".notice.success").wait_for(timeout=10_000)
+        assert "2 pending tasks cancelled" in page.locator(".notice.success").inner_text()  # its, and again's
+        assert Operation.objects.get(pk=again.pk).state == OperationState.CANCELLED
     finally:
         page.close()

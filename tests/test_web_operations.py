@@ -202,8 +202,9 @@ def test_an_operations_page_reads_the_same_queries_whatever_its_size(
     pool, _ = make_fleet(domains=2, hosts_per_domain=hosts_per_domain)
     operation = operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="r")
 
-    # The operation, its counts per state, its pools, a page of tasks with their hosts, its events.
-    with django_assert_num_queries(5):
+    # The operation, its counts per state, its pools, a page of tasks with their hosts, its events,
+    # its resubmissions.
+    with django_assert_num_queries(6):
         detail = operations_pages.operation_detail(operation_id=operation.pk)
         tasks = list(detail.tasks)
     assert len(tasks) == min(2 * hosts_per_domain, operations_pages.TASKS_PER_PAGE)

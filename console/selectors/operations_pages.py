@@ -40,6 +40,7 @@ class OperationDetail:
     tasks: Page
     events: list[Event]
     task_state: str  # the tasks shown are in this state ("" for all)
+    resubmissions: list[int]  # the operations asking for its superseded work again (its resubmission_of: the row's)
 
 
 def _counts(operation_ids: list[int]) -> dict[int, dict[str, int]]:
@@ -74,7 +75,8 @@ def recent_operations(queryset: QuerySet[Operation], *, limit: int = OPERATIONS_
 
 def operation_detail(*, operation_id: int, task_state: str = "", page: str = "1") -> OperationDetail | None:
     """One operation, a page of its tasks (optionally in one state, host and pool names joined), its
-    counts per state, the pools it touches and its newest events; None if there is no such operation."""
+    counts per state, the pools it touches, its newest events and its resubmissions; None if there is
+    no such operation."""
     operation = (
         Operation.objects.select_related("component_version__component", "requested_by").filter(pk=operation_id).first()
     )
@@ -103,6 +105,7 @@ def operation_detail(*, operation_id: int, task_state: str = "", page: str = "1"
         tasks=tasks_page,
         events=list(events[:EVENTS_SHOWN]),
         task_state=task_state,
+        resubmissions=list(operation.resubmissions.order_by("pk").values_list("pk", flat=True)),
     )
 
 

@@ -368,21 +368,62 @@ def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -
 
 @transaction.atomic
 def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> int:
-    """Cancel an open operation's pending host tasks; tasks already under way finish. Returns how many."""
+    """Cancel an open operation's pending host tasks; tasks already under way finish. Its open
+    resubmissions (the work a withdrawal asked for again, resubmission.py; theirs too, transitively)
+    are cancelled with it, each with its events: cancelling the original means the work should not
+    happen. Returns how many tasks, theirs included."""
     if not reason:
         raise ValidationError({"reason": "Say why the operation is cancelled."})
     # Take the pools' tick locks first (in id order, as ticks do: pool, then operation), so a cancel
-    # never races an admission and never deadlocks with a tick.
-    pool_ids = set(HostTask.objects.filter(operation_id=operation_id).values_list("pool_id", flat=True))
+    # never races an admission and never deadlocks with a tick; its resubmissions' pools too.
+    family = _with_resubmissions(operation_id)
+    pool_ids = _task_pools(family)
     list(Pool.objects.select_for_update(no_key=True).filter(pk__any=pool_ids).order_by("pk").values_list("pk"))
+    # Read again once they are held: a withdrawal (it holds every pool) may have resubmitted it meanwhile.
+    if (again := _with_resubmissions(operation_id)) != family and not _task_pools(again) <= pool_ids:
+        raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
     operation = Operation.objects.select_for_update().get(pk=operation_id)
     if operation.state != OperationState.OPEN:
         raise ValidationError(
             f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.",
             code="conflict",
         )
-    _, actor_label = actor_fields(actor)
+    # Newer than the original, so after it in id order; one its operator already cancelled keeps that.
+    resubmissions = list(
+        Operation.objects.select_for_update()
+        .filter(pk__any=again[1:], state=OperationState.OPEN, cancelled_at__isnull=True)
+        .order_by("pk")
+    )
     now = clock.now()
+    data: dict[str, object] = {"resubmissions": [r.pk for r in resubmissions]} if resubmissions else {}
+    cancelled = _open_cancel(operation, reason=reason, now=now, actor=actor, data=data)
+    why = f"operation #{operation_id}, whose work it asks for again, is cancelled: {reason}"[:500]
+    for resubmission in resubmissions:
+        cancelled += _open_cancel(resubmission, reason=why, now=now, actor=actor, data={"with": operation_id})
+    return cancelled
+
+
+def _with_resubmissions(operation_id: int) -> list[int]:
+    """The operation's id, then its resubmissions' and theirs (every one, whatever its state; a
+    query per generation, in practice one or two)."""
+    family, generation = [operation_id], [operation_id]
+    while generation:
+        generation = list(
+            Operation.objects.filter(resubmission_of_id__any=generation).order_by("pk").values_list("pk", flat=True)
+        )
+        family += generation
+    return family
+
+
+def _task_pools(operation_ids: list[int]) -> set[int]:
+    return set(HostTask.objects.filter(operation_id__any=operation_ids).values_list("pool_id", flat=True))
+
+
+def _open_cancel(operation: Operation, *, reason: str, now: dt.datetime, actor: Actor, data: dict[str, object]) -> int:
+    """Cancel this open operation (its row locked) with its pending tasks, and its event (`data`
+    added); how many tasks. It closes now if no task of it is under way; otherwise the tick closes
+    it cancelled once they finish."""
+    _, actor_label = actor_fields(actor)
     pending = list(
         HostTask.objects.filter(operation=operation, state=TaskState.PENDING).values_list(
             "id", "host_id", "pool_id", "operation_id"
@@ -400,7 +441,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     closed = not HostTask.objects.filter(operation=operation, state__in=OPEN_TASK_STATES).exists()
     # With tasks still under way the operation stays open until they finish; then the tick closes it
     # cancelled, as its cancellation is dated (operations_close_finished). A second cancel keeps the first date.
-    Operation.objects.filter(pk=operation_id, state=OperationState.OPEN).update(
+    Operation.objects.filter(pk=operation.pk, state=OperationState.OPEN).update(
         cancelled_at=Coalesce(F("cancelled_at"), Value(now)),
         **({"state": OperationState.CANCELLED, "closed_at": now} if closed else {}),
     )
@@ -409,7 +450,7 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
         subject=operation,
         actor=actor,
         reason=reason,
-        data={"tasks": cancelled},
+        data={"tasks": cancelled, **data},
     )
     return cancelled
 

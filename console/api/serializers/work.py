@@ -43,6 +43,15 @@ class OperationSerializer(serializers.ModelSerializer):
     component = serializers.SerializerMethodField()
     version = serializers.SerializerMethodField()
     tasks = serializers.SerializerMethodField()
+    resubmission_of = serializers.IntegerField(
+        source="resubmission_of_id",
+        read_only=True,
+        allow_null=True,
+        help_text="the operation whose superseded work this one asks for again, its newer version withdrawn",
+    )
+    resubmissions: serializers.PrimaryKeyRelatedField[Operation] = serializers.PrimaryKeyRelatedField(
+        many=True, read_only=True, help_text="the operations that ask for this one's superseded work again"
+    )
 
     class Meta:
         model = Operation
@@ -69,6 +78,8 @@ class OperationSerializer(serializers.ModelSerializer):
             "created_at",
             "cancelled_at",
             "closed_at",
+            "resubmission_of",
+            "resubmissions",
             "tasks",
         ]
 

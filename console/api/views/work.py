@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -35,7 +35,12 @@ class OperationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     action_permissions = {"create": Action.OPERATE, "cancel": Action.OPERATE}
 
     def get_queryset(self) -> QuerySet[Operation]:
-        return Operation.objects.select_related("component_version__component").order_by("-created_at", "-id")
+        resubmissions = Operation.objects.only("id", "resubmission_of_id").order_by("id")
+        return (
+            Operation.objects.select_related("component_version__component")
+            .prefetch_related(Prefetch("resubmissions", queryset=resubmissions))
+            .order_by("-created_at", "-id")
+        )
 
     def _with_counts(self, operations: list[Operation]) -> list[Operation]:
         counts: dict[int, dict[str, int]] = {}
