@@ -10,10 +10,13 @@ import pytest
 
 from fleet.models import ComponentVersion, Host, HostState, Pool
 from fleet.services.catalogue import component_version_release, component_version_withdraw
-from opsplanner.models import HostTask, TaskState
+from opsplanner.models import HostTask, OperationKind, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.simulator import simulator_profile_instant
-from tests.driving import drive_trains
+from opsplanner.services.simulator import simulated_work_step, simulator_profile_instant
+from opsplanner.services.tick import pool_tick
+from opsplanner.services.tick.repair import _CAUGHT_UP_DRAINS
+from tests.builders import make_fleet
+from tests.driving import drive_trains, instant_simulator
 from tests.test_withdrawn_before_install import (
     all_in_service,
     assert_never_broken,
@@ -21,8 +24,10 @@ from tests.test_withdrawn_before_install import (
     installs_ready_for,
     tasks_of,
 )
+from tests.trains_builders import FAILING_DRIVER, make_train
 from trains.models import Upgrade, UpgradePhase
-from trains.services.upgrades import upgrade_phase_failures, upgrade_phase_successes
+from trains.services.tick import train_tick
+from trains.services.upgrades import upgrade_create, upgrade_phase_failures, upgrade_phase_successes
 
 pytestmark = pytest.mark.django_db
 
@@ -77,8 +82,49 @@ def test_a_failed_check_after_a_stopped_install_counts_against_the_upgrade_the_d
     assert (stopped.state, stopped.failure_code) == (TaskState.CANCELLED, FailureCode.CANCELLED)
     assert stopped.failure_reason.startswith("not applied: gpu-driver 560.35.03 is withdrawn: ")
     assert (failures_of(bios), failures_of(driver)) == (1, 0)
+    assert applied.finished_at < stopped.finished_at  # its own end kept: its Gantt bar stops there
 
     simulator_profile_instant()  # the repair mends the host, which returns through it
     drive_trains(pool, until=lambda: all_in_service(pool))
     assert HostTask.objects.filter(host=host, state=TaskState.DONE, operation__kind="repair").exists()
     assert upgrade_phase_successes(bios, 0) == 0  # the failed check proved nothing of it
+
+
+def test_a_failed_check_after_a_repairs_stopped_catch_up_is_not_the_repairs_failure() -> None:
+    # Nothing but the repair applied in the drain: a failed repair would count towards escalation,
+    # and hide from catch_up_repaired that its drain caught up once already.
+    instant_simulator(execute_by_kind=FAILING_DRIVER)
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1, planned_buffer_hosts=1, failure_buffer_hosts=2)
+    train = make_train(pool)
+    upgrade_create(pool=pool, component="gpu-driver", version="560.35.03", reason="rollout", max_failures=100)
+    host = hosts[0]
+    catch_up = None
+    for _ in range(60):
+        train_tick(train_id=train.pk)
+        pool_tick(pool_id=pool.pk, kick=False)
+        ready = WorkItem.objects.filter(
+            host_task__operation__visit_link__catch_up=True, kind=WorkKind.EXECUTE, state=WorkState.READY, attempts=0
+        ).first()
+        if ready is not None:
+            catch_up = ready.host_task
+            break
+        simulated_work_step()
+    assert catch_up is not None, "no catch-up install became ready"
+    repair = HostTask.objects.get(host=host, operation__kind=OperationKind.REPAIR)
+    assert repair.state == TaskState.HANDED_OVER
+    assert repair.drain_key == catch_up.drain_key
+    version = ComponentVersion.objects.get(component__name="gpu-driver", version="560.35.03")
+    component_version_withdraw(version_id=version.pk, reason="hangs under load")
+    instant_simulator(verify_failure_rate=1.0)  # the checks the stopped task carries fail
+    for _ in range(20):
+        train_tick(train_id=train.pk)
+        pool_tick(pool_id=pool.pk, kick=False)
+        if HostTask.objects.filter(host=host, operation__kind=OperationKind.REPAIR).count() > 1:
+            break
+        simulated_work_step()
+    repair.refresh_from_db()
+    catch_up.refresh_from_db()
+    assert repair.state == TaskState.HANDED_OVER
+    assert list(_CAUGHT_UP_DRAINS.rows(keys={repair.drain_key})) == [(repair.drain_key,)]
+    assert (catch_up.state, catch_up.failure_code) == (TaskState.CANCELLED, FailureCode.CANCELLED)
+    assert Host.objects.get(pk=host.pk).state in (HostState.FAILED, HostState.REPAIR)

@@ -290,3 +290,23 @@ def test_a_downgrade_asked_after_the_host_runs_n_plus_one_runs_though_n_plus_one
 
     assert bios_on(hosts[0]) == "2.16.0"
     assert downgrade.tasks.get().state == TaskState.DONE
+
+
+def test_a_downgrade_asked_from_above_runs_when_a_withdrawal_rolls_its_host_back_part_way() -> None:
+    # What the host ran when asked (2.18.0) is withdrawn since: still what the operator asked from.
+    instant_simulator()
+    pool, hosts = make_fleet(domains=1, hosts_per_domain=1)
+    drive(pool, until=done(bios_upgrade(hosts, "2.16.0")))
+    drive(pool, until=done(bios_upgrade(hosts, "2.18.0")))
+    downgrade = held_upgrade(hosts, "2.14.0")
+    component_version_withdraw(version_id=bios("2.18.0").pk, reason="bricks GPUs", actor="op")
+    rollback = Operation.objects.get(source=OperationSource.REPAIR, component_version=bios("2.16.0"))
+    assert rollback.tasks.get().downgrade_from_id is None  # asked from the version being withdrawn
+    drive(pool, until=done(rollback))
+    assert bios_on(hosts[0]) == "2.16.0"
+
+    lift_hold(downgrade)
+    drive(pool)
+
+    assert downgrade.tasks.get().state == TaskState.DONE
+    assert bios_on(hosts[0]) == "2.14.0"

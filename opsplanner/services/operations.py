@@ -286,12 +286,16 @@ def _versions_above_targets(operations: list[Operation], scopes: list[_Scope]) -
     """{(operation's index, host): the version the host runs} where an upgrade is asked while its host
     runs a version of the component above the target: a downgrade asked from above, which the host
     coming down part way before it runs does not supersede (`HostTask.downgrade_from`, tick/supersede.py
-    `overtaken`). Not for an operation that takes its target or newer: it never goes down. One query,
-    none without such an upgrade."""
+    `overtaken`). Not for an operation that takes its target or newer (it never goes down), nor for
+    a rollback (rollback.py, the repair flow's): it is asked from the version being withdrawn, no
+    version to keep, so a newer one the host gets meanwhile overtakes it. One query, none without
+    such an upgrade."""
     downgrades = [
         (index, operation.component_version, hosts)
         for index, (operation, hosts) in enumerate(zip(operations, scopes, strict=True))
-        if operation.component_version is not None and not operation.or_newer
+        if operation.component_version is not None
+        and not operation.or_newer
+        and operation.source != OperationSource.REPAIR
     ]
     if not downgrades:
         return {}

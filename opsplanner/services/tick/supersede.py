@@ -167,7 +167,7 @@ def nothing_to_do(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Ins
 def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Installed]) -> dict[int, str]:
     """{task id: what the host runs} for upgrade tasks whose host got a newer version, not withdrawn,
     after the task was created, and newer too than what it ran when the task was asked (a version above
-    the target, `downgrade_from`, unless withdrawn since): applying them would take the host back down
+    the target, `downgrade_from`): applying them would take the host back down
     to a version superseded while they waited, whatever brought the newer one (a drain or an in-place
     install while they were held, a train, the host's own report). A task created after the host got
     it asks for a downgrade on purpose (an operator's ad-hoc or emergency operation): it is not here,
@@ -192,14 +192,13 @@ def overtaken(tasks: Iterable[TaskRef], installed: dict[tuple[int, int], Install
 
 def _versions_asked_from(tasks: Iterable[TaskRef]) -> dict[int, str]:
     """{version id: its sort key} for the versions above their targets the tasks' hosts ran when they
-    were asked, except those withdrawn since (read now, not when asked: a rollback is asked from the
-    version being withdrawn): a withdrawn version is no version to keep (`supersedes`), so a downgrade
-    asked from it is overtaken by any newer version, as one asked from below. One query, none if no
-    task has one."""
+    were asked: withdrawn since or not (an operator's downgrade asked from 2.18.0 still runs when the
+    withdrawal of 2.18.0 rolls the host back to 2.16.0; a rollback records none, operations.py). One
+    query, none if no task has one."""
     ids = {task.downgrade_from_id for task in tasks if task.downgrade_from_id is not None}
     if not ids:
         return {}
-    rows = ComponentVersion.objects.filter(pk__any=ids, withdrawn_at__isnull=True).values_list("id", "sort_key")
+    rows = ComponentVersion.objects.filter(pk__any=ids).values_list("id", "sort_key")
     return dict(rows)
 
 

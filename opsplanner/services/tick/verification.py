@@ -193,10 +193,15 @@ def _not_installed(tasks: list[TaskRef], never_ran: dict[int, str]) -> dict[int,
     return {**{t.id: never_ran[t.id] for t in carriers}, **withdrawn_targets(carriers)}
 
 
-_LAST_APPLIED = PreparedQuery(  # the tasks that applied work in these drains, the last of each last
-    lambda *, keys: task_rows(HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER)).order_by(
-        "drain_key", "finished_at", "id"
-    ),
+# The tasks that applied work in these drains, the last of each last; not a repair (a catch-up after
+# it stopped): a failed repair would count towards escalation, and hide from catch_up_repaired that
+# its drain caught up once already.
+_LAST_APPLIED = PreparedQuery(
+    lambda *, keys: task_rows(
+        HostTask.objects.filter(drain_key__any=keys, state=TaskState.HANDED_OVER).exclude(
+            operation__kind=OperationKind.REPAIR
+        )
+    ).order_by("drain_key", "finished_at", "id"),
     keys=IDS,
 )
 
@@ -209,8 +214,10 @@ def _fail_applied_work(
 ) -> None:
     """Tasks that installed nothing whose host failed its drain's checks or the gate: the failure is
     the drain's last applied task's (handed over to the next), as if it had carried the checks (it
-    fails with the code, and counts against its upgrade's policy); the task ends not applied, and
-    the host it holds goes to repair. One query, only when there is one."""
+    fails with the code, and counts against its upgrade's policy; its finished_at is kept, its bar
+    on the Gantt ends where it did); the task ends not applied, and the host it holds goes to repair.
+    After a repair's catch-up, nothing but the repair applied: the failure counts against no upgrade
+    (nor as a failed repair). One query, only when there is one."""
     if not failing:
         return
     rows = _LAST_APPLIED.rows(keys={task.drain_key for task, _, _ in failing if task.drain_key is not None})
@@ -224,7 +231,6 @@ def _fail_applied_work(
                 new=TaskState.FAILED,
                 failure_code=code,
                 failure_reason=f"{why} (its drain's checks, carried by task {task.id}, which installed nothing)"[:500],
-                finished_at=ctx.now,
             )
         then = f"its drain's earlier work failed its checks ({why}); the host goes to repair"
         tasks_not_applied(ctx, [task], not_installed, then={task.id: then}, expected=TaskState.VERIFYING)
