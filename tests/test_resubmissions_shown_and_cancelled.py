@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Host
+from fleet.services.catalogue import component_version_withdraw
 from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.roles import Role
@@ -22,7 +23,7 @@ from tests.test_superseded_resubmitted import (
     superseded,
     withdraw_n_plus_one,
 )
-from tests.test_superseded_versions import bios_on, bios_upgrade
+from tests.test_superseded_versions import bios, bios_on, bios_upgrade
 from tests.trains_builders import make_user
 
 pytestmark = pytest.mark.django_db
@@ -99,6 +100,18 @@ def test_a_resubmission_already_done_is_left_alone_and_its_own_open_one_cancelle
     assert bios_on(hosts[0]) == "2.16.0"
     assert Operation.objects.get(pk=again_again.pk).state == OperationState.CANCELLED
     assert events_of(wanted, "operation.cancelled")[0].data["resubmissions"] == [again_again.pk]
+
+
+def test_withdrawing_the_target_of_an_original_and_its_resubmission_cancels_each_once() -> None:
+    # The withdrawal cancels both; the original's cancel takes the resubmission with it, which then
+    # is closed: cancelling it again refused, and the withdrawal with it.
+    wanted, again, _ = an_open_original_resubmitted_on_its_first_host()
+
+    component_version_withdraw(version_id=bios("2.16.0").pk, reason="2.16.0 bricks too", actor="op2")
+
+    assert Operation.objects.get(pk=wanted.pk).state == OperationState.CANCELLED
+    assert Operation.objects.get(pk=again.pk).state == OperationState.CANCELLED
+    assert len(events_of(again, "operation.cancelled")) == 1
 
 
 def test_the_api_shows_a_resubmission_and_its_original_both_ways(client) -> None:

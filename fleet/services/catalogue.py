@@ -192,10 +192,10 @@ def _pending_operations_cancel(
     stopped (`stopped`, `stopped_operations_open`). Tasks under way finish; the
     operation then closes cancelled. Not one an offboarding cancelled already. How many tasks were
     cancelled."""
-    from opsplanner.services.operations import operation_cancel
+    from opsplanner.services.operations import operations_cancel
 
     pending = set(_operations_pending_to(version_ids).values_list("pk", flat=True)) | stopped_operations_open(stopped)
-    return sum(operation_cancel(operation_id=pk, reason=reason, actor=actor) for pk in sorted(pending))
+    return sum(operations_cancel(operation_ids=pending, reason=reason, actor=actor).values())
 
 
 def withdrawal_cancels(version_ids: Iterable[int]) -> dict[int, int]:

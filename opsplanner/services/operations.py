@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Required, TypedDict, Unpack
+from typing import TYPE_CHECKING, NamedTuple, Required, TypedDict, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import F, Value
+from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.functions import Coalesce
 
 from fleet.models import ComponentVersion, Host, HostState, InstalledVersion, Pool
@@ -370,21 +370,50 @@ def _check_gang(host_ids: list[int], pools: dict[int, int], needs_drain: bool) -
         )
 
 
-@transaction.atomic
 def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> int:
     """Cancel an open operation's pending host tasks; tasks already under way finish. Its open
     resubmissions (the work a withdrawal asked for again, resubmission.py; theirs too, transitively)
     are cancelled with it, each with its events: cancelling the original means the work should not
     happen. Returns how many tasks, theirs included."""
+    return _cancel_with_resubmissions(operation_id, reason=reason, actor=actor, within_pool=None).tasks
+
+
+def operations_cancel(
+    *, operation_ids: Iterable[int], reason: str, actor: Actor = None, within_pool: int | None = None
+) -> dict[int, int]:
+    """Cancel these open operations in id order, each as `operation_cancel`; one an earlier one took
+    with it as its resubmission is not cancelled again (closed, it would refuse, and the withdrawal
+    with it). `within_pool`: a tick's (an offboarding's), which must take no other pool's lock, so
+    a resubmission with tasks in another pool is left (its hosts moved pools since). {id: how many
+    tasks it cancelled, its resubmissions' included}."""
+    taken: set[int] = set()
+    cancelled: dict[int, int] = {}
+    for pk in sorted(set(operation_ids)):
+        if pk in taken:
+            cancelled[pk] = 0
+            continue
+        done = _cancel_with_resubmissions(pk, reason=reason, actor=actor, within_pool=within_pool)
+        cancelled[pk] = done.tasks
+        taken.update(done.resubmissions)
+    return cancelled
+
+
+class _Cancelled(NamedTuple):
+    tasks: int  # pending tasks cancelled, its resubmissions' included
+    resubmissions: list[int]  # the resubmissions cancelled with it
+
+
+@transaction.atomic
+def _cancel_with_resubmissions(operation_id: int, *, reason: str, actor: Actor, within_pool: int | None) -> _Cancelled:
     if not reason:
         raise ValidationError({"reason": "Say why the operation is cancelled."})
     # Take the pools' tick locks first (in id order, as ticks do: pool, then operation), so a cancel
     # never races an admission and never deadlocks with a tick; its resubmissions' pools too.
-    family = _with_resubmissions(operation_id)
+    family = _with_resubmissions(operation_id, within_pool)
     pool_ids = _task_pools(family)
     list(Pool.objects.select_for_update(no_key=True).filter(pk__any=pool_ids).order_by("pk").values_list("pk"))
     # Read again once they are held: a withdrawal (it holds every pool) may have resubmitted it meanwhile.
-    if (again := _with_resubmissions(operation_id)) != family and not _task_pools(again) <= pool_ids:
+    if (again := _with_resubmissions(operation_id, within_pool)) != family and not _task_pools(again) <= pool_ids:
         raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
     operation = Operation.objects.select_for_update().get(pk=operation_id)
     if operation.state != OperationState.OPEN:
@@ -404,17 +433,21 @@ def operation_cancel(*, operation_id: int, reason: str, actor: Actor = None) -> 
     why = f"operation #{operation_id}, whose work it asks for again, is cancelled: {reason}"[:500]
     for resubmission in resubmissions:
         cancelled += _open_cancel(resubmission, reason=why, now=now, actor=actor, data={"with": operation_id})
-    return cancelled
+    return _Cancelled(cancelled, [r.pk for r in resubmissions])
 
 
-def _with_resubmissions(operation_id: int) -> list[int]:
+def _with_resubmissions(operation_id: int, within_pool: int | None = None) -> list[int]:
     """The operation's id, then its resubmissions' and theirs (every one, whatever its state; a
-    query per generation, in practice one or two)."""
+    query per generation, in practice one or two); `within_pool`: only those with no task elsewhere
+    (and theirs)."""
     family, generation = [operation_id], [operation_id]
     while generation:
-        generation = list(
-            Operation.objects.filter(resubmission_of_id__any=generation).order_by("pk").values_list("pk", flat=True)
-        )
+        found = Operation.objects.filter(resubmission_of_id__any=generation)
+        if within_pool is not None:
+            found = found.exclude(
+                Exists(HostTask.objects.filter(operation=OuterRef("pk")).exclude(pool_id=within_pool))
+            )
+        generation = list(found.order_by("pk").values_list("pk", flat=True))
         family += generation
     return family
 

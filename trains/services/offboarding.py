@@ -15,7 +15,7 @@ from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import HostTask, Operation, OperationState, TaskState
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operations import operations_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
 from opsplanner.services.rollback import (
     AS_THEY_ARE,
@@ -114,10 +114,13 @@ def _offboarded_work_cancel(upgrade: Upgrade, stopped: StoppedInstalls, *, actor
     )
     own = set(open_ops.values_list("id", flat=True))
     cancelled = Counter[bool]()
-    for pk in sorted(own | stopped_operations_open(stopped, only_pool=upgrade.pool_id)):
-        cancelled[pk in own] += operation_cancel(
-            operation_id=pk, reason=f"upgrade #{upgrade.pk} offboarded", actor=actor
-        )
+    for pk, n in operations_cancel(
+        operation_ids=own | stopped_operations_open(stopped, only_pool=upgrade.pool_id),
+        reason=f"upgrade #{upgrade.pk} offboarded",
+        actor=actor,
+        within_pool=upgrade.pool_id,
+    ).items():
+        cancelled[pk in own] += n
     return cancelled
 
 
