@@ -136,6 +136,26 @@ def test_a_forecast_of_a_pool_that_does_not_exist_or_has_no_hosts_is_refused_in_
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        (["--hosts", "5"], "--hosts"),  # judged against the generated fleet, it named --hosts-per-domain
+        (["--cycle-slo-hours", "1"], "--cycle-slo-hours"),
+        (["--hosts-per-domain", "3", "--cycle-slo-hours", "200"], "--cycle-slo-hours, --hosts-per-domain"),
+        (["--hosts", "9999"], "--hosts"),  # valid, and dropped without a word
+    ],
+)
+def test_a_fleet_shape_option_with_from_live_is_refused_as_the_live_pools_to_say(option: list[str], named: str) -> None:
+    live_pool()
+
+    with pytest.raises(CommandError) as refused:
+        call_command("simulate", "--from-live", "--pool", "live-a", *option)
+
+    said = f"{named}: not with --from-live, which takes the pool's shape and SLO from the live pool"
+    assert str(refused.value) == said
+
+
+@pytest.mark.django_db
 def test_a_live_train_faster_than_the_simulated_hardware_allows_is_refused_without_naming_an_option() -> None:
     from trains.services.trains import train_create
 

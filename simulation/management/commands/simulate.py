@@ -146,8 +146,16 @@ class Command(BaseCommand):
                 )
             if options.get("pool") is not None:
                 options["pool"] = options["pool"].strip() or None  # as the API and the form take it
-            from simulation.from_live import LIVE_FIXED
+            from simulation.from_live import LIVE_FIXED, LIVE_POOL_FIELDS
 
+            # Judged against the generated fleet they would name a fleet that does not exist, and a
+            # valid one would be dropped without a word (live_config takes them from the live pool).
+            taken = sorted(name for name in LIVE_POOL_FIELDS if name in values and name not in INTERNAL_FIELDS)
+            if taken:
+                given = ", ".join(f"--{name.replace('_', '-')}" for name in taken)
+                raise CommandError(
+                    f"{given}: not with --from-live, which takes the pool's shape and SLO from the live pool"
+                )
             values = {"policies": POLICIES, **values, **LIVE_FIXED}
         if scenario not in SCENARIOS:
             raise CommandError(f"--scenario: one of {', '.join(SCENARIOS)}; got {scenario!r}")
