@@ -132,22 +132,33 @@ def test_a_host_handed_over_keeps_the_first_upgrade_when_the_seconds_version_is_
     assert withdrawn.data["installs_stopped"] == 2
 
 
-def adhoc_installs_ready(executor: str = "simulated", *, size: int = 2) -> tuple[Pool, Operation]:
-    """An ad-hoc bios upgrade of a rack of `size` hosts, drained, its installs ready for `executor`."""
+def adhoc_installs_ready(
+    executor: str = "simulated", *, size: int = 2, component: str = "bios", version: str = "2.16.0"
+) -> tuple[Pool, Operation]:
+    """An ad-hoc upgrade of a rack of `size` hosts, drained, its installs ready for `executor`."""
+    pool, operation = adhoc_drained(executor, size=size, component=component, version=version)
+    pool_tick(pool_id=pool.pk, kick=False)
+    assert ready_installs(list(operation.tasks.all())) == size
+    return pool, operation
+
+
+def adhoc_drained(
+    executor: str = "simulated", *, size: int = 2, component: str = "bios", version: str = "2.16.0"
+) -> tuple[Pool, Operation]:
+    """An ad-hoc upgrade of a rack of `size` hosts whose drains are done, before the tick that makes
+    their installs ready for `executor`."""
     instant_simulator()
-    pool, hosts = make_fleet(domains=1, hosts_per_domain=size, planned_buffer_hosts=size)
+    pool, _ = make_fleet(domains=1, hosts_per_domain=size, planned_buffer_hosts=size)
     operation = operation_submit(
         kind="upgrade",
         scope=f"pool {pool.name}",
-        component="bios",
-        version="2.16.0",
+        component=component,
+        version=version,
         reason="r",
         executor=executor,
     )
     pool_tick(pool_id=pool.pk, kick=False)
     simulated_work_step()
-    pool_tick(pool_id=pool.pk, kick=False)
-    assert ready_installs(list(operation.tasks.all())) == len(hosts)
     return pool, operation
 
 

@@ -2,19 +2,20 @@
 ran before, through an ordinary upgrade operation at just below repair priority. The one rule for
 both ways a version is withdrawn: an upgrade offboarded (trains) and a version withdrawn by hand or by
 the fleet file with no upgrade active (fleet). Runs in the caller's transaction. And the installs of
-a withdrawn version no executor has claimed yet are stopped (`installs_stop`), for both ways too."""
+a withdrawn version no executor has claimed yet are stopped (`installs_stop`), for both ways too;
+one that the stop missed, by the claim that finds it (`withdrawn_installs_stop`)."""
 
 from __future__ import annotations
 
 import copy
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
 
 from fleet.models import ComponentVersion, HostState, InstalledVersion
 from opsplanner import clock
@@ -168,17 +169,27 @@ def version_rollback(
     return VersionRollback(operations=operations, without_previous=without_previous)
 
 
-def _unstarted_installs(version_ids: Iterable[int]) -> QuerySet[WorkItem]:
-    """The install items of upgrade tasks under way to these versions that no executor ever claimed
-    (ready, no attempt: one given back after a claim may have started on the host, so it runs on)."""
-    return WorkItem.objects.filter(
-        kind=WorkKind.EXECUTE,
-        state=WorkState.READY,
-        attempts=0,
-        host_task__state=TaskState.RUNNING,
-        host_task__operation__kind=OperationKind.UPGRADE,
-        host_task__operation__component_version_id__in=list(version_ids),
+def _unstarted_install(target: Q) -> Q:
+    """Work items that are the install of an upgrade task under way to a version `target` picks (a Q
+    on the task: `operation__component_version…`) that no executor ever claimed (ready, no attempt:
+    one given back after a claim may have started on the host, so it runs on). The task is read by
+    an EXISTS, so a locking query over the items joins (and locks) nothing else."""
+    tasks = HostTask.objects.filter(
+        target, pk=OuterRef("host_task_id"), state=TaskState.RUNNING, operation__kind=OperationKind.UPGRADE
     )
+    return Q(kind=WorkKind.EXECUTE, state=WorkState.READY, attempts=0) & Q(Exists(tasks))
+
+
+def _unstarted_installs(version_ids: Iterable[int]) -> QuerySet[WorkItem]:
+    """The unstarted installs (`_unstarted_install`) of these versions."""
+    return WorkItem.objects.filter(_unstarted_install(Q(operation__component_version_id__in=list(version_ids))))
+
+
+def withdrawn_target_install() -> ExpressionWrapper:
+    """Whether a work item is an unstarted install of a version withdrawn now, as a column: what a
+    claim stops rather than hands out (`withdrawn_installs_stop`)."""
+    withdrawn = _unstarted_install(Q(operation__component_version__withdrawn_at__isnull=False))
+    return ExpressionWrapper(withdrawn, output_field=BooleanField())
 
 
 def unstarted_installs_counts(version_ids: Iterable[int]) -> dict[int, int]:
@@ -204,8 +215,12 @@ def _stoppable(version_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
     report or heartbeat holds one for milliseconds and changes nothing (skipped, it was claimed and
     ran after the withdrawal); a claim holding one runs it (read again once it commits: running, it
     is no longer unstarted); another pool's tick may hold one while it needs a key share of the
-    version's row the withdrawal holds (waiting for it deadlocked), and changes it itself: an install
-    past its deadline fails unclaimed, and its tick ends it not applied as its target is withdrawn."""
+    version's row the withdrawal holds (waiting for it deadlocked), and changes it itself. A row left
+    to its holder and still ready, or an install that another pool's tick, having read the version
+    before the withdrawal committed, makes ready after this read (an offboarding locks its own pool
+    only), is not handed out either: the first claim to find it after the withdrawal committed stops
+    it as this stop would (`withdrawn_installs_stop`); past its deadline unclaimed, it fails and its
+    tick ends it not applied as its target is withdrawn."""
     columns = ("id", "pool_id", "host_id", "host_task__operation_id")
     installs = _unstarted_installs(version_ids).order_by("id")
     stopping = list(installs.select_for_update(of=("self",), skip_locked=True).values_list(*columns))
@@ -268,17 +283,40 @@ def stopped_operations_open(stopped: StoppedInstalls | None, *, only_pool: int |
 
 
 def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> StoppedInstalls:
-    """Stop the installs of withdrawn versions no executor has claimed: each item fails unclaimed
-    (no attempt), marked not run (`NOT_RUN_KEY` in its result), and the pool's tick ends its task not
-    applied, as for a host drained for a target withdrawn meanwhile (its host passes to its next task
-    or goes back), not through repair, even if the version is released before that tick. Runs in the
-    withdrawal's transaction; the rows are locked as `_stoppable` says."""
+    """Stop the installs of withdrawn versions no executor has claimed (`_installs_not_run`). Runs in
+    the withdrawal's transaction; the rows are locked as `_stoppable` says."""
     stopping = _stoppable(version_ids)
     if not stopping:
         return StoppedInstalls(0, frozenset())
+    _installs_not_run([row[:3] for row in stopping], reason=reason, actor=actor)
+    return StoppedInstalls(len(stopping), frozenset(row[3] for row in stopping))
+
+
+def withdrawn_installs_stop(*, item_ids: Sequence[int], actor: Actor) -> None:
+    """Stop the installs a claim locked and found to be of a withdrawn target
+    (`withdrawn_target_install`) instead of handing them out, as `installs_stop` stops them, with the
+    version's reason: those the withdrawal's stop did not (made ready by a tick that read the version
+    before the withdrawal committed, or held by another transaction past HELD_ROWS_WAIT_MS). Runs in
+    the claim's transaction; one query to read them, then the stop's own writes."""
+    rows = WorkItem.objects.filter(pk__in=list(item_ids)).values_list(
+        "id", "pool_id", "host_id", "host_task__operation__component_version__withdrawn_reason"
+    )
+    by_reason: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for item_id, pool_id, host_id, reason in rows.order_by("id"):
+        by_reason[reason].append((item_id, pool_id, host_id))
+    for reason, installs in by_reason.items():
+        _installs_not_run(installs, reason=reason, actor=actor)
+
+
+def _installs_not_run(installs: list[tuple[int, int, int]], *, reason: str, actor: Actor) -> None:
+    """End these unstarted installs (id, pool, host), locked by the caller, of a target withdrawn
+    (`reason` the withdrawal's): each item fails unclaimed (no attempt), marked not run (`NOT_RUN_KEY`
+    in its result), and the pool's tick ends its task not applied, as for a host drained for a target
+    withdrawn meanwhile (its host passes to its next task or goes back), not through repair, even if
+    the version is released before that tick. The one way an install is stopped, whoever stops it."""
     now = clock.now()
     why = f"its install was stopped before any executor claimed it: its target was withdrawn ({reason})"[:500]
-    WorkItem.objects.filter(pk__in=[row[0] for row in stopping], state=WorkState.READY).update(
+    WorkItem.objects.filter(pk__in=[row[0] for row in installs], state=WorkState.READY).update(
         state=WorkState.FAILED,
         finished_at=now,
         outcome_reason=why,
@@ -300,7 +338,6 @@ def installs_stop(*, version_ids: Iterable[int], reason: str, actor: Actor) -> S
                 host_id=host_id,
                 data=data,
             )
-            for item_id, pool_id, host_id, _ in stopping
+            for item_id, pool_id, host_id in installs
         ]
     )
-    return StoppedInstalls(len(stopping), frozenset(row[3] for row in stopping))

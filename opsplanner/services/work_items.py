@@ -2,7 +2,8 @@
 
 Claiming is safe with many claimers at once (FOR UPDATE SKIP LOCKED on PostgreSQL; SQLite runs
 writers one at a time). A report carries an idempotency key: the same report again returns the
-first answer and changes nothing; a different report for a finished item is a conflict.
+first answer and changes nothing; a different report for a finished item is a conflict. A claim
+never hands out an install whose target is withdrawn: it stops it as the withdrawal would.
 The batch calls (many items in one request) are in work_item_batches.py.
 """
 
@@ -28,6 +29,7 @@ from opsplanner.models import Adapter, WorkItem, WorkKind, WorkState
 from opsplanner.prepared import IDS, ParamKind, PreparedModels, PreparedQuery, PreparedUpdate
 from opsplanner.services.ready_watch import ReadyFilter
 from opsplanner.services.ready_watch import watcher as ready_watcher
+from opsplanner.services.rollback import withdrawn_installs_stop, withdrawn_target_install
 
 SUBJECT = "opsplanner.workitem"
 MAX_CLAIM = 1000
@@ -76,15 +78,24 @@ def work_items_claim(
     if not worker:
         raise ValidationError({"worker": "Say who is claiming (a worker name)."})
     _validate_claim(limit, lease_seconds, kinds)
-    wanted = {"pool_id": pool_id, "host_id": host_id}
-    ready = _ready_ids(adapter, tuple(kinds or ()), pool_id is not None, host_id is not None, limit)
-    ids = [row[0] for row in ready.rows(**{name: value for name, value in wanted.items() if value is not None})]
+    actor, now = worker[:150], clock.now()
+    shape = (adapter, tuple(kinds or ()), pool_id is not None, host_id is not None)
+    wanted = {name: value for name, value in (("pool_id", pool_id), ("host_id", host_id)) if value is not None}
+    ids: list[int] = []
+    while len(ids) < limit:
+        rows = _ready_ids(*shape, limit - len(ids)).rows(**wanted)
+        taking = [item_id for item_id, withdrawn in rows if not withdrawn]
+        if taking:
+            _CLAIM.count(ids=taking, worker=actor, now=now, expires=now + dt.timedelta(seconds=lease_seconds))
+            ids += taking
+        withdrawn = [item_id for item_id, withdrawn in rows if withdrawn]
+        if not withdrawn:
+            break
+        # Not handed out: stopped as the withdrawal stops them; then claim the room they took.
+        withdrawn_installs_stop(item_ids=withdrawn, actor=actor)
     if not ids:
         return []
-    now = clock.now()
-    _CLAIM.count(ids=ids, worker=worker[:150], now=now, expires=now + dt.timedelta(seconds=lease_seconds))
     items = _claimed(only).objects(ids=ids)
-    actor = worker[:150]
     events_copy_rows(
         [
             EventRow(
@@ -107,15 +118,30 @@ def work_items_claim(
 
 @functools.lru_cache(maxsize=64)
 def _ready_ids(adapter: str, kinds: tuple[str, ...], by_pool: bool, by_host: bool, limit: int) -> PreparedQuery:
-    """The ids of the first `limit` ready items a claim may take, locked, skipping those another
-    claim holds; compiled once per shape of claim (claimers poll it all day)."""
+    """The first `limit` ready items a claim may take, locked, skipping those another claim holds, as
+    (id, whether it is an install of a withdrawn target: stopped, not handed out); compiled once per
+    shape of claim (claimers poll it all day).
+
+    The guard costs no query: the flag is an EXISTS over the item's task, operation and version (three
+    primary-key probes), evaluated only for the never-claimed execute items among the rows, in this
+    statement. It reads the version's `withdrawn_at` without locking it (only the items are locked,
+    `of=self`): a withdrawal committed before this statement began is seen (READ COMMITTED: each
+    statement reads what was committed when it began), so a claim after it never hands the install
+    out. A withdrawal that commits later is ordered after this claim, as any claim before it: if it
+    reached the row first, the row is locked and skipped here (SKIP LOCKED), and its stop fails it;
+    if this claim did, the stop waits for the row (HELD_ROWS_WAIT_MS at most) and finds it running,
+    claimed before the withdrawal, which runs on. The claim waits for no lock (it skips held rows,
+    takes none on the version), so it adds no wait to the withdrawal's order (the version row, then
+    the install rows): no deadlock. A KEY SHARE on the version row would see nothing more and wait
+    for the offboarding's full lock."""
     params: dict[str, ParamKind] = {
         name: int for name, wanted in (("pool_id", by_pool), ("host_id", by_host)) if wanted
     }
 
-    def build(*, pool_id: int | None = None, host_id: int | None = None) -> QuerySet[WorkItem, tuple[int]]:
+    def build(*, pool_id: int | None = None, host_id: int | None = None) -> QuerySet[WorkItem, tuple[int, bool]]:
         ready = _ready(adapter=adapter, kinds=list(kinds), pool_id=pool_id, host_id=host_id)
-        return ready.order_by("id").select_for_update(skip_locked=True).values_list("id")[:limit]
+        ready = ready.annotate(withdrawn=withdrawn_target_install()).order_by("id")
+        return ready.select_for_update(skip_locked=True, of=("self",)).values_list("id", "withdrawn")[:limit]
 
     return PreparedQuery(build, **params)
 

@@ -200,8 +200,9 @@ def _drains_done(ctx: TickContext, tasks: list[TaskRef]) -> None:
 def _not_applied(ctx: TickContext, tasks: list[TaskRef], why: dict[int, str], *, host_state: str) -> list[TaskRef]:
     """Running tasks whose target was withdrawn (`why`, by task) before they installed it: while
     their host drained (`host_state` draining) or before an executor claimed their install
-    (maintenance: installs_stop). The task installs nothing and ends cancelled, saying why; its host
-    goes on to its next pending task in the same drain (one drain for both, as after applied work),
+    (maintenance: installs_stop, or the claim that found it, withdrawn_installs_stop). The task
+    installs nothing and ends cancelled, saying why; its host goes on to its next pending task in
+    the same drain (one drain for both, as after applied work),
     or back to service without the checks, as after a failed drain: nothing was done on it. One whose
     drain applied earlier work (handed over to this task) is verified first, carried by this task:
     the gate judges only that work, and the task ends cancelled there, passed or not (a failure is
