@@ -6,6 +6,7 @@ what the plan said; and the plan, a dry run, writes nothing."""
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -15,14 +16,14 @@ from fleet.fleetfile import fleet_apply
 from fleet.fleetfile.export import fleet_export_document
 from fleet.fleetfile.plan import FleetPlan
 from fleet.fleetfile.schema import fleet_spec_from_document
-from fleet.models import Host, Pool
+from fleet.models import ComponentVersion, Host, Pool
 from opsplanner.models import Event, HostTask, Operation, OperationSource
 from opsplanner.roles import Role
 from tests.api_helpers import role_client
 from tests.driving import drive
 from tests.test_offboard_rollback import bios_fix_then_newer_bios
 from tests.test_superseded_resubmitted import superseded
-from tests.test_superseded_versions import bios_upgrade
+from tests.test_superseded_versions import bios_on, bios_upgrade
 from trains.models import Upgrade, UpgradeState
 
 pytestmark = pytest.mark.django_db
@@ -43,15 +44,25 @@ class World:
         if not newer_still_active:  # withdrawing its version is then the file's alone, and offboards nothing
             Upgrade.objects.filter(pk=self.newer.pk).update(state=UpgradeState.CANCELLED)
 
-    def file_withdrawing(self, reasons: dict[str, str]) -> dict[str, Any]:
-        """The pool's exported file with these bios versions withdrawn ({version: why})."""
+    def file_withdrawing(self, reasons: dict[str, str], *, newest_first: bool = False) -> dict[str, Any]:
+        """The pool's exported file with these bios versions withdrawn ({version: why}); the apply
+        withdraws them in the file's order (`newest_first`: its versions listed the other way)."""
         document = fleet_export_document(pool=self.pool.name)
         bios_entry = next(c for c in document["components"] if c["name"] == "bios")
         bios_entry["versions"] = [
             {"version": v, "withdrawn": reasons[v]} if isinstance(v, str) and v in reasons else v
             for v in bios_entry["versions"]
         ]
+        if newest_first:
+            bios_entry["versions"].reverse()
         return document
+
+    def first_host_on_2_18(self) -> None:
+        """One host of rack-0001 goes on from 2.17.0 to 2.18.0 (ad hoc): 2.17.0 is what it ran before."""
+        host = Host.objects.get(pk=self.rack_1[0])
+        bios_upgrade([host], "2.18.0")
+        drive(self.pool)
+        assert bios_on(host) == "2.18.0"
 
 
 def apply(document: dict[str, Any], *, dry_run: bool = False) -> FleetPlan:
@@ -143,3 +154,103 @@ def test_the_api_answers_the_same_counts_with_the_plan() -> None:
     assert change["withdrawal"] == withdrawal_of(apply(document, dry_run=True), "2.17.0")
     assert (change["withdrawal"]["reopens"], change["withdrawal"]["resubmits_hosts"]) == ([world.fix.pk], 1)
     assert Event.objects.filter(kind__in=["upgrade.reopened", "operation.resubmitted"]).count() == 0
+
+
+TOTALS = ("rolls_back_hosts", "cancels_tasks", "stops_installs", "resubmits_operations", "resubmits_hosts",
+          "resubmission_refused_hosts")  # fmt: skip
+
+
+def said_by_the_plan(plan: FleetPlan) -> dict[str, Any]:
+    """What the plan says its withdrawals will do, all versions together; the reopenings, alerts
+    and refused rollbacks by the version whose withdrawal makes them."""
+    said: dict[str, Any] = {
+        "offboards": [],
+        "reopens": [],
+        "fallen_back_alerts": [],
+        "rollback_refused_hosts": Counter(),
+    }
+    said |= dict.fromkeys(TOTALS, 0)
+    for change in plan.of("version", "update"):
+        if (withdrawal := change.withdrawal) is None:
+            continue
+        said["offboards"] = sorted(said["offboards"] + withdrawal["offboards"])
+        said["reopens"] = sorted(said["reopens"] + [(change.name, pk) for pk in withdrawal["reopens"]])
+        alerts = [(change.name, pk) for pk in withdrawal["fallen_back_alerts"]]
+        said["fallen_back_alerts"] = sorted(said["fallen_back_alerts"] + alerts)
+        said["rollback_refused_hosts"][change.name] += withdrawal["rollback_refused_hosts"]
+        for name in TOTALS:
+            said[name] += withdrawal[name]
+    return said | {"rollback_refused_hosts": +said["rollback_refused_hosts"]}
+
+
+def done_by_the_apply() -> dict[str, Any]:
+    """What the apply did, read from its events, operations and tasks, in the plan's terms."""
+
+    def events(kind: str) -> list[Event]:
+        return list(Event.objects.filter(kind=kind).order_by("id"))
+
+    names = {pk: str(v) for pk, v in ComponentVersion.objects.select_related("component").in_bulk().items()}
+    targets = {pk: names[version_id] for pk, version_id in Upgrade.objects.values_list("pk", "component_version_id")}
+    withdrawals = [e.data for e in events("component_version.updated") if "pending_tasks_cancelled" in e.data]
+    resubmitted = Operation.objects.filter(resubmission_of__isnull=False)
+    resubmission_refusals = events("alert.resubmission_refused")
+    refused_rollbacks = [(names[e.subject_id], e) for e in events("component_version.rollback_refused")]
+    refused_rollbacks += [(targets[e.subject_id], e) for e in events("upgrade.rollback_refused")]
+    return {
+        "offboards": sorted(e.subject_id for e in events("upgrade.offboarded")),
+        "rolls_back_hosts": rollback_hosts(),
+        "rollback_refused_hosts": Counter(version for version, e in refused_rollbacks for _ in e.data["hosts"]),
+        "cancels_tasks": sum(data["pending_tasks_cancelled"] for data in withdrawals),
+        "stops_installs": sum(data["installs_stopped"] for data in withdrawals),
+        "reopens": sorted((e.data["withdrawn"], e.subject_id) for e in events("upgrade.reopened")),
+        "fallen_back_alerts": sorted((e.data["withdrawn"], e.subject_id) for e in events("alert.upgrade_fallen_back")),
+        "resubmits_operations": resubmitted.count(),
+        "resubmits_hosts": HostTask.objects.filter(operation__in=resubmitted).count(),
+        "resubmission_refused_hosts": sum(len(e.data["hosts"]) for e in resubmission_refusals),
+    }
+
+
+@pytest.mark.parametrize(
+    ("withdrawn", "newest_first", "newer_still_active"),
+    [
+        (("2.17.0", "2.18.0"), False, False),
+        (("2.17.0", "2.18.0"), True, False),
+        (("2.16.0", "2.17.0", "2.18.0"), False, False),
+        (("2.17.0", "2.18.0"), False, True),
+    ],
+    ids=["two", "two-newest-first", "three", "two-offboarding"],
+)
+def test_a_file_withdrawing_several_versions_at_once_has_the_plan_its_apply_does(
+    withdrawn: tuple[str, ...], newest_first: bool, newer_still_active: bool
+) -> None:
+    world = World(newer_still_active=newer_still_active)
+    world.first_host_on_2_18()
+    document = world.file_withdrawing({v: f"bad {v}" for v in withdrawn}, newest_first=newest_first)
+
+    said = said_by_the_plan(apply(document, dry_run=True))
+    apply(document)
+
+    assert said == done_by_the_apply()
+
+
+def test_a_fix_two_withdrawn_versions_took_hosts_below_is_reopened_once_by_the_first_withdrawn() -> None:
+    world = World(newer_still_active=False)
+    world.first_host_on_2_18()
+    document = world.file_withdrawing({"2.17.0": "bricks NICs", "2.18.0": "worse"}, newest_first=True)
+
+    plan = apply(document, dry_run=True)
+
+    assert (withdrawal_of(plan, "2.18.0")["reopens"], withdrawal_of(plan, "2.17.0")["reopens"]) == ([world.fix.pk], [])
+
+
+def test_the_plan_counts_as_refused_the_rollback_to_a_version_the_file_withdraws_too() -> None:
+    world = World(newer_still_active=False)
+    world.first_host_on_2_18()
+    document = world.file_withdrawing({"2.17.0": "bricks NICs", "2.18.0": "worse"})
+
+    plan = apply(document, dry_run=True)
+
+    said = withdrawal_of(plan, "2.18.0")
+    assert (said["rolls_back_hosts"], said["rollback_refused_hosts"]) == (0, 1)
+    [change] = [c for c in plan.of("version", "update") if c.name == "bios 2.18.0"]
+    assert "refuses the rollback of the 1 hosts whose previous version is withdrawn" in change.note

@@ -5,7 +5,9 @@ serve with it; either way it cancels the pending tasks of the other operations a
 installs of it no executor has claimed, makes active again the completed upgrades its rollback takes
 hosts below and asks again for the ad-hoc work it superseded there (`versions_withdrawal_apply`). Each
 count is read by the selector the apply path acts on, with the versions as the file will have them
-when that work runs (`PlannedWithdrawals`: the apply writes every version first)."""
+when that work runs (`PlannedWithdrawals`: the apply writes every version first), and in the apply's
+order: it withdraws the versions one after another (writers.py `_offboard`), so an upgrade an earlier
+one reopens is active, not reopened again, when a later one reads."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from fleet.fleetfile.plan import Change, FleetPlan
 from fleet.models import ComponentVersion
 from opsplanner.services.resubmission import resubmissions_foreseen
-from opsplanner.services.rollback import PlannedWithdrawals, hosts_serving_counts, unstarted_installs_counts
+from opsplanner.services.rollback import PlannedWithdrawals, rollback_groups, unstarted_installs_counts
 
 
 @dataclass(slots=True)
@@ -23,6 +25,7 @@ class WithdrawalForeseen:
 
     offboards: list[int] = field(default_factory=list)  # active upgrades offboarded
     rolls_back_hosts: int = 0  # hosts that may serve with it, rolled back to the version they ran before
+    rollback_refused_hosts: int = 0  # those whose previous version is withdrawn: no rollback (an event says so)
     cancels_tasks: int = 0  # pending tasks of other operations aimed at it
     stops_installs: int = 0  # installs of it no executor has claimed
     reopens: list[int] = field(default_factory=list)  # completed upgrades made active again
@@ -38,6 +41,9 @@ class WithdrawalForeseen:
             notes.append("offboards " + ", ".join(f"upgrade #{pk}" for pk in self.offboards))
         if self.rolls_back_hosts:
             notes.append(f"rolls back the {self.rolls_back_hosts} hosts running it")
+        if self.rollback_refused_hosts:
+            n = self.rollback_refused_hosts
+            notes.append(f"refuses the rollback of the {n} hosts whose previous version is withdrawn")
         if self.cancels_tasks:
             notes.append(f"cancels the {self.cancels_tasks} pending tasks of other operations aimed at it")
         if self.stops_installs:
@@ -59,8 +65,8 @@ def withdrawals_foresee(plan: FleetPlan) -> None:
     the line's note). Reads only."""
     from fleet.services.catalogue import withdrawal_cancels  # it checks plans with this package: imported late
     from trains.models import Upgrade, UpgradeState
-    from trains.services.offboarding import upgrades_fallen_back
 
+    # In plan order, the order the apply withdraws them in (writers.py `_offboard`).
     withdrawn: dict[int, Change] = {
         change.live.id: change
         for change in plan.of("version", "update")
@@ -73,24 +79,41 @@ def withdrawals_foresee(plan: FleetPlan) -> None:
     active = Upgrade.objects.filter(component_version_id__in=list(withdrawn), state=UpgradeState.ACTIVE)
     for pk, version_id in active.order_by("id").values_list("id", "component_version_id"):
         foreseen[version_id].offboards.append(pk)
+    for group in rollback_groups(withdrawn, planned=planned):
+        if group.previous is None:  # nothing to go back to: the pre-return gate takes it off
+            continue
+        if group.refusal is not None:
+            foreseen[group.version_id].rollback_refused_hosts += len(group.host_ids)
+        else:
+            foreseen[group.version_id].rolls_back_hosts += len(group.host_ids)
     for counts, name in (
-        (hosts_serving_counts(withdrawn), "rolls_back_hosts"),
         (withdrawal_cancels(withdrawn), "cancels_tasks"),
         (unstarted_installs_counts(withdrawn), "stops_installs"),
     ):
         for version_id, n in counts.items():
             setattr(foreseen[version_id], name, n)
-    for version in ComponentVersion.objects.filter(pk__in=list(withdrawn)).select_related("component"):
-        each = foreseen[version.pk]
-        for fallen in upgrades_fallen_back(version, planned=planned):
-            (each.fallen_back_alerts if fallen.not_reopened else each.reopens).append(fallen.upgrade.pk)
-        for resubmission in resubmissions_foreseen(version, planned=planned):
-            each.resubmits_operations += len(resubmission.requests)
-            each.resubmits_hosts += sum(len(hosts) for hosts in resubmission.requests)
-            each.resubmission_refused_hosts += sum(len(group.host_ids) for group in resubmission.refused)
+    versions = ComponentVersion.objects.select_related("component").in_bulk(list(withdrawn))
+    for version_id in withdrawn:
+        each = foreseen[version_id]
+        _fallen_back_foresee(versions[version_id], each, planned)
+        # What this one reopens is active when the next one reads: that one does not reopen it again.
+        planned = planned._replace(reopened=planned.reopened | frozenset(each.reopens))
     for version_id, change in withdrawn.items():
         change.withdrawal = asdict(foreseen[version_id])
         change.note = foreseen[version_id].note()
+
+
+def _fallen_back_foresee(version: ComponentVersion, each: WithdrawalForeseen, planned: PlannedWithdrawals) -> None:
+    """Count what the version's rollback takes hosts below, asked for again or not
+    (`fallen_back_restore`), read as the apply will find it when it withdraws the version."""
+    from trains.services.offboarding import upgrades_fallen_back
+
+    for fallen in upgrades_fallen_back(version, planned=planned):
+        (each.fallen_back_alerts if fallen.not_reopened else each.reopens).append(fallen.upgrade.pk)
+    for resubmission in resubmissions_foreseen(version, planned=planned):
+        each.resubmits_operations += len(resubmission.requests)
+        each.resubmits_hosts += sum(len(hosts) for hosts in resubmission.requests)
+        each.resubmission_refused_hosts += sum(len(group.host_ids) for group in resubmission.refused)
 
 
 def planned_withdrawals(plan: FleetPlan) -> PlannedWithdrawals:

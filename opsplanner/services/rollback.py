@@ -70,25 +70,17 @@ def _serving(version_ids: Iterable[int]) -> QuerySet[InstalledVersion]:
     ).exclude(Exists(in_repair))
 
 
-def hosts_serving_counts(version_ids: Iterable[int]) -> dict[int, int]:
-    """{version: hosts that may serve with it and have a version to go back to} (one query)."""
-    rows = (
-        _serving(version_ids)
-        .filter(previous_version__isnull=False)
-        .values("version_id")
-        .annotate(n=Count("host_id"))
-        .order_by()
-    )
-    return {row["version_id"]: row["n"] for row in rows}
-
-
 class PlannedWithdrawals(NamedTuple):
     """Versions as a fleet file's apply will have them when its withdrawals' work runs, for its plan,
-    which reads before anything is written (the apply writes every version first: writers.py). A
-    selector asked with the default reads them as they are."""
+    which reads before anything is written (the apply writes every version first: writers.py), and
+    what the withdrawals before the one read changed that it reads. A selector asked with the
+    default reads them as they are."""
 
     withdrawn: Mapping[int, str] = {}  # version id -> the reason the file gives
     released: frozenset[int] = frozenset()
+    # Completed upgrades an earlier withdrawal of the same apply makes active again (the apply runs
+    # them one after another): no longer completed when a later one reads (trains' offboarding.py).
+    reopened: frozenset[int] = frozenset()
 
     def refusal(self, version: ComponentVersion) -> Refusal | None:
         """`withdrawn_refusal` of the version as it will be."""
@@ -125,31 +117,62 @@ def going_back_below(target: Any, *, planned: PlannedWithdrawals = AS_THEY_ARE) 
     )
 
 
+class RollbackGroup(NamedTuple):
+    """Hosts that may serve with a withdrawn version, of one pool, and what they ran before: one
+    rollback operation (`version_rollback`)."""
+
+    version_id: int
+    pool_id: int
+    previous: ComponentVersion | None  # None: nothing to go back to (the pre-return gate takes it off)
+    host_ids: list[int]
+    refusal: Refusal | None  # why no rollback to `previous` is submitted: it is withdrawn too
+
+
+def rollback_groups(version_ids: Iterable[int], *, planned: PlannedWithdrawals = AS_THEY_ARE) -> list[RollbackGroup]:
+    """The rollbacks withdrawing these versions submits, by version, pool and previous version (in
+    that order, the previous versions by name), each refused when its previous version is withdrawn
+    (the submit path's refusal of a withdrawn target, read first so that a fleet file's plan counts
+    it: `planned`, the versions as the file will have them). Hosts without a previous version are one
+    group per version and pool (two queries). `version_rollback` submits them; the plan counts them."""
+    groups: dict[tuple[int, int, int | None], list[int]] = defaultdict(list)
+    for version_id, host_id, pool_id, ran_id in _serving(version_ids).values_list(
+        "version_id", "host_id", "host__pool_id", "previous_version_id"
+    ):
+        groups[(version_id, pool_id, ran_id)].append(host_id)
+    ran_before = ComponentVersion.objects.select_related("component").in_bulk(
+        {key[2] for key in groups if key[2] is not None}
+    )
+    found = []
+    for (version_id, pool_id, previous_id), host_ids in groups.items():
+        previous = ran_before[previous_id] if previous_id is not None else None
+        refusal = planned.refusal(previous) if previous is not None else None
+        found.append(RollbackGroup(version_id, pool_id, previous, sorted(host_ids), refusal))
+    return sorted(found, key=lambda g: (g.version_id, g.pool_id, g.previous is not None, str(g.previous or "")))
+
+
 def version_rollback(
     *, version: ComponentVersion, scope: str, reason: str, actor: Actor, subject: Any, refused_kind: str
 ) -> VersionRollback:
     """Submit the rollback of `version` on every host that may serve with it: one operation per pool
-    and previous version (`scope` names what withdrew it, `reason` why). A refused operation (its
-    previous version withdrawn too, say) is an event `refused_kind` on `subject` with the refusal and
-    the hosts, not an error: the other pools' rollbacks stand."""
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    without_previous = 0
-    for host_id, pool_id, previous in _serving([version.pk]).values_list(
-        "host_id", "host__pool_id", "previous_version__version"
-    ):
-        if previous is None:
-            without_previous += 1
-        else:
-            groups[(pool_id, previous)].append(host_id)
+    and previous version (`rollback_groups`; `scope` names what withdrew it, `reason` why). A refused
+    operation (its previous version withdrawn too, or breaking a compatibility rule) is an event
+    `refused_kind` on `subject` with the refusal and the hosts, not an error: the other pools'
+    rollbacks stand."""
     operations = []
-    for (pool_id, previous), host_ids in sorted(groups.items()):
+    without_previous = 0
+    for group in rollback_groups([version.pk]):
+        if group.previous is None:
+            without_previous += len(group.host_ids)
+            continue
         try:
+            if group.refusal is not None:  # the submit path's refusal, read first (`rollback_groups`)
+                raise group.refusal.error("component_version")
             operation = operation_submit(
                 kind=OperationKind.UPGRADE,
-                scope=f"rollback of {scope} on {len(host_ids)} hosts",
-                host_ids=sorted(host_ids),
+                scope=f"rollback of {scope} on {len(group.host_ids)} hosts",
+                host_ids=group.host_ids,
                 component=version.component.name,
-                version=previous,
+                version=group.previous.version,
                 reason=reason,
                 priority=ROLLBACK_PRIORITY,
                 source=OperationSource.REPAIR,
@@ -161,8 +184,8 @@ def version_rollback(
                 subject=subject,
                 actor=actor,
                 reason="; ".join(refusal.messages),
-                pool_id=pool_id,
-                data={"hosts": sorted(host_ids)},
+                pool_id=group.pool_id,
+                data={"hosts": group.host_ids},
             )
             continue
         operations.append(operation.pk)

@@ -163,7 +163,8 @@ def upgrades_fallen_back(
     looks at left them there. Each is made active again but an emergency one (its train has finished)
     or one whose own target is withdrawn too (by the same fleet file apply, say): no train takes them
     up again. Reads only: `upgrades_fallen_back_reopen` acts on it, a fleet file's plan counts it
-    (`planned`: the versions as the file will have them)."""
+    (`planned`: the versions as the file will have them, and the upgrades its earlier withdrawals
+    reopen, no longer completed)."""
     running = InstalledVersion.objects.filter(version=withdrawn, host__pool_id=OuterRef("pool_id"))
     candidates = Upgrade.objects.filter(
         Exists(running.filter(going_back_below(OuterRef("component_version__sort_key"), planned=planned))),
@@ -171,6 +172,8 @@ def upgrades_fallen_back(
         component_version__component_id=withdrawn.component_id,
         component_version__sort_key__lt=withdrawn.sort_key,
     ).select_related("pool", "component_version__component")
+    if planned.reopened:  # active again by then: an earlier withdrawal of the same apply reopened them
+        candidates = candidates.exclude(pk__in=sorted(planned.reopened))
     found = []
     for upgrade in candidates.order_by("pk"):
         try:

@@ -40,6 +40,9 @@ class WithdrawalForeseenSerializer(serializers.Serializer):
 
     offboards = serializers.ListField(child=serializers.IntegerField(), help_text="active upgrades offboarded")
     rolls_back_hosts = serializers.IntegerField(help_text="hosts rolled back to the version they ran before")
+    rollback_refused_hosts = serializers.IntegerField(
+        help_text="hosts not rolled back: the version they ran before is withdrawn (an event says so)"
+    )
     cancels_tasks = serializers.IntegerField(help_text="pending tasks of other operations aimed at it cancelled")
     stops_installs = serializers.IntegerField(help_text="installs of it no executor has claimed, stopped")
     reopens = serializers.ListField(child=serializers.IntegerField(), help_text="completed upgrades made active again")
