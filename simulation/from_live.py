@@ -42,6 +42,7 @@ from opsplanner import clock
 from simulation.config import LIVE_TRAIN_STATE, Arrival, Failure, SimulationConfig, Workload
 from simulation.from_live_trains import (
     carried_failures_note,
+    live_setting,
     open_cycle_note,
     open_cycle_snapshot,
     phase_in_force_note,
@@ -295,13 +296,16 @@ def live_train_notes(snapshot: dict[str, Any], policy: str, days: float) -> list
     return notes
 
 
-def _runs_noted(runs: Runs, snapshots: list[dict[str, Any]], days: float) -> Runs:
-    """Each shard's pools with the notes on their stopped trains (report.summarise gathers them)."""
+def _runs_noted(runs: Runs, snapshots: list[dict[str, Any]], configs: list[SimulationConfig], days: float) -> Runs:
+    """Each shard's pools with the notes on their stopped trains and what their lane ran with
+    (`live_setting`; report.summarise gathers both)."""
     by_pool = {snapshot["pool"]["name"]: snapshot for snapshot in snapshots}
+    settings = {s["pool"]["name"]: live_setting(s, c) for s, c in zip(snapshots, configs, strict=True)}
     for policy, shards in runs.items():
         for pool in (pool for shard in shards for pool in shard.get("pools") or []):
             snapshot = by_pool.get(str(pool.get("name")))
             if snapshot is not None:
+                pool["setting"] = settings[snapshot["pool"]["name"]]
                 upgrades = [
                     note(upgrade)
                     for upgrade in snapshot["upgrades"]
@@ -454,7 +458,7 @@ def live_forecast(
                 say(f"simulate: dropped the lanes no forecast holds (killed or kept): {', '.join(swept)}")
             urls = scratch_databases(lanes, tag=tag)
             try:
-                runs = _runs_noted(jobs_run(jobs, urls, Path(work), say=say), snapshots, base.days)
+                runs = _runs_noted(jobs_run(jobs, urls, Path(work), say=say), snapshots, configs, base.days)
             finally:
                 if not keep_databases:
                     scratch_databases_drop(urls)

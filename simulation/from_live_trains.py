@@ -44,7 +44,8 @@ from django.db import transaction
 
 from fleet.models import Host, Pool
 from opsplanner import clock
-from simulation.config import CarriedPhase
+from simulation.config import CarriedPhase, SimulationConfig
+from simulation.scenarios import upgrade_announced_seconds
 
 PENDING_UPGRADE_STATES = ("active",)  # trains.models.UpgradeState.ACTIVE: what a train still has to apply
 _NOT_CREATED = ("component", "version", "phase_progress")  # the keys that are no upgrade_create argument
@@ -386,3 +387,35 @@ def open_cycle_note(train: dict[str, Any]) -> str:
         f"domain{'' if visited == 1 else 's'} visited: the forecast goes on from there, to the cycle's live "
         f"deadline ({cycle['deadline_at']})"
     )
+
+
+def live_setting(snapshot: dict[str, Any], config: SimulationConfig) -> list[str]:
+    """What the lane of this live pool runs with, for the report's header in place of the generated
+    fleet's: the pool's buffers, its trains' visit sizing (the trains policies recreate them as they
+    are live) and the time a host takes for each pending upgrade (upgrade_announced_seconds, as the
+    lane's executor takes it; without one, the simulator's execute_minutes)."""
+    from trains.models import Train
+    from trains.selectors_web import duration_text
+    from trains.services.budget import train_default_work_s, train_overhead_s
+
+    pool = snapshot["pool"]
+    lines = [
+        f"Pool {pool['name']}: {len(snapshot['hosts']):,} hosts in {len(snapshot['domains']):,} domains; planned "
+        f"buffer {config.planned_buffer_hosts:,} hosts, failure buffer {config.failure_buffer_hosts:,} hosts"
+    ]
+    for spec in snapshot["trains"]:
+        train = Train(visit_estimate_s=spec["visit_estimate_s"], visit_overhead_s=spec["visit_overhead_s"])
+        lines.append(
+            f"Train {spec['name']}: visits of {spec['visit_concurrency']} domain(s) at once, each estimated at "
+            f"{duration_text(train.visit_estimate_s)} ({duration_text(train_overhead_s(train))} of it drain, "
+            f"checks and return; an upgrade without a duration sized at {duration_text(train_default_work_s(train))} "
+            f"a host); cycle SLO {duration_text(spec['cycle_slo_s'])}"
+        )
+    works = []
+    for upgrade in snapshot["upgrades"]:
+        seconds = upgrade_announced_seconds(config, upgrade["component"], upgrade["version"], upgrade["duration_s"])
+        own = "" if seconds is not None else " (none given: the simulator's default)"
+        work = duration_text(config.execute_minutes * 60 if seconds is None else round(seconds))
+        works.append(f"{upgrade['component']} {upgrade['version']} {work}{own}")
+    lines.append(f"Pending upgrades, a host's work each: {'; '.join(works)}" if works else "No pending upgrade")
+    return lines

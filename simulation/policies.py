@@ -27,11 +27,7 @@ from opsplanner.scopes import parse_scope, resolve_scope
 from opsplanner.services.operations import operation_submit
 from simulation.config import LIVE_TRAIN_STATE, Arrival, SimulationConfig
 from simulation.from_live_trains import carried_phase_write, carried_soaks_graduate, open_cycle_copy
-from simulation.scenarios import (
-    simulated_hardware_apply,
-    upgrade_duration_register,
-    upgrade_execute_seconds,
-)
+from simulation.scenarios import simulated_hardware_apply, upgrade_duration_register
 from simulation.world import World
 from trains.limits import MAX_CYCLE_SLO_S
 
@@ -105,13 +101,12 @@ class Policy:
         raise NotImplementedError
 
     def upgrade_known(self, arrival: Arrival) -> int | None:
-        """The simulated executor learns how long this upgrade takes on a host (the scenario's spread);
-        that time, as the release would announce it (None without a spread: the default estimate).
-        Without it, the execution deadline (three times the estimate) fails every long upgrade."""
-        upgrade_duration_register(self.config, arrival.component, arrival.version)
-        if not self.config.execute_spread:
-            return None
-        return max(1, round(upgrade_execute_seconds(self.config, arrival.component, arrival.version)))
+        """The simulated executor learns how long this upgrade takes on a host (a live upgrade's own
+        duration, else the scenario's spread: upgrade_duration_register); that time, as the release
+        would announce it (None: neither, the default estimate). Without it, the execution deadline
+        (three times the estimate) fails every long upgrade."""
+        announced = arrival.upgrade.get("duration_s")
+        return upgrade_duration_register(self.config, arrival.component, arrival.version, announced)
 
     def step(self, pool_ids: set[int] | None) -> set[int]:
         """Act for these pools (None: all) at the current instant; the pools where it changed something."""
@@ -212,9 +207,8 @@ class TrainsPolicy(Policy):
         # Offboard on a failure rate well above the simulated one, not on a handful of hosts.
         own = {"max_failures": self.config.hosts_per_pool, "max_failure_rate": 0.1, "failure_rate_min_hosts": 50}
         # A live upgrade is created as it was live (its scope, phases and policy); its announced
-        # duration, if it had one, is what the train sized its visits with.
-        created = {**own, **arrival.upgrade}
-        created["duration_s"] = created.get("duration_s") or duration_s
+        # duration, if it had one, is what the train sizes its visits with and the executor takes.
+        created = {**own, **arrival.upgrade, "duration_s": duration_s}
         upgrade = upgrade_create(
             pool=pool,
             component=arrival.component,

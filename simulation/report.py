@@ -166,6 +166,10 @@ def summarise(config: SimulationConfig, runs: Runs) -> dict[str, Any]:
         "pools": {},
         "notes": {},  # per policy, what a shard's pools say the run assumed (from_live: a train stopped live)
     }
+    # A forecast of the live fleet: per pool, what its lanes ran with (from_live_trains.live_setting).
+    setting = {str(p.get("name")): p["setting"] for s in runs.values() for p in _pools(s) if p.get("setting")}
+    if setting:
+        summary["live_setting"] = setting
     for policy in _policy_names(config, runs):
         shards = runs.get(policy) or []
         pools = _pools(shards)
@@ -325,17 +329,33 @@ def _table(title: str, headers: list[tuple[str, str]], rows: list[Row], measures
 
 
 def _header(summary: dict[str, Any]) -> list[str]:
+    """The run's configuration; for a forecast of the live fleet, the generated fleet's shape,
+    arrivals, buffers and visit time are not what its lanes ran with: `_setting` says what they did."""
     c, f = summary["config"], summary["fleet"]
+    failures = (
+        f"Failures: hosts {c['host_failures_per_day']:g} per host-day; upgrades {c['upgrade_failure_rate']:.2%} "
+        f"per host; failed checks {c['verify_failure_rate']:.2%}"
+    )
+    if summary.get("live_setting"):
+        return [
+            f"OpsPlanner forecast of the live fleet: {c['hosts']:,} hosts in {c['pools']:,} pools, {c['days']:g} days "
+            f"from {c['start_at']}, seed {c['seed']}",
+            failures,
+        ]
     return [
         f"OpsPlanner fleet simulation: {c['hosts']:,} hosts in {c['pools']:,} pools of {f['hosts_per_pool']:,} "
         f"({f['domains_per_pool']:,} domains of {c['hosts_per_domain']:,} hosts), {c['days']:g} days, seed {c['seed']}",
         f"Upgrades: {c['upgrades_per_week']:g} per pool per week over {c['components']} components",
-        f"Failures: hosts {c['host_failures_per_day']:g} per host-day; upgrades {c['upgrade_failure_rate']:.2%} "
-        f"per host; failed checks {c['verify_failure_rate']:.2%}",
+        failures,
         f"Buffers: planned {c['planned_buffer_domains']} domain(s) = {f['planned_buffer_hosts']:,} hosts, failure "
         f"{f['failure_buffer_hosts']:,} hosts per pool; a visit takes {f['visit_minutes']:g} min; cycle SLO "
         f"{c['cycle_slo_hours']:g} h, lower bound {f['cycle_lower_bound_hours']:g} h",
     ]
+
+
+def _setting(summary: dict[str, Any]) -> list[str]:
+    """What the lanes of a forecast of the live fleet ran with, pool by pool (none for a generated fleet)."""
+    return [line for lines in (summary.get("live_setting") or {}).values() for line in lines]
 
 
 def _notes(summary: dict[str, Any]) -> list[str]:
@@ -354,9 +374,10 @@ def _headers(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def report_text(summary: dict[str, Any]) -> str:
     """A fixed-width report (at most WIDTH characters a line): configuration, policies side by side, then pools."""
     policies = summary["policies"]
-    # A note is wrapped, not cut to WIDTH as the other lines are: every word of it matters.
-    notes = [line for note in _notes(summary) for line in textwrap.wrap(note, WIDTH, subsequent_indent="  ")]
-    lines = [*_header(summary), *notes, ""]
+    # What the lanes ran with and the notes are wrapped, not cut to WIDTH as the other lines are: every word matters.
+    said = [*_setting(summary), *_notes(summary)]
+    wrapped = [line for note in said for line in textwrap.wrap(note, WIDTH, subsequent_indent="  ")]
+    lines = [*_header(summary), *wrapped, ""]
     lines += _table("Policies side by side", _headers(summary), [summary["totals"][p] for p in policies], MEASURES)
     for policy in policies:
         for sample in summary["totals"][policy]["violation_samples"] or []:
@@ -505,7 +526,7 @@ def report_html(summary: dict[str, Any], svgs: dict[str, str]) -> str:
     policies = summary["policies"]
     order = [*CAPTIONS, *sorted(set(svgs) - set(CAPTIONS))]
     context = {
-        "header": [*_header(summary), *_notes(summary)],
+        "header": [*_header(summary), *_setting(summary), *_notes(summary)],
         "headers": _headers(summary),
         "rows": [(label, [fmt(summary["totals"][p]) for p in policies]) for _, label, fmt in MEASURES],
         "violations": [(p, v) for p in policies for v in summary["totals"][p]["violation_samples"] or []],

@@ -74,16 +74,32 @@ def simulated_hardware_apply(config: SimulationConfig) -> None:
     profile.save(update_fields=["slow_host_fraction", "slow_drain_factor"])
 
 
-def upgrade_duration_register(config: SimulationConfig, component: str, version: str) -> None:
-    """Tell the simulated executor this upgrade's own execution time (nothing to do without a spread)."""
-    if not config.execute_spread:
-        return
+def upgrade_announced_seconds(
+    config: SimulationConfig, component: str, version: str, announced: int | None = None
+) -> float | None:
+    """How long one host takes to apply this upgrade, as its release announces it (None: no time of
+    its own, the simulated executor's execute_minutes and the default estimate). A live upgrade's own
+    duration (`announced`, its duration_s) is the time: its train sizes its visits with it, and the
+    lane's executor takes it as the live fleet would; else the scenario's spread draws one."""
+    if announced:
+        return float(announced)
+    if config.execute_spread:
+        return upgrade_execute_seconds(config, component, version)
+    return None
+
+
+def upgrade_duration_register(
+    config: SimulationConfig, component: str, version: str, announced: int | None = None
+) -> int | None:
+    """Tell the simulated executor this upgrade's own execution time (upgrade_announced_seconds;
+    nothing to do without one) and return it in whole seconds, as upgrade_create takes it."""
+    seconds = upgrade_announced_seconds(config, component, version, announced)
+    if seconds is None:
+        return None
     from opsplanner.models import OperationKind, SimulatorProfile
 
     profile = SimulatorProfile.current()
     key = f"{OperationKind.UPGRADE.value}:{component}:{version}"
-    profile.execute_by_kind = {
-        **profile.execute_by_kind,
-        key: {"seconds": upgrade_execute_seconds(config, component, version)},
-    }
+    profile.execute_by_kind = {**profile.execute_by_kind, key: {"seconds": seconds}}
     profile.save(update_fields=["execute_by_kind"])
+    return max(1, round(seconds))
