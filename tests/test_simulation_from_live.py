@@ -140,8 +140,7 @@ def test_a_forecast_of_a_pool_that_does_not_exist_or_has_no_hosts_is_refused_in_
     ("option", "named"),
     [
         (["--hosts", "5"], "--hosts"),  # judged against the generated fleet, it named --hosts-per-domain
-        (["--cycle-slo-hours", "1"], "--cycle-slo-hours"),
-        (["--hosts-per-domain", "3", "--cycle-slo-hours", "200"], "--cycle-slo-hours, --hosts-per-domain"),
+        (["--hosts-per-domain", "3", "--components", "4"], "--components, --hosts-per-domain"),
         (["--hosts", "9999"], "--hosts"),  # valid, and dropped without a word
     ],
 )
@@ -151,8 +150,21 @@ def test_a_fleet_shape_option_with_from_live_is_refused_as_the_live_pools_to_say
     with pytest.raises(CommandError) as refused:
         call_command("simulate", "--from-live", "--pool", "live-a", *option)
 
-    said = f"{named}: not with --from-live, which takes the pool's shape and SLO from the live pool"
+    said = f"{named}: not with --from-live, which takes the pool's shape from the live pool"
     assert str(refused.value) == said
+
+
+@pytest.mark.django_db
+def test_the_cycle_slo_option_with_from_live_applies_to_a_pool_without_a_train(tmp_path: Path) -> None:
+    pool, _ = make_fleet(domains=4, hosts_per_domain=5, failure_buffer_hosts=1, pool_name="live-notrain")
+    with pytest.raises(CommandError, match=r"^--from-live: there is no pool named 'nope'$"):  # not refused
+        call_command("simulate", "--from-live", "--pool", "nope", "--cycle-slo-hours", "30")
+    now = clock.now()
+    (snapshot,) = live_snapshot(pool.name, now)
+
+    config = live_config(SimulationConfig(cycle_slo_hours=30), snapshot, tmp_path / "live.json", now)
+
+    assert config.cycle_slo_hours == 30  # a pool with a train takes its train's (live_config)
 
 
 @pytest.mark.django_db

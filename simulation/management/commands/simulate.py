@@ -150,12 +150,12 @@ class Command(BaseCommand):
 
             # Judged against the generated fleet they would name a fleet that does not exist, and a
             # valid one would be dropped without a word (live_config takes them from the live pool).
-            taken = sorted(name for name in LIVE_POOL_FIELDS if name in values and name not in INTERNAL_FIELDS)
+            # The SLO only where the live pool has a train (live_config): one without has its trains at it.
+            shape = LIVE_POOL_FIELDS - {"cycle_slo_hours", *INTERNAL_FIELDS}
+            taken = sorted(name for name in shape if name in values)
             if taken:
                 given = ", ".join(f"--{name.replace('_', '-')}" for name in taken)
-                raise CommandError(
-                    f"{given}: not with --from-live, which takes the pool's shape and SLO from the live pool"
-                )
+                raise CommandError(f"{given}: not with --from-live, which takes the pool's shape from the live pool")
             values = {"policies": POLICIES, **values, **LIVE_FIXED}
         if scenario not in SCENARIOS:
             raise CommandError(f"--scenario: one of {', '.join(SCENARIOS)}; got {scenario!r}")
