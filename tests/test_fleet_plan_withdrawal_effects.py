@@ -254,3 +254,60 @@ def test_the_plan_counts_as_refused_the_rollback_to_a_version_the_file_withdraws
     assert (said["rolls_back_hosts"], said["rollback_refused_hosts"]) == (0, 1)
     [change] = [c for c in plan.of("version", "update") if c.name == "bios 2.18.0"]
     assert "refuses the rollback of the 1 hosts whose previous version is withdrawn" in change.note
+
+
+# --- a version offboarded in several pools at once ----------------------------------------------------
+def a_second_pool_upgrading_to(version: str) -> Upgrade:
+    """Another pool, whose own train has yet to take its hosts to this bios version: its upgrade."""
+    from tests.builders import make_fleet
+    from tests.trains_builders import make_train
+    from trains.services.upgrades import upgrade_create
+
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+    make_train(pool)
+    return upgrade_create(pool=pool, component="bios", version=version, reason="new bios here too")
+
+
+def operator_withdraws(version: str, reason: str) -> None:
+    from fleet.services.catalogue import component_version_withdraw
+
+    bios = ComponentVersion.objects.get(component__name="bios", version=version)
+    component_version_withdraw(version_id=bios.pk, reason=reason, actor="op")
+
+
+@pytest.mark.parametrize("by", ["operator", "fleet file"])
+def test_a_version_offboarded_in_two_pools_at_once_alerts_once_for_what_its_rollback_takes_below(by: str) -> None:
+    world = World(newer_still_active=True)
+    other = a_second_pool_upgrading_to("2.17.0")
+    reasons = {"2.16.0": "leaks memory", "2.17.0": "bricks NICs"}  # the fix's own version withdrawn first
+
+    if by == "operator":
+        for version, reason in reasons.items():
+            operator_withdraws(version, reason)
+    else:
+        document = world.file_withdrawing(reasons)
+        said = said_by_the_plan(apply(document, dry_run=True))
+        apply(document)
+        assert said == done_by_the_apply()
+
+    offboarded = Event.objects.filter(kind="upgrade.offboarded")
+    assert sorted(offboarded.values_list("subject_id", flat=True)) == [world.newer.pk, other.pk]
+    fallen_back = Event.objects.filter(kind="alert.upgrade_fallen_back")
+    assert list(fallen_back.values_list("subject_id", flat=True)) == [world.fix.pk]
+    [refused] = Event.objects.filter(kind="alert.resubmission_refused")
+    assert refused.data["hosts"] == [world.host.pk]
+
+
+def test_the_first_upgrade_offboarded_of_a_version_withdrawn_in_two_pools_says_what_was_asked_again() -> None:
+    world = World(newer_still_active=True)
+    other = a_second_pool_upgrading_to("2.17.0")
+
+    operator_withdraws("2.17.0", "bricks NICs")
+
+    [resubmission] = Operation.objects.filter(resubmission_of=world.wanted).values_list("pk", flat=True)
+    said = {
+        e.subject_id: (e.data["reopened"], e.data["resubmitted"])
+        for e in Event.objects.filter(kind="upgrade.offboarded")
+    }
+    assert said == {world.newer.pk: ([world.fix.pk], [resubmission]), other.pk: ([], [])}
+    assert Event.objects.filter(kind="upgrade.reopened").count() == 1

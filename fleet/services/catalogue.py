@@ -144,12 +144,13 @@ def versions_withdrawal_apply(
 ) -> Withdrawal:
     """What withdrawing these versions does, the one rule for the API and the fleet file: every
     active upgrade to them is offboarded through the upgrade's own service (pending work cancelled,
-    hosts running it rolled back); a version without one has the hosts that may serve with it rolled
-    back all the same (`version_rollback`), rather than left serving it until their next drain, and
-    what that takes them below asked for again (`fallen_back_restore`), as an offboarding does. Not
-    when the version is withdrawn already (`roll_back_without_upgrade=False`): that was done then.
-    Whichever way, the installs of them no executor has claimed are stopped (`installs_stop`): the
-    offboardings', the ad-hoc operations', the rollbacks' and the emergencies'."""
+    hosts running it rolled back, and what that takes them below asked for again, once per version:
+    by its first upgrade offboarded); a version without one has the hosts that may serve with it
+    rolled back all the same (`version_rollback`), rather than left serving it until their next
+    drain, and what that takes them below asked for again (`fallen_back_restore`), as an offboarding
+    does. Not when the version is withdrawn already (`roll_back_without_upgrade=False`): that was
+    done then. Whichever way, the installs of them no executor has claimed are stopped
+    (`installs_stop`): the offboardings', the ad-hoc operations', the rollbacks' and the emergencies'."""
     from trains.models import Upgrade, UpgradeState
     from trains.services.offboarding import fallen_back_restore, upgrade_offboard
 
@@ -157,7 +158,14 @@ def versions_withdrawal_apply(
     stopped = installs_stop(version_ids=version_ids, reason=reason, actor=actor)
     # In id order, as every writer of several upgrades (the forecast's promises, a replan's locks).
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE).order_by("id")
-    offboarded = [u.component_version_id for u in upgrades if upgrade_offboard(upgrade=u, reason=reason, actor=actor)]
+    offboarded: list[int] = []  # the version of each upgrade offboarded
+    for upgrade in upgrades:
+        # What the version's rollback takes below is asked for again once, by its first upgrade
+        # offboarded (fallen_back_restore reads every pool), as the fleet file's plan counts it: the
+        # others would repeat its alerts. One that was no longer active leaves it to the next.
+        restore = upgrade.component_version_id not in offboarded
+        if upgrade_offboard(upgrade=upgrade, reason=reason, actor=actor, restore=restore):
+            offboarded.append(upgrade.component_version_id)
     rollbacks: list[int] = []
     without_previous = 0
     unhandled = ComponentVersion.objects.filter(pk__in=version_ids).exclude(pk__in=offboarded).order_by("pk")

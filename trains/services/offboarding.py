@@ -6,7 +6,7 @@ approved, is trains/services/reonboarding.py)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef
@@ -31,14 +31,17 @@ from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import upgrade_tasks
 
 
-def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler") -> bool:
+def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler", restore: bool = True) -> bool:
     """Remove a failing upgrade from every train: its pending work is cancelled, its version is
     withdrawn (no host returns running it: repairs roll it back; its installs no executor claimed
     yet are stopped, and their operations of this pool cancelled), hosts that may serve with it
     (back in service, past the pre-return gate, draining) get a rollback operation, and completed
     upgrades that some hosts reached only through it are active again, and ad-hoc work it
-    superseded is asked for again (fallen_back_restore).
-    Runs in the caller's transaction."""
+    superseded is asked for again (fallen_back_restore, which reads the version in every pool).
+    Not `restore` when a withdrawal offboarding the version's upgrades in several pools had it done
+    with the first (`versions_withdrawal_apply`): it would repeat that one's alerts; its event then
+    lists nothing reopened or resubmitted (the first's lists them). Runs in the caller's
+    transaction; whether it offboarded the upgrade (False: it was no longer active)."""
     now = clock.now()
     # The pool's tick lock, then the version's row, then the upgrade's: the order of the train tick
     # (which holds the pool while it writes its upgrades) and of a withdrawal. Its pending work's
@@ -71,9 +74,31 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         subject=upgrade,
         refused_kind="upgrade.rollback_refused",
     )
-    fallen_back = fallen_back_restore(
-        withdrawn=target, why=f"withdrawn as upgrade #{upgrade.pk} was offboarded", offboarded=upgrade.pk, actor=actor
+    why = f"withdrawn as upgrade #{upgrade.pk} was offboarded"
+    fallen_back = (
+        fallen_back_restore(withdrawn=target, why=why, offboarded=upgrade.pk, actor=actor)
+        if restore
+        else FallenBack(reopened=[], resubmitted=[])
     )
+    _offboarded_record(
+        upgrade,
+        reason,
+        data={
+            "cancelled_tasks": cancelled[True],
+            "other_tasks_cancelled": cancelled[False],  # of other operations whose installs were stopped
+            "installs_stopped": stopped.installs,
+            "rollbacks": rollback.operations,
+            "reopened": fallen_back.reopened,
+            "resubmitted": fallen_back.resubmitted,
+        },
+        actor=actor,
+    )
+    return True
+
+
+def _offboarded_record(upgrade: Upgrade, reason: str, *, data: dict[str, Any], actor: Actor) -> None:
+    """Its `upgrade.offboarded` event (what the offboarding did, `data`, and the hosts its tasks
+    failed on) and its alert."""
     failed_hosts = list(
         upgrade_tasks(upgrade).filter(state=TaskState.FAILED).values_list("host_id", flat=True).distinct()
     )
@@ -83,24 +108,16 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         actor=actor,
         reason=reason,
         pool_id=upgrade.pool_id,
-        data={
-            "cancelled_tasks": cancelled[True],
-            "other_tasks_cancelled": cancelled[False],  # of other operations whose installs were stopped
-            "installs_stopped": stopped.installs,
-            "rollbacks": rollback.operations,
-            "failed_hosts": failed_hosts,
-            "reopened": fallen_back.reopened,
-            "resubmitted": fallen_back.resubmitted,
-        },
+        data={**data, "failed_hosts": failed_hosts},
     )
     event_record(
         kind="alert.upgrade_offboarded",
         subject=upgrade,
         actor=actor,
-        reason=f"{target} offboarded: {reason}; failed hosts went to repair, re-onboarding needs an approval",
+        reason=f"{upgrade.component_version} offboarded: {reason}; failed hosts went to repair, "
+        "re-onboarding needs an approval",
         pool_id=upgrade.pool_id,
     )
-    return True
 
 
 def _offboarded_work_cancel(upgrade: Upgrade, stopped: StoppedInstalls, *, actor: Actor) -> Counter[bool]:
