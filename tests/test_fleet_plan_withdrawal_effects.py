@@ -311,3 +311,19 @@ def test_the_first_upgrade_offboarded_of_a_version_withdrawn_in_two_pools_says_w
     }
     assert said == {world.newer.pk: ([world.fix.pk], [resubmission]), other.pk: ([], [])}
     assert Event.objects.filter(kind="upgrade.reopened").count() == 1
+
+
+def test_a_version_offboarded_in_two_pools_at_once_refuses_a_hosts_rollback_once() -> None:
+    # 2.17.0 has an active upgrade in two pools; rack-0001's hosts on it ran 2.14.0 before, which the
+    # same file withdraws: their rollback is refused once, not once per upgrade offboarded.
+    world = World(newer_still_active=True)
+    a_second_pool_upgrading_to("2.17.0")
+    world.first_host_on_2_18()
+    document = world.file_withdrawing({"2.14.0": "old", "2.17.0": "bricks NICs"})
+    said = said_by_the_plan(apply(document, dry_run=True))
+
+    apply(document)
+
+    assert said == done_by_the_apply()
+    assert Event.objects.filter(kind="upgrade.rollback_refused").count() == 1
+

@@ -160,11 +160,11 @@ def versions_withdrawal_apply(
     upgrades = Upgrade.objects.filter(component_version_id__in=version_ids, state=UpgradeState.ACTIVE).order_by("id")
     offboarded: list[int] = []  # the version of each upgrade offboarded
     for upgrade in upgrades:
-        # What the version's rollback takes below is asked for again once, by its first upgrade
-        # offboarded (fallen_back_restore reads every pool), as the fleet file's plan counts it: the
-        # others would repeat its alerts. One that was no longer active leaves it to the next.
-        restore = upgrade.component_version_id not in offboarded
-        if upgrade_offboard(upgrade=upgrade, reason=reason, actor=actor, restore=restore):
+        # The version is rolled back, and what that takes below asked for again, once, by its first
+        # upgrade offboarded (both read every pool), as the fleet file's plan counts them: the
+        # others would repeat its refusals and alerts. One that was no longer active leaves it to the next.
+        roll_back = upgrade.component_version_id not in offboarded
+        if upgrade_offboard(upgrade=upgrade, reason=reason, actor=actor, roll_back=roll_back):
             offboarded.append(upgrade.component_version_id)
     rollbacks: list[int] = []
     without_previous = 0

@@ -21,6 +21,7 @@ from opsplanner.services.rollback import (
     AS_THEY_ARE,
     PlannedWithdrawals,
     StoppedInstalls,
+    VersionRollback,
     going_back_below,
     installs_stop,
     stopped_operations_open,
@@ -31,16 +32,17 @@ from trains.services.upgrade_scopes import upgrade_scope_hosts
 from trains.services.upgrades import upgrade_tasks
 
 
-def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler", restore: bool = True) -> bool:
+def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler", roll_back: bool = True) -> bool:
     """Remove a failing upgrade from every train: its pending work is cancelled, its version is
     withdrawn (no host returns running it: repairs roll it back; its installs no executor claimed
     yet are stopped, and their operations of this pool cancelled), hosts that may serve with it
     (back in service, past the pre-return gate, draining) get a rollback operation, and completed
     upgrades that some hosts reached only through it are active again, and ad-hoc work it
     superseded is asked for again (fallen_back_restore, which reads the version in every pool).
-    Not `restore` when a withdrawal offboarding the version's upgrades in several pools had it done
-    with the first (`versions_withdrawal_apply`): it would repeat that one's alerts; its event then
-    lists nothing reopened or resubmitted (the first's lists them). Runs in the caller's
+    Not `roll_back` (the rollback and what it takes below, both of every pool) when a withdrawal
+    offboarding the version's upgrades in several pools had it done with the first
+    (`versions_withdrawal_apply`): it would repeat that one's refusals and alerts; its event then
+    lists no rollback, nothing reopened or resubmitted (the first's lists them). Runs in the caller's
     transaction; whether it offboarded the upgrade (False: it was no longer active)."""
     now = clock.now()
     # The pool's tick lock, then the version's row, then the upgrade's: the order of the train tick
@@ -66,19 +68,8 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
     # Withdrawn now: no host installs it from here on, not even one whose install is queued.
     stopped = installs_stop(version_ids=[target.pk], reason=f"upgrade #{upgrade.pk} offboarded", actor=actor)
     cancelled = _offboarded_work_cancel(upgrade, stopped, actor=actor)
-    rollback = version_rollback(
-        version=target,
-        scope=f"upgrade #{upgrade.pk}",
-        reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
-        actor=actor,
-        subject=upgrade,
-        refused_kind="upgrade.rollback_refused",
-    )
-    why = f"withdrawn as upgrade #{upgrade.pk} was offboarded"
-    fallen_back = (
-        fallen_back_restore(withdrawn=target, why=why, offboarded=upgrade.pk, actor=actor)
-        if restore
-        else FallenBack(reopened=[], resubmitted=[])
+    rollback, fallen_back = (
+        _version_roll_back(upgrade, actor=actor) if roll_back else (VersionRollback([], 0), FallenBack([], []))
     )
     _offboarded_record(
         upgrade,
@@ -94,6 +85,22 @@ def upgrade_offboard(*, upgrade: Upgrade, reason: str, actor: Actor = "scheduler
         actor=actor,
     )
     return True
+
+
+def _version_roll_back(upgrade: Upgrade, *, actor: Actor) -> tuple[VersionRollback, FallenBack]:
+    """Roll back the offboarded upgrade's version on every host that may serve with it, in every
+    pool, and ask again for what that takes below (fallen_back_restore)."""
+    target = upgrade.component_version
+    rollback = version_rollback(
+        version=target,
+        scope=f"upgrade #{upgrade.pk}",
+        reason=f"roll back withdrawn {target} (upgrade #{upgrade.pk} offboarded)",
+        actor=actor,
+        subject=upgrade,
+        refused_kind="upgrade.rollback_refused",
+    )
+    why = f"withdrawn as upgrade #{upgrade.pk} was offboarded"
+    return rollback, fallen_back_restore(withdrawn=target, why=why, offboarded=upgrade.pk, actor=actor)
 
 
 def _offboarded_record(upgrade: Upgrade, reason: str, *, data: dict[str, Any], actor: Actor) -> None:
