@@ -7,6 +7,8 @@ import datetime as dt
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from console.gantt.params import gantt_params
 from console.gantt.rows import gantt_rows
@@ -19,6 +21,7 @@ from tests.builders import make_domain, make_fleet, make_host, make_pool, make_s
 from tests.driving import drive, drive_trains, instant_simulator
 from tests.trains_builders import make_train, make_user
 from trains.models import Visit, VisitState
+from trains.services.tick import train_tick
 from trains.services.upgrades import upgrade_create
 
 pytestmark = pytest.mark.django_db
@@ -211,3 +214,27 @@ def test_without_a_window_the_gantt_opens_at_the_scale_of_the_live_trains_visits
         params, form = gantt_params({})
     assert params is not None, form.errors
     assert (params.start, params.end) == (now - span / 4, now + span * 3 / 4)
+
+
+def gantt_queries_with_pools_at_work(pools: int) -> int:
+    start = clock.now()
+    for _ in range(pools):
+        pool, _ = make_fleet(domains=4, hosts_per_domain=2)
+        train = make_train(pool, cycle_slo_s=4 * 3600, visit_estimate_s=60, visit_overhead_s=600)
+        upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+        train_tick(train_id=train.pk)
+    params, form = gantt_params({"start": start.isoformat(), "end": (start + dt.timedelta(hours=6)).isoformat()})
+    assert params is not None, form.errors
+    with CaptureQueriesContext(connection) as queries:
+        gantt_rows(params)
+    return len(queries)
+
+
+@pytest.mark.django_db
+def test_the_gantt_reads_the_trains_forecasts_in_as_many_queries_for_four_trains_as_for_two() -> None:
+    instant_simulator()
+    two = gantt_queries_with_pools_at_work(2)
+
+    four = gantt_queries_with_pools_at_work(2)  # four pools at work now
+
+    assert four == two
