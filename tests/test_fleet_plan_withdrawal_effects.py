@@ -326,4 +326,3 @@ def test_a_version_offboarded_in_two_pools_at_once_refuses_a_hosts_rollback_once
 
     assert said == done_by_the_apply()
     assert Event.objects.filter(kind="upgrade.rollback_refused").count() == 1
-

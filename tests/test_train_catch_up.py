@@ -227,11 +227,9 @@ def test_a_train_tick_while_its_visit_runs_reads_the_visits_once_and_nothing_for
     rollouts(pool)
     assert train_tick(train_id=train.pk).events  # the first visit starts; its hosts wait for the pool tick
 
-    # Fourteen: the upgrades with their phases and current failures in one, the forecast without the
-    # domains' last visits, its visits played as the per-upgrade forecast plays them (the pool's
-    # active upgrades, its domains' hosts, the installed versions, what recent visits missed, the
-    # running visit's tasks); and the tick's savepoint in the test's transaction.
-    with django_assert_num_queries(14 + 2) as captured:
+    # Nine: the upgrades with their phases and current failures in one, the forecast without the
+    # domains' last visits; and the tick's savepoint in the test's transaction.
+    with django_assert_num_queries(9 + 2) as captured:
         report = train_tick(train_id=train.pk)
 
     assert report.events == []

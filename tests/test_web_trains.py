@@ -118,7 +118,7 @@ def test_the_list_shows_the_next_few_domains_and_the_train_page_all_of_them(clie
     assert detail.count('<tr class="domain ') == 10
 
 
-def test_one_read_forecasts_every_kind_of_train_in_ten_queries() -> None:
+def test_one_read_forecasts_every_kind_of_train_in_five_queries() -> None:
     instant_simulator()
     running, _ = train_with_a_skipped_domain()
     paused, _ = train_with_a_skipped_domain()
@@ -134,9 +134,7 @@ def test_one_read_forecasts_every_kind_of_train_in_ten_queries() -> None:
     with CaptureQueriesContext(connection) as queries:
         together = trains_forecasts(trains, now=now)
 
-    # Five for the lanes; five to play the visits of the trains with work pending (their pools'
-    # active upgrades, domains' hosts, installed versions, what recent visits missed, running visits).
-    assert len(queries) == 5 + 5
+    assert len(queries) == 5
     assert together[paused.pk].domains[0].skip_reason
     assert together[idle.pk].cycle is None
     assert together[idle.pk].cycle_end is None
@@ -155,7 +153,7 @@ def test_one_read_forecasts_every_kind_of_train_in_ten_queries() -> None:
     with CaptureQueriesContext(connection) as queries:
         ahead = trains_forecasts(trains, now=now, last_visits=False)
 
-    assert len(queries) == 4 + 5
+    assert len(queries) == 4
     for train in trains:
         assert all(domain.last_visited_at is None for domain in ahead[train.pk].domains)
         unvisited = [replace(domain, last_visited_at=None) for domain in together[train.pk].domains]
@@ -434,9 +432,8 @@ def test_the_trains_page_costs_the_same_queries_for_six_trains_as_for_two(
     for _ in range(4):
         train_with_a_skipped_domain()
     # session, user, roles, pending approvals (an operator's nav), trains, open cycles, recent visit
-    # lengths, last visits, current visits, stops; the visits played (the pools' active upgrades,
-    # domains' hosts, installed versions, what recent visits missed, running visits' tasks)
-    with django_assert_max_num_queries(min(for_two, 10 + 5)):
+    # lengths, last visits, current visits, stops
+    with django_assert_max_num_queries(min(for_two, 10)):
         assert client.get("/trains/").content.decode().count('class="train-status"') == 6
 
 

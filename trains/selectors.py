@@ -11,7 +11,6 @@ from typing import NamedTuple
 from django.db.models import Count, Min, Q
 
 from fleet.models import Host, HostState
-from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 from trains.services.budget import Correction
 
@@ -49,8 +48,7 @@ class TrainForecast:
 def train_forecast(train: Train, *, now: dt.datetime | None = None, last_visits: bool = True) -> TrainForecast:
     """The forecast of one train's open cycle: the set-based `trains_forecasts` for a list of one
     (the one definition of how a forecast is read; five queries, six with sliding visits that kept no
-    host time, one fewer without `last_visits`; then one for its pool's active upgrades and, with one,
-    what playing its visits reads)."""
+    host time, one fewer without `last_visits`)."""
     from trains.selectors_web import trains_forecasts  # it builds on this module's rows arithmetic
 
     return trains_forecasts([train], now=now, last_visits=last_visits)[train.pk]
@@ -65,23 +63,21 @@ def forecast_from_rows(
     stops: list[TrainStop],
     now: dt.datetime,
 ) -> TrainForecast:
-    """The lane arithmetic of the forecast on rows already read (pages read many trains' rows at
-    once): a running visit until its plan's estimate (`running_visit_end`), each visit to come the
-    train's typical visit. The trains with work pending then have their cycle's visits played as the
-    per-upgrade forecast plays them (trains/selectors_forecast_train.py)."""
+    """The lane arithmetic of the forecast on rows already read (pages read many trains' rows at once)."""
     forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
+    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
     # Slots: `concurrency` lanes; a running visit holds its lane until its expected end.
     lanes = [now] * train.visit_concurrency
     running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
     for i, running_visit in enumerate(running[: len(lanes)]):
-        lanes[i] = running_visit_end(running_visit, seconds, now)
+        lanes[i] = max(now, (running_visit.started_at or now) + dt.timedelta(seconds=seconds))
     step = dt.timedelta(seconds=seconds)
     for stop in stops:
         visit = visits.get(stop.domain_id)
         state = visit.state if visit else "not in a cycle"
         starts = ends = None
         if visit is not None and visit.state == VisitState.RUNNING:
-            starts, ends = visit.started_at, running_visit_end(visit, seconds, now)
+            starts, ends = visit.started_at, max(now, (visit.started_at or now) + step)
         elif visit is not None and visit.state == VisitState.DONE:
             starts, ends = visit.started_at, visit.ended_at
         elif train.state not in (TrainState.FINISHED, TrainState.CANCELLED):
@@ -101,31 +97,13 @@ def forecast_from_rows(
                 skip_reason=visit.skip_reason if visit else "",
             )
         )
-    forecast_judge(forecast, visits, now)
-    return forecast
-
-
-def running_visit_end(visit: Visit, typical_s: float, now: dt.datetime) -> dt.datetime:
-    """When a running visit's hosts are expected back: at its plan's estimate (what its work takes),
-    else after the train's typical visit (`typical_s`); not before now. The one rule: the train's
-    forecast and the per-upgrade forecast both hold its lane until then."""
-    started = visit.started_at or now
-    estimate_s = float((visit.plan or {}).get("estimate_s") or 0)
-    return max(now, started + dt.timedelta(seconds=estimate_s or typical_s))
-
-
-def forecast_judge(forecast: TrainForecast, visits: dict[int, Visit], now: dt.datetime) -> None:
-    """The open cycle's forecast end from its domains' times, whether it meets the deadline, and if
-    not why."""
-    train, cycle = forecast.train, forecast.cycle
     if cycle is None:
-        return
-    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
+        return forecast
     forecast.cycle_end = max([now, *(d.ends_at for d in forecast.domains if d.ends_at)])
     forecast.meets_slo = forecast.cycle_end <= cycle.deadline_at
-    forecast.miss_cause = ""
     if not forecast.meets_slo:
-        forecast.miss_cause = _miss_cause(train, visits.values(), forecast.visit_seconds, stopped_for)
+        forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for)
+    return forecast
 
 
 def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.timedelta) -> str:
@@ -160,10 +138,11 @@ class DomainHosts(NamedTuple):
     broken: int = 0
 
 
-# The train tick's forecast reads it at every tick (selectors_forecast_train.py): compiled once.
-_DOMAIN_HOSTS = PreparedQuery(
-    lambda *, ids: (
-        Host.objects.filter(pool_id__any=ids)
+def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
+    """Every domain of these pools with live hosts (one query)."""
+    return [
+        DomainHosts(*row)
+        for row in Host.objects.filter(pool_id__in=sorted(pool_ids))
         .values_list("pool_id", "domain_id", "domain__position", "domain__name")
         .annotate(
             n=Count("id"),
@@ -172,14 +151,7 @@ _DOMAIN_HOSTS = PreparedQuery(
             broken=Count("id", filter=Q(state__in=BROKEN_STATES)),
         )
         .order_by()
-    ),
-    ids=IDS,
-)
-
-
-def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
-    """Every domain of these pools with live hosts (one query)."""
-    return [DomainHosts(*row) for row in _DOMAIN_HOSTS.rows(ids=sorted(pool_ids))]
+    ]
 
 
 def stops_to_add(train: Train, stop_ids: Collection[int], domains: Iterable[DomainHosts]) -> list[int]:

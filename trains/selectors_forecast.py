@@ -5,11 +5,9 @@ The coming visits are played forward on rows read once (a fixed number of querie
 host or upgrade): the open cycle's remaining visits, then whole cycles in the train's domain order,
 each visit starting when the one before it on its lane is expected to end (a running visit at its
 plan's estimate), and lasting at least the train's typical recent visit if it takes anything (new
-upgrades keep arriving and fill it: `_held_for`). Not at the train's lane forecast's times
-(trains.selectors.forecast_from_rows: every visit to come the train's typical length whatever it
-takes; a meta run's first upgrade, a kernel longer than a visit's share, was forecast at 25.7 h and
-was still rolling out at 10 days): the train's own forecast takes its times from this play
-(`played_cycle`, selectors_forecast_train.py). Each
+upgrades keep arriving and fill it: `_held_for`). Not at the train forecast's times: those give
+every visit the train's typical length whatever it takes, and a meta run's first upgrade, a kernel
+longer than a visit's share, was forecast at 25.7 h and was still rolling out at 10 days. Each
 visit takes, as the train tick does (trains/services/budget.py), the pending upgrades of its domain
 that fit its budget in (priority, deadline, age) order, the newest release of a component standing
 in for the older ones it supersedes, a multi-cycle one's places on hosts where it fits
@@ -37,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from opsplanner import clock
-from opsplanner.prepared import IDS, PreparedModels
 from trains.models import (
     LIVE_TRAIN_STATES,
     STOPPED_TRAIN_STATES,
@@ -48,7 +45,7 @@ from trains.models import (
     Visit,
     VisitState,
 )
-from trains.selectors import TrainForecast, pools_domain_hosts, running_visit_end, stops_to_add
+from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
 from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
 from trains.selectors_forecast_takes import ranked_takes
 from trains.selectors_forecast_verdict import (
@@ -165,8 +162,6 @@ class _State:
     # The hosts out broken per upgrade and domain, added to `remaining` as cycle `returns_in` starts.
     broken: dict[int, dict[int, int]] = field(default_factory=dict)
     returns_in: int = 0
-    # (cycle, domain) -> when each visit played (a running one included) starts and ends.
-    times: dict[tuple[int, int], tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
 
 
 def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, PoolBacklog], list[Upgrade]]:
@@ -176,41 +171,15 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     trains = list(
         Train.objects.filter(pool_id__in=pool_ids, emergency=False, state__in=LIVE_TRAIN_STATES).select_related("pool")
     )
-    upgrades = active_upgrades(pool_ids)
-    if not trains:
-        return {}, upgrades
-    # The trains' lanes and open-cycle visits (not played: that is what the backlog is for).
-    read = trains_forecasts_with_visits(trains, now=now, last_visits=False, played=False)
-    return backlogs_of(trains, upgrades, read, now=now), upgrades
-
-
-# The train tick reads them at every tick for its forecast (selectors_forecast_train.py): compiled once.
-_ACTIVE_UPGRADES = PreparedModels(
-    lambda *, ids: (
-        Upgrade.objects.filter(pool_id__any=ids, emergency=False, state=UpgradeState.ACTIVE)
+    upgrades = list(
+        Upgrade.objects.filter(pool_id__in=pool_ids, emergency=False, state=UpgradeState.ACTIVE)
         .select_related("pool", "component_version__component")
         .annotate(**{RULE_MAY_REFUSE: rule_may_refuse()}, **held_phase_annotations())
         .order_by("created_at", "id")
-    ),
-    ids=IDS,
-)
-
-
-def active_upgrades(pool_ids: list[int]) -> list[Upgrade]:
-    """The active regular upgrades of the pools, oldest first, as the forecast plays them (one query)."""
-    return _ACTIVE_UPGRADES.objects(ids=pool_ids)
-
-
-def backlogs_of(
-    trains: list[Train],
-    upgrades: list[Upgrade],
-    read: tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]],
-    *,
-    now: dt.datetime,
-) -> dict[int, PoolBacklog]:
-    """The backlog of each of these live regular trains' pools, from their pools' active upgrades
-    and the trains' lane forecasts and open-cycle visits (`read`, not played)."""
-    forecasts, visits = read
+    )
+    if not trains:
+        return {}, upgrades
+    forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
     domains = pools_domain_hosts([t.pool_id for t in trains])
     below = pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
@@ -253,7 +222,7 @@ def backlogs_of(
             held={u.pk: held for u in ours if (held := held_phase(u))},
         )
         _joins_expected(backlogs[train.pool_id])
-    return backlogs
+    return backlogs, upgrades
 
 
 def _joins_expected(backlog: PoolBacklog) -> None:
@@ -282,14 +251,13 @@ def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Gen
             visit = backlog.visits.get(domain.domain_id)
             if visit is not None and visit.state == VisitState.RUNNING:
                 its = backlog.running.get(visit.pk, RunningVisit({}, 0))
-                ends = running_visit_end(visit, forecast.visit_seconds, now) + dt.timedelta(seconds=its.extra_s)
+                ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=its.extra_s)
                 for upgrade_id, hosts in its.takes.items():
                     left = state.remaining.get(upgrade_id, {})
                     if left.get(domain.domain_id):
                         left[domain.domain_id] = max(0, left[domain.domain_id] - hosts)
                         _note_took(state, upgrade_id, number, ends)
                 _note_done(state, number, ends)
-                state.times[(number, domain.domain_id)] = (visit.started_at or now, ends)
                 running.append((visit.started_at or now, ends))
             elif visit is not None and visit.state == VisitState.PLANNED and domain.starts_at is not None:
                 planned.append(domain.domain_id)
@@ -355,11 +323,20 @@ def _running_visits_out(backlog: PoolBacklog, now: dt.datetime) -> list[HostsOut
         plan = visit.plan or {}
         hosts = len(plan.get("hosts") or [])
         extra = backlog.running.get(visit.pk, RunningVisit({}, 0)).extra_s
-        ends = running_visit_end(visit, backlog.forecast.visit_seconds, now) + dt.timedelta(seconds=extra)
+        ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=extra)
         waves = backlog.sizing.waves(hosts)
         per_wave = float(plan.get("estimate_s") or 0) / waves if waves else 0.0
         out.append(HostsOut(ends, min(hosts, backlog.sizing.hosts_at_once), per_wave, bool(plan.get("unreleased"))))
     return out
+
+
+def _running_visit_end(visit: Visit, forecast_end: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+    """When a running visit's hosts are expected back: at its plan's estimate (what its work takes),
+    else where the train forecast puts it (the train's typical visit); not before now."""
+    estimate_s = float((visit.plan or {}).get("estimate_s") or 0)
+    if estimate_s and visit.started_at is not None:
+        return max(now, visit.started_at + dt.timedelta(seconds=estimate_s))
+    return max(now, forecast_end or now)
 
 
 def _note_took(state: _State, upgrade_id: int, cycle: int, ends: dt.datetime) -> None:
@@ -459,27 +436,6 @@ def play_forward(
     """Per upgrade, (cycle, time) when its last pending host is reached; missing: beyond the horizon.
     What-if (would it meet a deadline?): `priorities` overrides some upgrades' priority, and the
     multi-cycle upgrades in `whole_visits` are played as taking every host of a visit."""
-    return _played(backlog, now=now, priorities=priorities, whole_visits=whole_visits).done
-
-
-def played_cycle(backlog: PoolBacklog, *, now: dt.datetime) -> dict[int, tuple[dt.datetime, dt.datetime]]:
-    """Per domain, when the visit of the open cycle (none open: of the next) starts and ends as
-    play_forward plays it: a running visit until its plan's estimate, the ones to come lasting what
-    they take (a domain with nothing to take, none: the tick skips it). Cycles after it not played."""
-    cycle = backlog.cycle_number if backlog.forecast.cycle is not None else backlog.cycle_number + 1
-    state = _played(backlog, now=now, until_cycle=cycle)
-    return {domain_id: times for (number, domain_id), times in state.times.items() if number == cycle}
-
-
-def _played(
-    backlog: PoolBacklog,
-    *,
-    now: dt.datetime,
-    priorities: dict[int, int] | None = None,
-    whole_visits: frozenset[int] = frozenset(),
-    until_cycle: int | None = None,
-) -> _State:
-    """The visits played forward (`play_forward`), up to the end of `until_cycle` if given."""
     upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
@@ -494,18 +450,15 @@ def _played(
     try:
         while True:
             visit = visits.send(played)
-            if until_cycle is not None and visit.cycle > until_cycle:
-                break
             work_s, reached, hosts = _visit_takes(backlog, state, upgrades, visit)
             played = _Played(_held_for(backlog, work_s), hosts)
             ends = visit.starts_at + dt.timedelta(seconds=played.cost_s)
             for upgrade_id in reached:
                 _note_took(state, upgrade_id, visit.cycle, ends)
             _note_done(state, visit.cycle, ends)
-            state.times[(visit.cycle, visit.domain_id)] = (visit.starts_at, ends)
     except StopIteration:
         pass
-    return state
+    return state.done
 
 
 def _held_for(backlog: PoolBacklog, cost: float) -> float:

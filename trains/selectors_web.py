@@ -28,7 +28,6 @@ from trains.models import (
 )
 from trains.selectors import DomainForecast, TrainForecast, forecast_from_rows
 from trains.selectors_forecast import UpgradeForecast, upgrades_forecasts
-from trains.selectors_forecast_train import trains_played
 from trains.selectors_promise import UpgradePromise, upgrade_promise
 from trains.services.budget import Correction, correction_from, recent_visits, train_overhead_s, visits_host_time
 from trains.services.upgrades import SUBJECT as UPGRADE_SUBJECT
@@ -161,29 +160,24 @@ def _visit_seconds(
 def trains_forecasts(
     trains: list[Train], *, now: dt.datetime | None = None, last_visits: bool = True
 ) -> dict[int, TrainForecast]:
-    """`train_forecast` for each train: the lane forecasts in five queries in all (six with sliding
-    visits that kept no host time), one more for the pools' active upgrades and, when some pool has
-    one, what playing its visits reads (selectors_forecast_train.trains_played). Without
-    `last_visits` the domains' `last_visited_at` stay empty, one query fewer: the train tick and the
-    upgrades' forecast, which read only the times to come, ask at every tick."""
+    """`train_forecast` for each train, in five queries in all (six with sliding visits that kept no
+    host time). Without `last_visits` the domains' `last_visited_at` stay empty, one query fewer:
+    the train tick and the upgrades' forecast, which read only the times to come, ask at every tick."""
     return _read_trains(trains, now or clock.now(), last_visits=last_visits)[0]
 
 
 def trains_forecasts_with_visits(
-    trains: list[Train], *, now: dt.datetime | None = None, last_visits: bool = True, played: bool = True
+    trains: list[Train], *, now: dt.datetime | None = None, last_visits: bool = True
 ) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
-    """The forecasts, and the visits of each train's open cycle by domain (as trains_forecasts).
-    Without `played`, the lane forecasts only (four or five queries): what the per-upgrade forecast
-    plays its visits on."""
-    return _read_trains(trains, now or clock.now(), last_visits=last_visits, played=played)
+    """The forecasts, and the visits of each train's open cycle by domain (five queries, six with
+    sliding visits that kept no host time; one fewer without `last_visits`, as trains_forecasts)."""
+    return _read_trains(trains, now or clock.now(), last_visits=last_visits)
 
 
 def _read_trains(
-    trains: list[Train], now: dt.datetime, *, last_visits: bool = True, played: bool = True
+    trains: list[Train], now: dt.datetime, *, last_visits: bool = True
 ) -> tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]]:
-    """The forecasts, and the visits of each train's open cycle by domain: the lane forecasts
-    (trains.selectors.forecast_from_rows), then, `played`, the times the per-upgrade forecast plays
-    the visits of the trains with work pending at (selectors_forecast_train.py)."""
+    """The forecasts, and the visits of each train's open cycle by domain."""
     ids = [t.pk for t in trains]
     if not ids:
         return {}, {}
@@ -208,8 +202,6 @@ def _read_trains(
         )
         forecasts[train.pk].last_cycle_number = latest[train.pk].number if train.pk in latest else 0
         forecasts[train.pk].correction = corrections.get(train.pk, Correction())
-    if played:
-        trains_played(trains, forecasts, visits, now=now)
     return forecasts, visits
 
 
