@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, transaction
 
 from fleet.models import ComponentVersion, Host, Pool, WithdrawnBy
+from fleet.services.catalogue import component_version_release, component_version_withdraw
 from opsplanner import clock
-from opsplanner.models import Event, HostTask, Operation, TaskState, WorkItem, WorkKind, WorkState
+from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.models.work_items import NOT_RUN_KEY, NotRunCode, VerifyClass
 from opsplanner.roles import Role
 from opsplanner.services.tick import pool_tick
+from opsplanner.services.tick.closing import operations_close_finished
 from opsplanner.services.work_items import (
     work_item_claim_next,
+    work_item_report,
     work_item_report_claim_next,
     work_items_claim,
     work_items_claim_waiting,
@@ -207,3 +211,77 @@ def test_an_install_another_pools_tick_makes_ready_during_an_offboarding_is_neve
     assert not set(Host.objects.filter(pool=pool_b).values_list("pk", flat=True)) & hosts_running("2.16.0")
     assert {task.state for task in HostTask.objects.filter(operation=operation)} == {TaskState.CANCELLED}
     assert_never_broken()
+
+
+STOPPED_WHY = "its install was stopped before any executor claimed it: its target was withdrawn (bricks NICs)"
+
+
+def test_an_operation_whose_installs_a_claim_stopped_closes_cancelled_saying_why() -> None:
+    # The claim cannot cancel it (it holds item rows, takes no pool lock): the tick that ends its
+    # tasks does, as the withdrawal cancels the operations whose installs it stops.
+    pool, operation = adhoc_installs_ready(executor="external")
+    withdrawn_past_the_stop()
+    assert work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=10) == []
+
+    assert_ends_not_applied(pool, operation)
+
+    operation.refresh_from_db()
+    assert operation.state == OperationState.CANCELLED  # it installed nothing: not "completed"
+    assert operation.cancelled_at is not None
+    assert operation.closed_at is not None
+    cancelled = Event.objects.get(kind="operation.cancelled", subject_id=operation.pk)
+    assert (cancelled.reason, cancelled.data) == (STOPPED_WHY, {NOT_RUN_KEY: NotRunCode.TARGET_WITHDRAWN})
+    assert not Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()
+
+
+def test_the_sweep_over_pools_closes_such_an_operation_cancelled_too() -> None:
+    # An operation over several pools whose last tasks finished in two ticks at once is closed by the
+    # sweep, not by a pool's tick: the same rule. Reopened here as the tick left it then.
+    pool, operation = adhoc_installs_ready(executor="external")
+    withdrawn_past_the_stop()
+    assert work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=10) == []
+    assert_ends_not_applied(pool, operation)
+    Operation.objects.filter(pk=operation.pk).update(state=OperationState.OPEN, closed_at=None, cancelled_at=None)
+    by_the_tick = Event.objects.get(kind="operation.cancelled", subject_id=operation.pk)
+
+    assert operations_close_finished() == 1
+
+    operation.refresh_from_db()
+    assert operation.state == OperationState.CANCELLED
+    cancelled = Event.objects.exclude(pk=by_the_tick.pk).get(kind="operation.cancelled", subject_id=operation.pk)
+    assert (cancelled.reason, cancelled.data) == (STOPPED_WHY, {NOT_RUN_KEY: NotRunCode.TARGET_WITHDRAWN})
+
+
+def stopped_by_a_claim(version: ComponentVersion) -> None:
+    withdrawn_past_the_stop()
+    assert work_items_claim(worker="sim", adapter="simulated", kinds=[WorkKind.EXECUTE], limit=10) == []
+
+
+def stopped_by_the_withdrawal(version: ComponentVersion) -> None:
+    component_version_withdraw(version_id=version.pk, reason="bricks NICs")
+
+
+@pytest.mark.parametrize("stop", [stopped_by_a_claim, stopped_by_the_withdrawal])
+def test_an_operation_applied_on_one_host_whose_other_install_was_stopped_closes_cancelled(
+    stop: Callable[[ComponentVersion], None],
+) -> None:
+    # The withdrawal cancels the operations whose installs it stops whatever their other hosts did;
+    # one whose install a claim stopped closes the same way.
+    pool, operation = adhoc_installs_ready()
+    (claimed,) = work_items_claim(worker="sim", adapter="simulated", kinds=[WorkKind.EXECUTE], limit=1)
+    work_item_report(
+        item_id=claimed.pk, worker="sim", key="k", outcome="done", attempt=1, result={"versions": {"bios": "2.16.0"}}
+    )
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.16.0")
+    stop(bios)
+    component_version_release(version_id=bios.pk, reason="a false alarm")  # the applied host passes the gate
+
+    drive(pool, until=lambda: all_in_service(pool) and not Operation.objects.filter(state="open").exists())
+
+    applied = HostTask.objects.get(pk=claimed.host_task_id)
+    (stopped,) = operation.tasks.exclude(pk=applied.pk)
+    assert (applied.state, stopped.state) == (TaskState.DONE, TaskState.CANCELLED)
+    assert hosts_running("2.16.0") == {applied.host_id}
+    operation.refresh_from_db()
+    assert operation.state == OperationState.CANCELLED
+    assert not Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()

@@ -46,6 +46,14 @@ class NotRunCode(models.TextChoices):
     TARGET_WITHDRAWN = "target_withdrawn", "Its target was withdrawn before an executor claimed it"
 
 
+def install_stopped_for_withdrawn_target() -> Q:
+    """An install stopped before any executor claimed it as its target was withdrawn: failed with
+    the stop's code and no attempt (an executor's own report saying so does not count). Its task
+    ends not applied (tick/advance.py), and its operation closes cancelled (tick/closing.py)."""
+    not_run = {f"result__{NOT_RUN_KEY}": NotRunCode.TARGET_WITHDRAWN}
+    return Q(kind=WorkKind.EXECUTE, state=WorkState.FAILED, attempts=0, **not_run)
+
+
 class WorkItem(models.Model):
     kind = models.CharField(max_length=16, choices=WorkKind.choices)
     verify_class = models.CharField(max_length=16, choices=VerifyClass.choices, blank=True, default="")

@@ -139,6 +139,25 @@ def operations_submit(*, requests: Sequence[OperationRequest], actor: Actor = No
     return operations
 
 
+# Whose operations each source but ad hoc marks: an operator submits ad-hoc ones only. The API's
+# intent and the console's form take no source (theirs are ad hoc); the command line, which takes
+# one, refuses the others (`operator_source_refusal`).
+_NOT_BY_HAND: dict[str, str] = {
+    OperationSource.TRAIN: "a maintenance train's",
+    OperationSource.EMERGENCY: "an emergency train's, which a second operator approves",
+    OperationSource.REPAIR: "the repair flow's own (failures, escalations, rollbacks), which other rules treat apart",
+}
+
+
+def operator_source_refusal(source: str) -> str | None:
+    """Why an operator may not submit an operation of this source by hand, in one line; None for ad hoc."""
+    if source == OperationSource.AD_HOC:
+        return None
+    whose = _NOT_BY_HAND.get(source, "not a source")
+    by_hand = "an operator submits ad-hoc operations only, as through the API and the console"
+    return f"{by_hand}: {source} operations are {whose}"
+
+
 def _check_request(request: OperationRequest) -> None:
     """Refuse a request malformed on its own, before anything is read."""
     _choice("kind", request.kind, OperationKind)

@@ -290,8 +290,9 @@ class StoppedInstalls(NamedTuple):
 
 def stopped_operations_open(stopped: StoppedInstalls | None, *, only_pool: int | None = None) -> set[int]:
     """The operations whose installs `installs_stop` stopped that are still open and that nobody
-    cancelled: the withdrawal cancels them, since they installed nothing there (they would otherwise
-    close completed). With `only_pool`, those whose tasks are all in that pool: an offboarding holds
+    cancelled: the withdrawal cancels them, since they installed nothing there, with its reason and
+    their pending tasks (one it cannot is closed cancelled by the tick once finished: tick/closing.py).
+    With `only_pool`, those whose tasks are all in that pool: an offboarding holds
     its own pool's tick lock only, and cancelling takes the lock of every pool of the operation, after
     the install rows it stopped, which another pool's tick may want while it holds its pool."""
     if stopped is None or not stopped.operations:

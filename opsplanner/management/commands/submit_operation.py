@@ -15,7 +15,7 @@ from django.db.models import Count
 
 from opsplanner.adapters import POOLS_ADAPTER
 from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, OperationState
-from opsplanner.services.operations import operation_submit
+from opsplanner.services.operations import operation_submit, operator_source_refusal
 
 
 class Command(BaseCommand):
@@ -28,7 +28,12 @@ class Command(BaseCommand):
         parser.add_argument("--component", default="")
         parser.add_argument("--target-version", dest="target_version", default="")
         parser.add_argument("--priority", type=int, default=100)
-        parser.add_argument("--source", default=OperationSource.AD_HOC, choices=OperationSource.values)
+        parser.add_argument(
+            "--source",
+            default=OperationSource.AD_HOC,
+            choices=OperationSource.values,
+            help="only ad_hoc: the others are submitted by trains and the repair flow",
+        )
         parser.add_argument("--gang", action="store_true")
         parser.add_argument("--executor", default=POOLS_ADAPTER, help="an executor; default: the pool's")
         parser.add_argument("--drainer", default=POOLS_ADAPTER, help="a drainer; default: the pool's")
@@ -36,6 +41,8 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait at most")
 
     def handle(self, *args: object, **options: object) -> None:
+        if why := operator_source_refusal(str(options["source"])):
+            raise CommandError(f"refused: {why}")
         try:
             operation = operation_submit(
                 kind=str(options["kind"]),
