@@ -5,9 +5,15 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.core.exceptions import ValidationError
 
 from opsplanner.services import simulator
-from opsplanner.services.housekeeping import expired_tokens_delete, idempotency_records_purge
+from opsplanner.services.housekeeping import (
+    expired_tokens_delete,
+    idempotency_records_purge,
+    resubmissions_left_sweep,
+)
+from opsplanner.services.operations import resubmissions_left_cancel as resubmissions_left_cancel_service
 from opsplanner.services.tick import fleet_tick
 from opsplanner.services.tick import pool_tick as pool_tick_service
 from opsplanner.services.workers import worker_heartbeat_record
@@ -42,4 +48,17 @@ def simulated_work_step() -> int:
 
 @shared_task(name="opsplanner.tasks.housekeeping")
 def housekeeping() -> int:
-    return idempotency_records_purge() + expired_tokens_delete()
+    return idempotency_records_purge() + expired_tokens_delete() + resubmissions_left_sweep()
+
+
+# A conflict (its family changed while it took the pools' locks) is tried again: nothing was written.
+@shared_task(
+    name="opsplanner.tasks.resubmissions_left_cancel",
+    autoretry_for=(ValidationError,),
+    retry_backoff=True,
+    max_retries=8,
+)
+def resubmissions_left_cancel(operation_id: int) -> int:
+    """The open resubmissions a tick's cancel of this operation left (their tasks in another pool),
+    cancelled after its commit; harmless twice."""
+    return resubmissions_left_cancel_service(operation_id=operation_id)

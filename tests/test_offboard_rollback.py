@@ -339,7 +339,10 @@ def test_an_older_upgrade_completed_through_the_withdrawn_version_is_active_agai
     )
     (reopened,) = Event.objects.filter(kind="upgrade.reopened", subject_id=fix.pk)
     assert reopened.reason == fix.state_reason
-    assert reopened.data == {"withdrawn": "bios 2.17.0", "offboarded": newer.pk, "hosts": sorted(rack_1)}
+    assert reopened.data == {
+        "withdrawn": "bios 2.17.0", "withdrawn_id": newer.component_version_id, "offboarded": newer.pk,
+        "hosts": sorted(rack_1),
+    }  # fmt: skip
 
     drive_trains(pool, until=lambda: Upgrade.objects.get(pk=fix.pk).state == UpgradeState.COMPLETED)
     drive_trains(pool, until=lambda: not busy([pool]))
@@ -384,5 +387,7 @@ def test_an_operators_withdrawal_of_the_newer_version_reopens_the_upgrade_its_ho
     fix.refresh_from_db()
     assert fix.state == UpgradeState.ACTIVE
     (reopened,) = Event.objects.filter(kind="upgrade.reopened", subject_id=fix.pk)
-    assert reopened.data == {"withdrawn": "bios 2.17.0", "offboarded": None, "hosts": sorted(rack_1)}
+    assert reopened.data == {
+        "withdrawn": "bios 2.17.0", "withdrawn_id": version.pk, "offboarded": None, "hosts": sorted(rack_1),
+    }  # fmt: skip
     assert "only through bios 2.17.0, withdrawn: vendor recall" in reopened.reason

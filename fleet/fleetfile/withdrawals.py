@@ -109,7 +109,10 @@ def _fallen_back_foresee(version: ComponentVersion, each: WithdrawalForeseen, pl
     from trains.services.offboarding import upgrades_fallen_back
 
     for fallen in upgrades_fallen_back(version, planned=planned):
-        (each.fallen_back_alerts if fallen.not_reopened else each.reopens).append(fallen.upgrade.pk)
+        if not fallen.not_reopened:
+            each.reopens.append(fallen.upgrade.pk)
+        elif fallen.alert:  # not one an earlier withdrawal of the version alerted for already
+            each.fallen_back_alerts.append(fallen.upgrade.pk)
     for resubmission in resubmissions_foreseen(version, planned=planned):
         each.resubmits_operations += len(resubmission.requests)
         each.resubmits_hosts += sum(len(hosts) for hosts in resubmission.requests)

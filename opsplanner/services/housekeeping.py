@@ -1,14 +1,17 @@
-"""Periodic clean-up: forget Idempotency-Key answers after their keeping time, delete expired tokens."""
+"""Periodic clean-up: forget Idempotency-Key answers after their keeping time, delete expired tokens,
+and cancel the resubmissions a tick's cancel left to after its commit should that follow-up be lost."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from knox.models import AuthToken
 
 from opsplanner import clock
-from opsplanner.models import IdempotencyRecord
+from opsplanner.models import IdempotencyRecord, Operation, OperationState
+from opsplanner.services.operations import resubmissions_left_cancel
 
 
 def idempotency_records_purge(*, older_than: dt.timedelta | None = None) -> int:
@@ -21,3 +24,25 @@ def expired_tokens_delete() -> int:
     """Expired API tokens are refused anyway; this keeps the table small."""
     deleted, _ = AuthToken.objects.filter(expiry__lt=clock.now()).delete()
     return deleted
+
+
+def resubmissions_left_sweep() -> int:
+    """Cancel the open resubmissions of cancelled operations (`resubmissions_left_cancel`): a tick's
+    cancel leaves those with tasks in another pool to a follow-up after its commit, which a crash or a
+    broker outage between the commit and the enqueue would lose. One that changed while it took the
+    pools' locks is left to the next sweep. How many tasks were cancelled."""
+    originals = (
+        Operation.objects.filter(
+            state=OperationState.OPEN, cancelled_at__isnull=True, resubmission_of__cancelled_at__isnull=False
+        )
+        .order_by("resubmission_of_id")
+        .values_list("resubmission_of_id", flat=True)
+        .distinct()
+    )
+    cancelled = 0
+    for operation_id in list(originals):
+        try:
+            cancelled += resubmissions_left_cancel(operation_id=operation_id)
+        except ValidationError:  # its family changed meanwhile: the next sweep reads it again
+            continue
+    return cancelled

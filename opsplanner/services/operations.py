@@ -7,8 +7,10 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Required, TypedDict, Unpack
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import Exists, F, OuterRef, Value
@@ -33,7 +35,7 @@ from opsplanner.models import (
 from opsplanner.models.operations import FailureCode
 from opsplanner.scopes import parse_scope, resolve_scope, versions_of
 from opsplanner.services.compatibility import targets_refusals, withdrawn_refusal
-from opsplanner.services.tick.context import SUBJECT_OPERATION
+from opsplanner.services.tick.context import ACTOR, SUBJECT_OPERATION
 from opsplanner.services.tick.queue_reads import queue_reason
 from opsplanner.services.tick.repair import deferred_reason, pending_train_work
 
@@ -403,8 +405,9 @@ def operations_cancel(
     """Cancel these open operations in id order, each as `operation_cancel`; one an earlier one took
     with it as its resubmission is not cancelled again (closed, it would refuse, and the withdrawal
     with it). `within_pool`: a tick's (an offboarding's), which must take no other pool's lock, so
-    a resubmission with tasks in another pool is left (its hosts moved pools since). {id: how many
-    tasks it cancelled, its resubmissions' included}."""
+    a resubmission with tasks in another pool (its hosts moved pools since) is left to after the
+    commit, an event saying so (`resubmissions_left_cancel`). {id: how many tasks it cancelled, its
+    resubmissions' included}."""
     taken: set[int] = set()
     cancelled: dict[int, int] = {}
     for pk in sorted(set(operation_ids)):
@@ -422,8 +425,19 @@ class _Cancelled(NamedTuple):
     resubmissions: list[int]  # the resubmissions cancelled with it
 
 
+def resubmissions_left_cancel(*, operation_id: int) -> int:
+    """Cancel the open resubmissions a cancel `within_pool` of this operation left (theirs too), every
+    pool's lock taken now that the tick committed, as `operation_cancel` would have with it; how many
+    tasks. Harmless twice: none is open the second time, nor for an operation never cancelled."""
+    why = "a tick of another pool cancelled it, and left this one to after its commit"
+    return _cancel_with_resubmissions(operation_id, reason=why, actor=ACTOR, within_pool=None, left_only=True).tasks
+
+
 @transaction.atomic
-def _cancel_with_resubmissions(operation_id: int, *, reason: str, actor: Actor, within_pool: int | None) -> _Cancelled:
+def _cancel_with_resubmissions(
+    operation_id: int, *, reason: str, actor: Actor, within_pool: int | None, left_only: bool = False
+) -> _Cancelled:
+    """`left_only`: the operation is cancelled already, only its resubmissions (`resubmissions_left_cancel`)."""
     if not reason:
         raise ValidationError({"reason": "Say why the operation is cancelled."})
     # Take the pools' tick locks first (in id order, as ticks do: pool, then operation), so a cancel
@@ -435,7 +449,9 @@ def _cancel_with_resubmissions(operation_id: int, *, reason: str, actor: Actor, 
     if (again := _with_resubmissions(operation_id, within_pool)) != family and not _task_pools(again) <= pool_ids:
         raise ValidationError("Some tasks changed while cancelling; try again.", code="conflict")
     operation = Operation.objects.select_for_update().get(pk=operation_id)
-    if operation.state != OperationState.OPEN:
+    if left_only and operation.cancelled_at is None:
+        return _Cancelled(0, [])
+    if not left_only and operation.state != OperationState.OPEN:
         raise ValidationError(
             f"Operation #{operation_id} is {operation.state}; only open operations can be cancelled.",
             code="conflict",
@@ -448,11 +464,45 @@ def _cancel_with_resubmissions(operation_id: int, *, reason: str, actor: Actor, 
     )
     now = clock.now()
     data: dict[str, object] = {"resubmissions": [r.pk for r in resubmissions]} if resubmissions else {}
-    cancelled = _open_cancel(operation, reason=reason, now=now, actor=actor, data=data)
+    cancelled = 0 if left_only else _open_cancel(operation, reason=reason, now=now, actor=actor, data=data)
     why = f"operation #{operation_id}, whose work it asks for again, is cancelled: {reason}"[:500]
     for resubmission in resubmissions:
         cancelled += _open_cancel(resubmission, reason=why, now=now, actor=actor, data={"with": operation_id})
+    if within_pool is not None:
+        _left_defer(operation_id, again, within_pool=within_pool, actor=actor)
     return _Cancelled(cancelled, [r.pk for r in resubmissions])
+
+
+def _left_defer(operation_id: int, taken: list[int], *, within_pool: int, actor: Actor) -> None:
+    """The open resubmissions of the operation a cancel `within_pool` left (not in `taken`: tasks in
+    another pool, whose lock a tick may not take), each with an event saying why; cancelled after the
+    commit, by a worker (a task carrying the id, acked late), or here without workers (KICK_TASKS off:
+    the simulator ticks in-process). Nothing is left open silently."""
+    left = list(
+        Operation.objects.filter(
+            pk__any=[pk for pk in _with_resubmissions(operation_id) if pk not in taken],
+            state=OperationState.OPEN,
+            cancelled_at__isnull=True,
+        ).order_by("pk")
+    )
+    why = (
+        f"operation #{operation_id}, whose work it asks for again, is cancelled by a tick of pool #{within_pool}, "
+        "which may not take the lock of the other pools its tasks are in: cancelled after its commit"
+    )
+    data = {"with": operation_id, "within_pool": within_pool}
+    for resubmission in left:
+        event_record(kind="operation.cancel_deferred", subject=resubmission, actor=actor, reason=why, data=data)
+    if left:
+        transaction.on_commit(partial(_left_cancel_after_commit, operation_id), robust=True)
+
+
+def _left_cancel_after_commit(operation_id: int) -> None:
+    if settings.KICK_TASKS:
+        from opsplanner.tasks import resubmissions_left_cancel as task
+
+        task.delay(operation_id)
+    else:
+        resubmissions_left_cancel(operation_id=operation_id)
 
 
 def _with_resubmissions(operation_id: int, within_pool: int | None = None) -> list[int]:

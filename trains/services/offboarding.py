@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
-from opsplanner.models import HostTask, Operation, OperationState, TaskState
+from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState
 from opsplanner.services.operations import operations_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
 from opsplanner.services.rollback import (
@@ -176,6 +176,12 @@ class FallenBackUpgrade(NamedTuple):
     upgrade: Upgrade
     hosts: list[int]
     not_reopened: str  # why it stays completed, an alert saying so ("" when it is made active again)
+    alerted: bool = False  # an alert said so already for this version since it completed: not again
+
+    @property
+    def alert(self) -> bool:
+        """Whether its withdrawal raises `alert.upgrade_fallen_back` (the apply and the plan both ask)."""
+        return bool(self.not_reopened) and not self.alerted
 
 
 def upgrades_fallen_back(
@@ -217,7 +223,23 @@ def upgrades_fallen_back(
         else:
             not_reopened = "request another emergency train if still urgent" if upgrade.emergency else ""
         found.append(FallenBackUpgrade(upgrade, fallen, not_reopened))
-    return found
+    alerted = _fallen_back_alerted(withdrawn, [f.upgrade for f in found if f.not_reopened])
+    return [f._replace(alerted=f.upgrade.pk in alerted) for f in found]
+
+
+def _fallen_back_alerted(withdrawn: ComponentVersion, upgrades: list[Upgrade]) -> set[int]:
+    """Those an `alert.upgrade_fallen_back` for this withdrawn version (by id) already names since they
+    last completed: a later withdrawal of it (an offboarding in another pool) says it not again."""
+    if not upgrades:
+        return set()
+    finished = {upgrade.pk: upgrade.finished_at for upgrade in upgrades}
+    alerts = Event.objects.filter(
+        kind="alert.upgrade_fallen_back",
+        subject_type=Upgrade._meta.label_lower,
+        subject_id__in=list(finished),
+        data__withdrawn_id=withdrawn.pk,
+    ).values_list("subject_id", "created_at")
+    return {pk for pk, at in alerts if pk is not None and at >= (finished[pk] or at)}
 
 
 def upgrades_fallen_back_reopen(
@@ -244,8 +266,15 @@ def _fallen_back_record(
         f"{len(fallen.hosts)} hosts of its scope reached {upgrade.component_version} only through {withdrawn}, "
         f"{why}: its rollback takes them below it"
     )
-    data = {"withdrawn": str(withdrawn), "offboarded": offboarded, "hosts": fallen.hosts[:100]}
+    data = {
+        "withdrawn": str(withdrawn),
+        "withdrawn_id": withdrawn.pk,
+        "offboarded": offboarded,
+        "hosts": fallen.hosts[:100],
+    }
     if fallen.not_reopened:
+        if not fallen.alert:
+            return False
         said = f"{'emergency ' if upgrade.emergency else ''}{upgrade} completed, but {why}; {fallen.not_reopened}"
         event_record(
             kind="alert.upgrade_fallen_back",
