@@ -14,11 +14,11 @@ from django.urls import reverse_lazy
 from console.filters import OperationFilter
 from fleet.models import Pool
 from fleet.versions import MAX_VERSION_LENGTH
-from opsplanner.models import MAX_PRIORITY, HostTask, Operation, OperationKind
+from opsplanner.models import MAX_PRIORITY, OPERATOR_KINDS, HostTask, Operation, OperationKind
 from opsplanner.scopes import MAX_SCOPE_LENGTH
 
 PREVIEW_URL = reverse_lazy("operation-preview")
-AD_HOC_KINDS = [(value, label) for value, label in OperationKind.choices if value != OperationKind.REPAIR]
+AD_HOC_KINDS = [(value, label) for value, label in OperationKind.choices if value in OPERATOR_KINDS]
 DRAIN_CHOICES = [("", "as the kind needs (upgrades: as the component needs)"), ("yes", "drain"), ("no", "no drain")]
 DRAIN_VALUES = {"": None, "yes": True, "no": False}
 

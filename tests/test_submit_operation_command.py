@@ -54,3 +54,14 @@ def test_it_submits_an_ad_hoc_operation_given_or_not() -> None:
     assert submit("--scope", f"pool {pool.name}", "--source", "ad_hoc").startswith("submitted operation #")
 
     assert list(Operation.objects.values_list("source", flat=True)) == [OperationSource.AD_HOC] * 2
+
+
+def test_it_refuses_a_repair_kind_as_the_api_and_the_form_do(capsys: pytest.CaptureFixture[str]) -> None:
+    pool, _ = make_fleet(domains=1, hosts_per_domain=2)
+
+    # argparse's one line, through the command line as an operator types it
+    with pytest.raises(CommandError) as refused:
+        call_command("submit_operation", "--kind", "repair", "--reason", "x", "--scope", f"pool {pool.name}")
+
+    assert "invalid choice: 'repair'" in str(refused.value)
+    assert not Operation.objects.exists()

@@ -26,6 +26,11 @@ class OperationKind(models.TextChoices):
     REPAIR = "repair", "Repair"
 
 
+# What an operator may submit (the API's intent, the console's forms, `submit_operation`): repairs
+# are the repair flow's own.
+OPERATOR_KINDS: tuple[str, ...] = tuple(k for k in OperationKind.values if k != OperationKind.REPAIR)
+
+
 class OperationSource(models.TextChoices):
     TRAIN = "train", "Maintenance train"
     AD_HOC = "ad_hoc", "Ad hoc"

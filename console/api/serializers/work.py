@@ -17,12 +17,12 @@ from opsplanner.adapters import (
 )
 from opsplanner.models import (
     MAX_PRIORITY,
+    OPERATOR_KINDS,
     Approval,
     ApprovalKind,
     Event,
     HostTask,
     Operation,
-    OperationKind,
     WorkItem,
     WorkKind,
 )
@@ -99,7 +99,7 @@ class OperationSerializer(serializers.ModelSerializer):
 class OperationIntent(serializers.Serializer):
     """An intent: what to do, to which hosts (a selector the planner resolves, or host names), how urgently."""
 
-    kind = serializers.ChoiceField(choices=[k for k in OperationKind.values if k != OperationKind.REPAIR])
+    kind = serializers.ChoiceField(choices=OPERATOR_KINDS)
     scope = serializers.CharField(
         max_length=MAX_SCOPE_LENGTH,
         required=False,

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 
 from opsplanner.adapters import POOLS_ADAPTER
-from opsplanner.models import HostTask, Operation, OperationKind, OperationSource, OperationState
+from opsplanner.models import OPERATOR_KINDS, HostTask, Operation, OperationSource, OperationState
 from opsplanner.services.operations import operation_submit, operator_source_refusal
 
 
@@ -22,7 +22,7 @@ class Command(BaseCommand):
     help = "Submit an operation (upgrade, reboot, verification, repair) over a scope of hosts."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--kind", required=True, choices=OperationKind.values)
+        parser.add_argument("--kind", required=True, choices=OPERATOR_KINDS, help="repairs are the repair flow's own")
         parser.add_argument("--scope", required=True, help="'pool P', 'N%% of pool P', 'domain P/D', 'hosts: a, b'")
         parser.add_argument("--reason", required=True)
         parser.add_argument("--component", default="")
