@@ -251,10 +251,10 @@ class CarriedPhase:
     # Its evidence was in live and it still soaked: it graduates then (the trains policy sees to it).
     soak_ends_at: dt.datetime | None = None
     picked_hosts: tuple[str, ...] = ()  # the hosts the phases so far picked from the pool, by name
-    # The failures counted against it live and the successes its failure rate counted (UpgradePhase's
-    # carried_failures, carried_rate_successes): the lane's tick judges offboarding with them.
-    failures: int = 0
-    rate_successes: int = 0
+    # The hosts counted against it live and those its failure rate counted as succeeded, by name (the
+    # lane's CarriedHost rows): the lane's tick judges offboarding with them, each host once.
+    failed_hosts: tuple[str, ...] = ()
+    rate_succeeded_hosts: tuple[str, ...] = ()
 
 
 @dataclass

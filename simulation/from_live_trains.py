@@ -18,20 +18,22 @@ live one would (its hosts all in service); a phase held live is named in the for
 snapshot without `phase_progress` (taken before it was) reads as before: the phases as they are, the
 evidence from zero.
 
-The failures counted against the upgrade in its phase in force, and the successes its failure rate
-counts (`phase_progress`'s `failures` and `rate_successes`, by the tick's own queries, and `breach`,
-the tick's reason to offboard it, `policy_breach`), are carried too: the lane writes them on its
-phase (`carried_phase_write`: UpgradePhase.carried_failures, carried_rate_successes), and the tick
-adds them to what it counts of the phase's own tasks (trains.services.upgrades, `_with_carried`), so
-it offboards as the live one would. Only the phase in force carries them: a phase after it counts
-from zero, as live (the failures before it started are not its), and so does the next phase when
-the lane starts there. An upgrade already over its policy live is offboarded by the live tick at its
-next look, before it graduates: the lane keeps its phase (or creates the next, where upgrade_create
-refuses a domain with no host in scope) and offboards it at its first; a carried soak does not
-graduate over a breach either (`_carried_graduate`). The forecast's notes say what it carried
-(`carried_failures_note`). Counted per phase, not per host: a host that failed live and that the lane
-takes again in the phase counts twice if it fails again (live, once), and as a success of the rate if
-it succeeds (live, only as the failure). A snapshot without these keys carries none.
+The hosts counted against the upgrade in its phase in force, and those its failure rate counts as
+succeeded (`phase_progress`'s `failed_hosts` and `rate_succeeded_hosts`, by name, read by the tick's
+own queries; `failures`, `rate_successes`, how many, and `breach`, the tick's reason to offboard it,
+`policy_breach`), are carried too: the lane writes them on its phase as its own hosts of the same
+names (`carried_phase_write`: CarriedHost rows, UpgradePhase.carries_live_hosts), and the tick
+counts them with the hosts of the phase's own tasks, each host once, as live
+(trains.services.phase_hosts): a host that failed live and fails again in the lane is one failure;
+one that failed live and succeeds in the lane stays a failure and is no success of the rate (live, a
+host that failed then caught up finished once, as a failure). So it offboards as the live one would.
+Only the phase in force carries them: a phase after it counts from zero, as live (the failures
+before it started are not its), and so does the next phase when the lane starts there. An upgrade
+already over its policy live is offboarded by the live tick at its next look, before it graduates:
+the lane keeps its phase (or creates the next, where upgrade_create refuses a domain with no host in
+scope) and offboards it at its first; a carried soak does not graduate over a breach either
+(`_carried_graduate`). The forecast's notes say what it carried (`carried_failures_note`). A
+snapshot without the hosts carries none.
 """
 
 from __future__ import annotations
@@ -52,12 +54,13 @@ _NOT_CREATED = ("component", "version", "phase_progress")  # the keys that are n
 
 
 class _Counted(NamedTuple):
-    """What the train tick counts of an upgrade's phase in force: the evidence, the failures against
-    its policy and the successes its failure rate counts (0 without a rate: nothing reads them)."""
+    """What the train tick counts of an upgrade's phase in force: the evidence, the hosts counted
+    against its policy and those its failure rate counts as succeeded (none without a rate: nothing
+    reads them)."""
 
     successes: int
-    failures: int
-    rate_successes: int
+    failed: set[int]
+    rate_succeeded: set[int]
 
 
 def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
@@ -75,20 +78,20 @@ def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
     emptied = {p.upgrade_id for p in in_force if p.domain_id is not None and not _domain_in_scope(p)}
     counted = _in_force_counted(upgrades, in_force)
     picked = {h for u in upgrades for p in phases[u.pk] if p.position <= u.current_phase for h in p.picked_hosts}
+    picked |= {h for c in counted.values() for h in c.failed | c.rate_succeeded}
     names = dict(Host.objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
     return [_upgrade_snapshot(u, phases[u.pk], counted[u.pk], names, u.pk not in emptied) for u in upgrades]
 
 
 def _in_force_counted(upgrades: list[Any], in_force: list[Any]) -> dict[int, _Counted]:
     """Per upgrade, its phase in force's counts, with the tick's own selectors (a query each)."""
-    from trains.services.upgrades import upgrades_phase_failures, upgrades_phase_successes, upgrades_rate_successes
+    from trains.services.upgrades import upgrades_failed_hosts, upgrades_phase_successes, upgrades_rate_succeeded_hosts
 
-    current = {p.upgrade_id: p for p in in_force}
     successes = upgrades_phase_successes(in_force)
-    failures = upgrades_phase_failures([u for u in upgrades if u.pk in current], current)
-    rated = [current[u.pk] for u in upgrades if u.pk in current and u.max_failure_rate is not None]
-    rate = upgrades_rate_successes(rated, up_to=None)
-    return {u.pk: _Counted(successes.get(u.pk, 0), failures.get(u.pk, 0), rate.get(u.pk, 0)) for u in upgrades}
+    failed = upgrades_failed_hosts(in_force)
+    rated = {u.pk for u in upgrades if u.max_failure_rate is not None}
+    rate = upgrades_rate_succeeded_hosts([p for p in in_force if p.upgrade_id in rated])
+    return {u.pk: _Counted(successes.get(u.pk, 0), failed.get(u.pk, set()), rate.get(u.pk, set())) for u in upgrades}
 
 
 def _domain_in_scope(phase: Any) -> bool:
@@ -138,8 +141,8 @@ def _phase_progress(
     judges them), since when it soaks (None: not yet, or afresh since a re-onboarding) and the hosts
     it and the phases before it picked (the tick lets every later phase touch them too); whether
     its domain, if it has one, still has a host in scope (`_domain_in_scope`); the failures counted
-    against it and the successes its failure rate counts, and why they breach its policy if they do
-    (the live tick offboards it at its next look)."""
+    against it and the successes its failure rate counts (the hosts, by name, and how many), and why
+    they breach its policy if they do (the live tick offboards it at its next look)."""
     from trains.services.phases import phase_evidence_needed
     from trains.services.upgrade_policy import policy_breach
 
@@ -155,9 +158,11 @@ def _phase_progress(
         "picked_hosts": list(dict.fromkeys(picked)),
         "domain_in_scope": in_scope,
         "held_reason": phase.held_reason if phase.held_code else "",
-        "failures": counted.failures,
-        "rate_successes": counted.rate_successes,
-        "breach": policy_breach(upgrade, phase, counted.failures, counted.rate_successes),
+        "failed_hosts": sorted(names[h] for h in counted.failed),
+        "rate_succeeded_hosts": sorted(names[h] for h in counted.rate_succeeded),
+        "failures": len(counted.failed),
+        "rate_successes": len(counted.rate_succeeded),
+        "breach": policy_breach(upgrade, phase, len(counted.failed), len(counted.rate_succeeded)),
     }
 
 
@@ -219,24 +224,33 @@ def _phases_carried(
 
 
 def _failures_carried(progress: dict[str, Any]) -> CarriedPhase:
-    """What a phase carries of its failure counts (0 from a snapshot taken before they were)."""
-    return CarriedPhase(failures=progress.get("failures", 0), rate_successes=progress.get("rate_successes", 0))
+    """What a phase carries of the hosts its failure policy counted (none from a snapshot taken
+    before they were)."""
+    return CarriedPhase(
+        failed_hosts=tuple(progress.get("failed_hosts", ())),
+        rate_succeeded_hosts=tuple(progress.get("rate_succeeded_hosts", ())),
+    )
 
 
 def carried_phase_write(upgrade: Any, carried: CarriedPhase) -> None:
-    """Write on the lane's upgrade (just created) its first phase's carried progress."""
-    from trains.models import UpgradePhase
+    """Write on the lane's upgrade (just created) its first phase's carried progress: the hosts its
+    failure policy counted live as the lane's hosts of the same names (CarriedHost; a host no longer
+    in the pool with none: it still counts, and the lane never takes it again)."""
+    from trains.models import CarriedHost, UpgradePhase
 
     if carried == CarriedPhase():
         return
-    ids = dict(Host.objects.filter(pool_id=upgrade.pool_id, hostname__in=carried.picked_hosts).values_list(
-        "hostname", "id"
-    ))  # fmt: skip
-    UpgradePhase.objects.filter(upgrade_id=upgrade.pk, position=0).update(
+    named = {*carried.picked_hosts, *carried.failed_hosts, *carried.rate_succeeded_hosts}
+    ids = dict(Host.objects.filter(pool_id=upgrade.pool_id, hostname__in=named).values_list("hostname", "id"))
+    phase = UpgradePhase.objects.get(upgrade_id=upgrade.pk, position=0)
+    counted = [(name, True) for name in carried.failed_hosts] + [(name, False) for name in carried.rate_succeeded_hosts]
+    UpgradePhase.objects.filter(pk=phase.pk).update(
         successes_reached_at=carried.successes_reached_at,
         picked_hosts=[ids[name] for name in carried.picked_hosts if name in ids],
-        carried_failures=carried.failures,
-        carried_rate_successes=carried.rate_successes,
+        carries_live_hosts=bool(counted),
+    )
+    CarriedHost.objects.bulk_create(
+        CarriedHost(phase=phase, host_id=ids.get(name), failed=failed) for name, failed in counted
     )
 
 

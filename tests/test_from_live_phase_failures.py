@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fleet.models import Pool
+from fleet.models import ComponentVersion, Host, Pool
+from fleet.services import installed_version_set
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import Event, HostTask, TaskState
@@ -23,16 +24,16 @@ from tests.from_live_helpers import forecast
 from tests.test_from_live_phase_progress import canary_of, lane_copy, live_rollout
 from trains.models import Upgrade, UpgradeState
 from trains.services.upgrade_policy import train_upgrades
-from trains.services.upgrades import upgrade_phase_failures, upgrade_phase_successes
+from trains.services.upgrades import upgrade_phase_failures, upgrade_phase_successes, upgrades_rate_successes
 
 pytestmark = pytest.mark.django_db
 
 
-def canary_with_a_failed_host(**policy: Any) -> tuple[Pool, Upgrade]:
+def canary_with_a_failed_host(*, selection: str = "any", **policy: Any) -> tuple[Pool, Upgrade]:
     """An 'any' canary asking 2 successes of rack-0001's 2 hosts, both of which took the target live;
     one of them failed after all (its task failed, the version stayed: the lane has no reason to take
     it again). 1 success, 1 failure: the canary picks one host of the pool for the success it lacks."""
-    pool, upgrade = live_rollout({"min_successes": 2, "selection": "any"}, drive_until_successes=2, **policy)
+    pool, upgrade = live_rollout({"min_successes": 2, "selection": selection}, drive_until_successes=2, **policy)
     task = HostTask.objects.filter(operation__visit_link__upgrade=upgrade, state=TaskState.DONE).order_by("id")[0]
     HostTask.objects.filter(pk=task.pk).update(
         state=TaskState.FAILED, failure_code=FailureCode.EXECUTE_FAILED, failure_reason="install failed"
@@ -43,6 +44,21 @@ def canary_with_a_failed_host(**policy: Any) -> tuple[Pool, Upgrade]:
     )  # fmt: skip
     assert (upgrade_phase_successes(upgrade, 0), upgrade_phase_failures(upgrade, canary_of(upgrade))) == (1, 1)
     return pool, upgrade
+
+
+def canary_with_a_host_to_retry(**policy: Any) -> tuple[Pool, Upgrade, Host]:
+    """A fixed canary on rack-0001 (2 successes asked) whose one host succeeded live and whose other
+    failed live and runs the old version again (as after a repair): the lane's canary takes it again,
+    and only it (the other runs the target)."""
+    pool, upgrade = canary_with_a_failed_host(selection="fixed", **policy)
+    failed = HostTask.objects.get(operation__visit_link__upgrade=upgrade, state=TaskState.FAILED).host
+    old = ComponentVersion.objects.get(component__name="bios", version="2.14.0")
+    installed_version_set(host=failed, version=old)
+    return pool, upgrade, failed
+
+
+def lane_tasks_of(lane: Upgrade, host: Host) -> list[str]:
+    return list(HostTask.objects.filter(operation__visit_link__upgrade=lane, host=host).values_list("state", flat=True))
 
 
 def lane_of(pool: Pool, live: Upgrade, tmp_path: Path, *, strip: tuple[str, ...] = ()) -> tuple[Upgrade, Any]:
@@ -122,16 +138,68 @@ def test_the_lanes_tick_counts_the_carried_failures_and_a_later_phase_counts_fro
     lane, _ = lane_of(pool, live, tmp_path)
 
     assert train_upgrades(pool.trains.get()).failures == {lane.pk: 1}
-    rest = lane.phases.get(position=1)
-    assert (rest.carried_failures, rest.carried_rate_successes) == (0, 0)
-    assert (canary_of(lane).carried_failures, canary_of(lane).carried_rate_successes) == (1, 1)
+    assert not lane.phases.get(position=1).carried_hosts.exists()
+    carried = canary_of(lane).carried_hosts.order_by("failed")
+    hosts = dict(Host.objects.filter(pool=pool).values_list("id", "hostname"))
+    assert [(hosts[c.host_id], c.failed) for c in carried] == [
+        (*progress["rate_succeeded_hosts"], False),
+        (*progress["failed_hosts"], True),
+    ]
 
 
 def test_a_snapshot_without_the_failures_reads_as_none_carried(tmp_path: Path) -> None:
     pool, live = canary_with_a_failed_host(max_failures=1)
 
-    lane, arrival = lane_of(pool, live, tmp_path, strip=("failures", "rate_successes", "breach"))
+    lane, arrival = lane_of(
+        pool, live, tmp_path, strip=("failed_hosts", "rate_succeeded_hosts", "failures", "rate_successes", "breach")
+    )
 
-    assert (arrival.carried.failures, arrival.carried.rate_successes) == (0, 0)
-    assert canary_of(lane).carried_failures == 0
+    assert (arrival.carried.failed_hosts, arrival.carried.rate_succeeded_hosts) == ((), ())
+    assert (canary_of(lane).carries_live_hosts, canary_of(lane).carried_hosts.exists()) == (False, False)
     assert train_upgrades(pool.trains.get()).failures == {lane.pk: 0}
+
+
+def test_a_host_that_failed_live_and_fails_again_in_the_lane_counts_once(tmp_path: Path) -> None:
+    # The policy allows 1 host to fail: the live one. Counted per phase, the retry made it 2 and the
+    # lane offboarded an upgrade the live tick keeps (it counts a host once however often it failed).
+    pool, live, retried = canary_with_a_host_to_retry(max_failures=1)
+    lane, _ = lane_of(pool, live, tmp_path)
+
+    lane_failures_until_offboarded(pool, lane, rounds=12)
+
+    assert TaskState.FAILED in lane_tasks_of(lane, retried)  # the lane took it again, and it failed
+    assert upgrade_phase_failures(lane, canary_of(lane)) == 1
+    assert Upgrade.objects.get(pk=lane.pk).state == UpgradeState.ACTIVE
+    assert not Event.objects.filter(kind="upgrade.offboarded", subject_id=lane.pk).exists()
+
+
+def test_a_host_that_failed_live_and_succeeds_in_the_lane_stays_a_failure_and_is_no_success_of_the_rate(
+    tmp_path: Path,
+) -> None:
+    # Live, a host that failed then caught up is one finished host, a failure (test_upgrade_failure_rate:
+    # test_hosts_that_failed_then_caught_up_count_once_as_failures_and_do_not_dilute_the_rate). The
+    # lane counted its success for the rate too: 1 failure of 3 finished hosts, where live it is 1 of 2.
+    pool, live, retried = canary_with_a_host_to_retry(max_failures=10, max_failure_rate=0.5)
+    lane, _ = lane_of(pool, live, tmp_path)
+    instant_simulator()
+
+    drive_trains(pool, until=lambda: TaskState.DONE in lane_tasks_of(lane, retried))
+
+    canary = canary_of(lane)
+    assert upgrade_phase_failures(lane, canary) == 1
+    assert upgrades_rate_successes([canary], up_to=None) == {lane.pk: 1}  # the live success only
+    assert upgrades_rate_successes([canary], up_to=5) == {lane.pk: 1}
+
+
+def test_a_host_the_live_phase_counted_failed_that_left_the_pool_still_counts_in_the_lane(tmp_path: Path) -> None:
+    pool, live = canary_with_a_failed_host(max_failures=1)
+    now = clock.now().replace(microsecond=0)
+    (snapshot,) = live_snapshot(pool.name, now)
+    snapshot["upgrades"][0]["phase_progress"]["failed_hosts"] = ["gone-0001"]  # as if it had left the pool
+    snapshot_write(snapshot, tmp_path / "live.json")
+    (arrival,) = live_workload(live_config(SimulationConfig(), snapshot, tmp_path / "live.json", now)).arrivals
+
+    lane, _ = lane_copy(pool, live, arrival)
+
+    assert list(canary_of(lane).carried_hosts.filter(failed=True).values_list("host_id", flat=True)) == [None]
+    assert upgrade_phase_failures(lane, canary_of(lane)) == 1

@@ -148,7 +148,8 @@ def test_it_needs_only_the_evidence_the_phase_still_lacks_and_keeps_the_hosts_it
     assert canary.picked_hosts == picked  # live's pick, by name: the lane does not pick another
     assert snapshot["upgrades"][0]["phase_progress"] == {
         "successes": 2, "evidence_needed": 3, "successes_reached_at": None, "picked_hosts": [picked_name],
-        "domain_in_scope": True, "held_reason": "", "failures": 0, "rate_successes": 0, "breach": "",
+        "domain_in_scope": True, "held_reason": "", "failed_hosts": [], "rate_succeeded_hosts": [], "failures": 0,
+        "rate_successes": 0, "breach": "",
     }  # fmt: skip
 
 

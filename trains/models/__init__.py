@@ -10,12 +10,13 @@ from trains.models.trains import (
     Visit,
     VisitState,
 )
-from trains.models.upgrades import Upgrade, UpgradePhase, UpgradeState, VisitOperation
+from trains.models.upgrades import CarriedHost, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 
 __all__ = [
     "LIVE_TRAIN_STATES",
     "STOPPED_TRAIN_STATES",
     "BudgetCode",
+    "CarriedHost",
     "Cycle",
     "Pace",
     "Train",

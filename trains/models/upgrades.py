@@ -141,15 +141,12 @@ class UpgradePhase(models.Model):
     picked_hosts = models.JSONField(
         default=list, blank=True, help_text="ids of the hosts of the pool an 'any' phase took beyond its own scope"
     )
-    # A what-if lane's baseline (simulation/from_live_trains.py): what the live phase in force had
-    # counted against and for its failure policy before the lane created its copy, whose tasks it
-    # does not copy. The tick adds them to its counts (phase_failures, phase_rate_successes); 0 on the
-    # live fleet, where every count comes from the phase's own tasks.
-    carried_failures = models.PositiveIntegerField(
-        default=0, help_text="failed hosts counted against the phase before it was created (a what-if lane's copy)"
-    )
-    carried_rate_successes = models.PositiveIntegerField(
-        default=0, help_text="hosts the failure rate counted as succeeded before it was created (a what-if lane's)"
+    # A what-if lane's copy of a live phase in force (simulation/from_live_trains.py) carries the hosts
+    # the live phase had counted for and against its failure policy (CarriedHost rows), from tasks
+    # the lane does not copy; the tick counts them with its own (phase_failures, phase_rate_successes).
+    # False on the live fleet: the tick reads this column and counts the phase's own tasks alone.
+    carries_live_hosts = models.BooleanField(
+        default=False, help_text="whether the phase counts hosts its live copy had counted (a what-if lane's)"
     )
     held_code = models.CharField(max_length=32, choices=PhaseHoldCode.choices, blank=True)
     held_reason = models.CharField(max_length=500, blank=True)
@@ -181,6 +178,27 @@ class UpgradePhase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (phase {self.position} of upgrade {self.upgrade_id})"
+
+
+class CarriedHost(models.Model):
+    """A host a what-if lane's phase carries from the live phase in force it copies (carries_live_hosts):
+    one the live tick counted as failed against the phase's policy, or as a success its failure rate
+    counts. The tick counts it with the hosts of the phase's own tasks, each host once, as the live
+    tick counts them: one that fails again in the lane is one failure, one that failed live stays
+    failed. `host_id` is the lane's host of the same name; None for a host no longer in the pool
+    (counted, never taken again). Not a foreign key: nothing on the live fleet refers to it."""
+
+    phase = models.ForeignKey(UpgradePhase, on_delete=models.CASCADE, related_name="carried_hosts")
+    host_id = models.BigIntegerField(null=True, blank=True)
+    failed = models.BooleanField(help_text="counted against the policy live (else a success its failure rate counted)")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["phase", "host_id"], name="carried_host_once_per_phase"),
+        ]
+
+    def __str__(self) -> str:
+        return f"host {self.host_id} {'failed' if self.failed else 'succeeded'} in phase {self.phase_id} (carried)"
 
 
 class VisitOperation(models.Model):

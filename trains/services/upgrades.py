@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
-from django.db.models.expressions import Combinable, Expression, ExpressionWrapper
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models.expressions import Combinable, Expression
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
@@ -32,6 +32,17 @@ from trains.limits import FAILURE_RATE_DECIMALS, check_deadline, check_visit_bou
 from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, UpgradeState, VisitOperation
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
+from trains.services.phase_hosts import (
+    CountUpTo,
+    carried_hosts,
+    failed_hosts,
+    hosts_in,
+    not_carried,
+    phase_row,
+    phases_hosts,
+    rows_in,
+    with_carried,
+)
 
 SUBJECT = "trains.upgrade"
 # Failures that say nothing about the upgrade itself (the drainer refused, the return failed, the
@@ -317,30 +328,19 @@ def _phase_operations() -> QuerySet[VisitOperation, Any]:
     ).values("operation_id")
 
 
-_COUNT_HOSTS = Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)")
-
-
-def _phase_row(name: str, depth: int) -> OuterRef:
-    """A column of the UpgradePhase row `depth` queries out."""
-    ref = OuterRef(name)
-    for _ in range(depth - 1):
-        ref = OuterRef(ref)
-    return ref
-
-
 def _counted_failures(depth: int) -> QuerySet[HostTask, Any]:
     """The failed tasks that count against an upgrade in a phase, for a subquery `depth` queries
     below UpgradePhase rows (see phase_failures): its own operations' that failed since it
     (re)started and, once it has started, the earlier phases' operations' that failed since then. A
     task of an earlier phase that failed after that phase graduated (a catch-up linked to it) counted
     against no phase, and the rollout went on widening."""
-    position, started = _phase_row("position", depth + 1), _phase_row("started_at", depth + 1)
-    operations = VisitOperation.objects.filter(upgrade_id=_phase_row("upgrade_id", depth + 1)).filter(
+    position, started = phase_row("position", depth + 1), phase_row("started_at", depth + 1)
+    operations = VisitOperation.objects.filter(upgrade_id=phase_row("upgrade_id", depth + 1)).filter(
         Q(phase=position) | Q(IsNull(started, False), phase__lt=position)
     )
     return (
         HostTask.objects.filter(operation_id__in=operations.values("operation_id"), state=TaskState.FAILED)
-        .filter(Q(IsNull(_phase_row("started_at", depth), True)) | Q(finished_at__gte=_phase_row("started_at", depth)))
+        .filter(Q(IsNull(phase_row("started_at", depth), True)) | Q(finished_at__gte=phase_row("started_at", depth)))
         .exclude(failure_code__in=sorted(NOT_THE_UPGRADES_FAULT))
     )
 
@@ -354,22 +354,8 @@ def phase_failures() -> Expression:
     so does one of an earlier phase's operations that failed since (_counted_failures).
     The policy says how many hosts may fail: a host counts once however often it failed (its catch-up
     and each later cycle retry it), or one bad host offboarded a rollout the rest of the pool took.
-    A what-if lane's phase adds those its live copy had counted (_with_carried)."""
-    return _with_carried(_hosts_in(_counted_failures(depth=1)), "carried_failures")
-
-
-def _hosts_in(failed: QuerySet[HostTask, Any]) -> Coalesce:
-    count = failed.order_by().annotate(n=_COUNT_HOSTS).values("n")
-    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
-
-
-def _with_carried(count: Combinable, column: str) -> Expression:
-    """`count` plus the phase's carried baseline `column` (UpgradePhase.carried_failures,
-    carried_rate_successes): what a what-if lane's copy of a live phase in force had counted live,
-    from tasks the lane does not copy; 0 on the live fleet. A column of the row, no query: the tick
-    counts failures at every tick. A host that failed live and that the lane takes again in the
-    phase counts again (live, once; its retry's success is one the rate counts)."""
-    return ExpressionWrapper(count + F(column), output_field=IntegerField())
+    A what-if lane's phase counts the hosts its live copy had counted failed too (failed_hosts)."""
+    return failed_hosts(_counted_failures(depth=1))
 
 
 def phase_failures_while_in_force() -> Expression:
@@ -380,7 +366,7 @@ def phase_failures_while_in_force() -> Expression:
     time): shown with phase_failures, it showed in its own phase too, once per phase since."""
     graduated = OuterRef("graduated_at")
     failed = _counted_failures(depth=1).filter(Q(IsNull(graduated, True)) | Q(finished_at__lt=graduated))
-    return _with_carried(_hosts_in(failed), "carried_failures")
+    return failed_hosts(failed)
 
 
 def upgrade_phase_failures(upgrade: Upgrade, phase: UpgradePhase) -> int:
@@ -496,23 +482,7 @@ def phase_successes() -> Coalesce:
     (a newer release that reached it supersedes the upgrade). A host that is out again since (drained
     for later work, broken) still counts: it succeeded, and the failure rate must not rise because a
     later visit drained the hosts that proved the upgrade (it offboarded good upgrades)."""
-    count = _phase_succeeded_tasks().annotate(n=_COUNT_HOSTS).values("n")
-    return Coalesce(Subquery(count, output_field=IntegerField()), 0)
-
-
-class _CountUpTo(Subquery):
-    """COUNT(*) of a subquery's rows, up to `cap`: the scan stops at the cap (LIMIT), where a full
-    count reads every row that matches."""
-
-    template = "(SELECT COUNT(*) FROM (%(subquery)s LIMIT %(cap)s) AS counted)"
-
-    def __init__(self, queryset: QuerySet[Any, Any], cap: int) -> None:
-        super().__init__(queryset, output_field=IntegerField())
-        self.cap = cap
-
-    def as_sql(self, compiler: Any, connection: Any, template: str | None = None, **extra: Any) -> tuple[str, Any]:
-        sql, params = super().as_sql(compiler, connection, template, cap="%s", **extra)
-        return sql, (*params, self.cap)
+    return hosts_in(_phase_succeeded_tasks())
 
 
 def _rate_succeeded_tasks() -> QuerySet[HostTask, Any]:
@@ -524,18 +494,28 @@ def _rate_succeeded_tasks() -> QuerySet[HostTask, Any]:
 
 def phase_rate_successes() -> Expression:
     """The successes the failure rate counts in a phase (see _rate_succeeded_tasks), as an expression
-    on UpgradePhase rows: with the failures, each finished host once (and a what-if lane's carried
-    baseline, _with_carried)."""
-    count = _rate_succeeded_tasks().annotate(n=_COUNT_HOSTS).values("n")
-    return _with_carried(Coalesce(Subquery(count, output_field=IntegerField()), 0), "carried_rate_successes")
+    on UpgradePhase rows: with the failures, each finished host once (a what-if lane's phase with the
+    hosts its live copy counted, _rate_successes_with_carried)."""
+    return _rate_successes_with_carried(hosts_in)
 
 
 def phase_rate_successes_up_to(cap: int) -> Expression:
     """phase_rate_successes with its tasks counted up to `cap`: exact below it, at least `cap` at or
-    above it (the carried baseline is added to the capped count: more successes, still within the rate)."""
-    return _with_carried(
-        _CountUpTo(_rate_succeeded_tasks().values("host_id").distinct(), cap), "carried_rate_successes"
-    )
+    above it (a what-if lane's carried successes are added to the capped count: more successes, still
+    within the rate)."""
+    return _rate_successes_with_carried(lambda tasks: CountUpTo(tasks.values("host_id").distinct(), cap))
+
+
+def _rate_successes_with_carried(count: Callable[[QuerySet[HostTask, Any]], Combinable]) -> Expression:
+    """`count` of the hosts that succeeded in a phase (_rate_succeeded_tasks); for a what-if lane's
+    phase (with_carried), each host once over its own tasks and the hosts its live copy counted, as
+    live: a success of the rate is a host that succeeded in the phase with no failure counted against
+    it, live or in the lane (one that failed live and succeeds in the lane finished as a failure)."""
+    tasks = _rate_succeeded_tasks()
+    lane = count(not_carried(tasks, 1))  # a host the phase carries counts as carried, if at all
+    failed_in_lane = _counted_failures(depth=2).filter(host_id=OuterRef("host_id"))
+    carried = rows_in(carried_hosts(1, failed=False).filter(~Exists(failed_in_lane)))
+    return with_carried(count(tasks), lane + carried)
 
 
 def upgrade_phase_successes(upgrade: Upgrade, phase: int) -> int:
@@ -564,6 +544,18 @@ def upgrades_rate_successes(phases: list[UpgradePhase], *, up_to: int | None) ->
     if up_to is None:
         return dict(_PHASE_RATE_SUCCESSES.rows(ids=ids))
     return dict(_PHASE_RATE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
+
+
+def upgrades_failed_hosts(phases: list[UpgradePhase]) -> dict[int, set[int]]:
+    """{upgrade: the hosts phase_failures counts of its own tasks} of each of these phases, in one
+    query: what a what-if's snapshot carries of the live phase in force (phases_hosts)."""
+    return phases_hosts(phases, lambda: _counted_failures(depth=1))
+
+
+def upgrades_rate_succeeded_hosts(phases: list[UpgradePhase]) -> dict[int, set[int]]:
+    """{upgrade: the hosts phase_rate_successes counts of its own tasks} of each of these phases, in
+    one query (as upgrades_failed_hosts)."""
+    return phases_hosts(phases, _rate_succeeded_tasks)
 
 
 def _per_phase(count: Callable[[], Expression]) -> PreparedQuery:
