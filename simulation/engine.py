@@ -45,6 +45,7 @@ from simulation.config import Failure, SimulationConfig, Workload
 from simulation.policies import POLICY_CLASSES, Policy
 from simulation.runner import lane_analyze, lane_tables, lane_vacuum
 from simulation.world import World, world_create
+from trains.services.phase_hosts import live_hosts_carried
 
 IDLE_STEP = dt.timedelta(hours=6)  # with work open but nothing due, look again this often (timers, soaks)
 ROUNDS_PER_TICK = 6
@@ -180,7 +181,9 @@ def policy_run(
         raise SimulationError("; ".join(problems.values()))
     started = time.perf_counter()
     tables_reset()
-    with simulated_time(config.start) as virtual, _host_spread_for_the_run():
+    # A what-if's lane counts its phases' hosts carried from live (the live fleet's ticks never do).
+    carrying = live_hosts_carried(bool(config.live_snapshot))
+    with simulated_time(config.start) as virtual, _host_spread_for_the_run(), carrying:
         if pools is not None:
             workload = Workload(
                 arrivals=[a for a in workload.arrivals if a.pool in pools],

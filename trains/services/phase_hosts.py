@@ -9,8 +9,10 @@ rate: live, a host that failed then caught up finished once, as a failure)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Generic, TypeVar
 
 from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, QuerySet, Subquery, When
 from django.db.models.expressions import Combinable, Expression
@@ -18,6 +20,8 @@ from django.db.models.functions import Coalesce
 
 from opsplanner.models import HostTask
 from trains.models import CarriedHost, UpgradePhase
+
+T = TypeVar("T")
 
 _COUNT_HOSTS = Func(F("host_id"), function="COUNT", template="%(function)s(DISTINCT %(expressions)s)")
 _COUNT_ROWS = Func(function="COUNT", template="COUNT(*)", output_field=IntegerField())
@@ -55,12 +59,42 @@ def not_carried(tasks: QuerySet[HostTask, Any], depth: int, **where: bool) -> Qu
     return tasks.filter(~Exists(carried_hosts(depth + 1, **where).filter(host_id=OuterRef("host_id"))))
 
 
-def with_carried(own: Combinable, carried: Combinable) -> Expression:
-    """`own`, a count of the hosts of the phase's own tasks; for a what-if lane's phase that carries
-    the hosts its live copy had counted (UpgradePhase.carries_live_hosts), `carried`, the count over
-    both, each host once. A column of the row decides: the live fleet's phases carry none, and the
-    tick (which counts at every tick) runs `own` alone, as before (a CASE runs the branch it takes)."""
+# Whether the queries built now count a what-if lane's carried hosts (live_hosts_carried): off on the
+# live fleet, whose phases carry none, so its tick runs the counts as they were. Not a CASE on the
+# phase's row: PostgreSQL plans every branch, and the capped success count took 10 ms to plan, not 3.7.
+_CARRYING: ContextVar[bool] = ContextVar("live_hosts_carried", default=False)
+
+
+@contextmanager
+def live_hosts_carried(carrying: bool = True) -> Iterator[None]:
+    """Within it, the phase counts built (and the compiled ones chosen: ByCarrying) count the hosts a
+    what-if lane's phases carry from their live copies (UpgradePhase.carries_live_hosts): the
+    simulator runs a lane built from the live fleet in it."""
+    token = _CARRYING.set(carrying)
+    try:
+        yield
+    finally:
+        _CARRYING.reset(token)
+
+
+def with_carried(own: Expression, carried: Combinable) -> Expression:
+    """`own`, a count of the hosts of the phase's own tasks; within live_hosts_carried, `carried`,
+    the count over both, each host once, for a phase that carries hosts (a column of the row decides,
+    in a lane only)."""
+    if not _CARRYING.get():
+        return own
     return Case(When(carries_live_hosts=True, then=carried), default=own, output_field=IntegerField())
+
+
+class ByCarrying(Generic[T]):
+    """A compiled query (opsplanner/prepared.py, compiled once at its first use) in two variants, one
+    per live_hosts_carried: each is first used, and so built, under its own setting."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._variants = (make(), make())
+
+    def get(self) -> T:
+        return self._variants[_CARRYING.get()]
 
 
 def failed_hosts(failed: QuerySet[HostTask, Any]) -> Expression:

@@ -13,6 +13,7 @@ from django.db.models import Case, F, QuerySet, Value, When
 
 from opsplanner.prepared import PreparedModels
 from trains.models import Train, Upgrade, UpgradePhase, UpgradeState
+from trains.services.phase_hosts import ByCarrying
 from trains.services.upgrades import phase_failures, upgrades_phase_successes, upgrades_rate_successes
 
 
@@ -31,9 +32,9 @@ def train_upgrades(train: Train) -> TrainUpgrades:
     if train.emergency:
         if train.upgrade_id is None:  # an emergency train runs one upgrade; none left, nothing to run
             return TrainUpgrades([], {}, {})
-        rows = _EMERGENCY_UPGRADE_PHASES.objects(upgrade_id=train.upgrade_id)
+        rows = _EMERGENCY_UPGRADE_PHASES.get().objects(upgrade_id=train.upgrade_id)
     else:
-        rows = _POOL_UPGRADE_PHASES.objects(pool_id=train.pool_id)
+        rows = _POOL_UPGRADE_PHASES.get().objects(pool_id=train.pool_id)
     read = TrainUpgrades([], defaultdict(list), {})
     for phase in rows:
         if phase.upgrade_id not in read.phases:
@@ -59,11 +60,15 @@ def _active_upgrade_phases(**where: object) -> QuerySet[UpgradePhase]:
 
 
 # An upgrade's phases come in a row each, each row with its upgrade: built once per upgrade (share_related).
-_EMERGENCY_UPGRADE_PHASES = PreparedModels(
-    lambda *, upgrade_id: _active_upgrade_phases(pk=upgrade_id), upgrade_id=int, share_related=True
+_EMERGENCY_UPGRADE_PHASES = ByCarrying(
+    lambda: PreparedModels(
+        lambda *, upgrade_id: _active_upgrade_phases(pk=upgrade_id), upgrade_id=int, share_related=True
+    )
 )
-_POOL_UPGRADE_PHASES = PreparedModels(
-    lambda *, pool_id: _active_upgrade_phases(pool_id=pool_id, emergency=False), pool_id=int, share_related=True
+_POOL_UPGRADE_PHASES = ByCarrying(
+    lambda: PreparedModels(
+        lambda *, pool_id: _active_upgrade_phases(pool_id=pool_id, emergency=False), pool_id=int, share_related=True
+    )
 )
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
-from django.db.models.expressions import Combinable, Expression
+from django.db.models import Exists, F, IntegerField, OuterRef, Q, QuerySet
+from django.db.models.expressions import Expression, ExpressionWrapper
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import IsNull
 
@@ -33,6 +33,7 @@ from trains.models import LIVE_TRAIN_STATES, Train, Upgrade, UpgradePhase, Upgra
 from trains.models.upgrades import DEFAULT_UPGRADE_PRIORITY, PhaseSelection
 from trains.services.budget import train_budget_check
 from trains.services.phase_hosts import (
+    ByCarrying,
     CountUpTo,
     carried_hosts,
     failed_hosts,
@@ -389,7 +390,7 @@ def upgrades_phases(upgrades: list[Upgrade]) -> dict[int, list[UpgradePhase]]:
 
 def upgrades_phase_failures(upgrades: list[Upgrade], current: dict[int, UpgradePhase]) -> dict[int, int]:
     """Failures in each upgrade's current phase, as phase_failures counts them (one query)."""
-    return dict(_PHASE_FAILURES.rows(ids=[current[u.pk].pk for u in upgrades]))
+    return dict(_PHASE_FAILURES.get().rows(ids=[current[u.pk].pk for u in upgrades]))
 
 
 def _at_or_beyond(path: str, *, component: Any, sort_key: Any) -> Q:
@@ -503,10 +504,14 @@ def phase_rate_successes_up_to(cap: int) -> Expression:
     """phase_rate_successes with its tasks counted up to `cap`: exact below it, at least `cap` at or
     above it (a what-if lane's carried successes are added to the capped count: more successes, still
     within the rate)."""
-    return _rate_successes_with_carried(lambda tasks: CountUpTo(tasks.values("host_id").distinct(), cap))
+
+    def capped(tasks: QuerySet[HostTask, Any]) -> Expression:  # the SQL of the count alone
+        return ExpressionWrapper(CountUpTo(tasks.values("host_id").distinct(), cap), output_field=IntegerField())
+
+    return _rate_successes_with_carried(capped)
 
 
-def _rate_successes_with_carried(count: Callable[[QuerySet[HostTask, Any]], Combinable]) -> Expression:
+def _rate_successes_with_carried(count: Callable[[QuerySet[HostTask, Any]], Expression]) -> Expression:
     """`count` of the hosts that succeeded in a phase (_rate_succeeded_tasks); for a what-if lane's
     phase (with_carried), each host once over its own tasks and the hosts its live copy counted, as
     live: a success of the rate is a host that succeeded in the phase with no failure counted against
@@ -530,7 +535,7 @@ def upgrades_phase_successes(phases: list[UpgradePhase]) -> dict[int, int]:
     tick asks it of every upgrade that has a phase to open."""
     if not phases:
         return {}
-    return dict(_PHASE_SUCCESSES.rows(ids=[phase.pk for phase in phases]))
+    return dict(_PHASE_SUCCESSES.get().rows(ids=[phase.pk for phase in phases]))
 
 
 def upgrades_rate_successes(phases: list[UpgradePhase], *, up_to: int | None) -> dict[int, int]:
@@ -542,8 +547,8 @@ def upgrades_rate_successes(phases: list[UpgradePhase], *, up_to: int | None) ->
         return {}
     ids = [phase.pk for phase in phases]
     if up_to is None:
-        return dict(_PHASE_RATE_SUCCESSES.rows(ids=ids))
-    return dict(_PHASE_RATE_SUCCESSES_UP_TO.rows(ids=ids, cap=up_to))
+        return dict(_PHASE_RATE_SUCCESSES.get().rows(ids=ids))
+    return dict(_PHASE_RATE_SUCCESSES_UP_TO.get().rows(ids=ids, cap=up_to))
 
 
 def upgrades_failed_hosts(phases: list[UpgradePhase]) -> dict[int, set[int]]:
@@ -558,27 +563,31 @@ def upgrades_rate_succeeded_hosts(phases: list[UpgradePhase]) -> dict[int, set[i
     return phases_hosts(phases, _rate_succeeded_tasks)
 
 
-def _per_phase(count: Callable[[], Expression]) -> PreparedQuery:
+def _per_phase(count: Callable[[], Expression]) -> ByCarrying[PreparedQuery]:
     """{upgrade: count} of the phases asked for, by `count` (phase_failures, phase_successes, ...); the
     train tick asks both of its upgrades' current phases every tick: compiled once (opsplanner/prepared.py)."""
-    return PreparedQuery(
-        lambda *, ids: (
-            UpgradePhase.objects.filter(pk__any=ids).order_by().annotate(n=count()).values_list("upgrade_id", "n")
-        ),
-        ids=IDS,
+    return ByCarrying(
+        lambda: PreparedQuery(
+            lambda *, ids: (
+                UpgradePhase.objects.filter(pk__any=ids).order_by().annotate(n=count()).values_list("upgrade_id", "n")
+            ),
+            ids=IDS,
+        )
     )
 
 
 _PHASE_FAILURES = _per_phase(phase_failures)
 _PHASE_SUCCESSES = _per_phase(phase_successes)
 _PHASE_RATE_SUCCESSES = _per_phase(phase_rate_successes)
-_PHASE_RATE_SUCCESSES_UP_TO = PreparedQuery(
-    lambda *, ids, cap: (
-        UpgradePhase.objects.filter(pk__any=ids)
-        .order_by()
-        .annotate(n=phase_rate_successes_up_to(cap))
-        .values_list("upgrade_id", "n")
-    ),
-    ids=IDS,
-    cap=int,
+_PHASE_RATE_SUCCESSES_UP_TO = ByCarrying(
+    lambda: PreparedQuery(
+        lambda *, ids, cap: (
+            UpgradePhase.objects.filter(pk__any=ids)
+            .order_by()
+            .annotate(n=phase_rate_successes_up_to(cap))
+            .values_list("upgrade_id", "n")
+        ),
+        ids=IDS,
+        cap=int,
+    )
 )
