@@ -1,14 +1,16 @@
 """A completed upgrade left below its target by a withdrawn version's rollback (an emergency one, which
 no train takes up again) is alerted for once per withdrawn version: a later offboarding of the same
 version in another pool, its hosts still on it, says it not again; another version's withdrawal, or
-the upgrade completed again since, still does. The fleet file's plan counts them by the same rule."""
+the upgrade completed again since, or a host no alert named (the version released and withdrawn
+again), still does. The fleet file's plan counts them by the same rule."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import transaction
 
-from fleet.models import ComponentVersion
+from fleet.models import ComponentVersion, InstalledVersion
+from fleet.services.catalogue import component_version_release, component_version_withdraw
 from opsplanner import clock
 from opsplanner.events import event_record
 from opsplanner.models import Event
@@ -69,3 +71,22 @@ def test_an_upgrade_completed_again_since_the_alert_is_alerted_for_again() -> No
     offboard(other)
 
     assert len(alerts_for(fix)) == 2
+
+
+def test_a_host_no_alert_named_falling_back_on_a_later_withdrawal_is_alerted_for() -> None:
+    # Released between the withdrawals: a host of the fix reached the version again (from 2.14.0, as a
+    # new train's canary would take it), and the second withdrawal takes it below the fix too.
+    fix, newer, _ = an_emergency_fix_completed_through_2_17_with_2_17_upgrading_in_two_pools()
+    bios = ComponentVersion.objects.get(pk=newer.component_version_id)
+    older = ComponentVersion.objects.get(component__name="bios", version="2.14.0")
+    [(kept, back)] = [fallen.hosts for fallen in upgrades_fallen_back(bios)]
+    InstalledVersion.objects.filter(host_id=back, component=bios.component).update(version=older, previous_version=None)
+    component_version_withdraw(version_id=bios.pk, reason="bad bios", actor="op")
+    component_version_release(version_id=bios.pk, reason="a false alarm", actor="op")
+    InstalledVersion.objects.filter(host_id=back, component=bios.component).update(version=bios, previous_version=older)
+    [fallen] = upgrades_fallen_back(bios)
+    assert (fallen.hosts, fallen.alerted, fallen.alert) == ([kept, back], False, True)  # what the plan counts too
+
+    component_version_withdraw(version_id=bios.pk, reason="bad bios after all", actor="op")
+
+    assert [alert.data["hosts"] for alert in alerts_for(fix)] == [[kept], [kept, back]]

@@ -14,10 +14,13 @@ from opsplanner.services.housekeeping import resubmissions_left_sweep
 from opsplanner.services.operations import resubmissions_left_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
+from opsplanner.services.work_items import work_items_claim
 from tests.builders import make_fleet
-from tests.driving import instant_simulator
+from tests.driving import drive, instant_simulator
 from tests.test_resubmissions_shown_and_cancelled import events_of
 from tests.test_superseded_versions import bios_upgrade
+from tests.test_withdrawn_before_install import adhoc_installs_ready
+from tests.test_withdrawn_install_claim import withdrawn_past_the_stop
 from trains.models import Upgrade
 from trains.services.offboarding import upgrade_offboard
 from trains.services.upgrades import upgrade_create
@@ -105,3 +108,21 @@ def test_a_resubmission_whose_follow_up_was_lost_is_cancelled_by_the_housekeepin
     assert again.state == OperationState.CANCELLED
     assert [e.data for e in events_of(again, "operation.cancelled")] == [{"tasks": 1, "with": wanted.pk}]
     assert resubmissions_left_sweep() == 0  # the next sweep finds nothing open
+
+
+def test_the_sweep_leaves_the_resubmission_of_an_operation_closed_cancelled_for_its_stopped_install() -> None:
+    # Closed cancelled by the tick (a claim stopped its install: tick/closing.py), not by a cancel
+    # that left its resubmission to after its commit: nothing was deferred, and the sweep's reason
+    # ("a tick of another pool cancelled it") would be false.
+    pool, wanted = adhoc_installs_ready(executor="external")
+    _, elsewhere = make_fleet(domains=1, hosts_per_domain=1)
+    again = bios_upgrade(elsewhere, "2.16.0", resubmission_of=wanted.pk)
+    withdrawn_past_the_stop()
+    assert work_items_claim(worker="agent", kinds=[WorkKind.EXECUTE], limit=10) == []
+    drive(pool, until=lambda: Operation.objects.get(pk=wanted.pk).state != OperationState.OPEN)
+    assert Operation.objects.get(pk=wanted.pk).cancelled_at is not None
+
+    assert resubmissions_left_sweep() == 0
+
+    assert Operation.objects.get(pk=again.pk).state == OperationState.OPEN
+    assert events_of(again, "operation.cancelled") == []

@@ -473,6 +473,9 @@ def _cancel_with_resubmissions(
     return _Cancelled(cancelled, [r.pk for r in resubmissions])
 
 
+CANCEL_DEFERRED = "operation.cancel_deferred"  # on a resubmission a cancel `within_pool` left (_left_defer)
+
+
 def _left_defer(operation_id: int, taken: list[int], *, within_pool: int, actor: Actor) -> None:
     """The open resubmissions of the operation a cancel `within_pool` left (not in `taken`: tasks in
     another pool, whose lock a tick may not take), each with an event saying why; cancelled after the
@@ -491,7 +494,7 @@ def _left_defer(operation_id: int, taken: list[int], *, within_pool: int, actor:
     )
     data = {"with": operation_id, "within_pool": within_pool}
     for resubmission in left:
-        event_record(kind="operation.cancel_deferred", subject=resubmission, actor=actor, reason=why, data=data)
+        event_record(kind=CANCEL_DEFERRED, subject=resubmission, actor=actor, reason=why, data=data)
     if left:
         transaction.on_commit(partial(_left_cancel_after_commit, operation_id), robust=True)
 

@@ -176,7 +176,7 @@ class FallenBackUpgrade(NamedTuple):
     upgrade: Upgrade
     hosts: list[int]
     not_reopened: str  # why it stays completed, an alert saying so ("" when it is made active again)
-    alerted: bool = False  # an alert said so already for this version since it completed: not again
+    alerted: bool = False  # an alert named these hosts for this version since it completed: not again
 
     @property
     def alert(self) -> bool:
@@ -223,23 +223,29 @@ def upgrades_fallen_back(
         else:
             not_reopened = "request another emergency train if still urgent" if upgrade.emergency else ""
         found.append(FallenBackUpgrade(upgrade, fallen, not_reopened))
-    alerted = _fallen_back_alerted(withdrawn, [f.upgrade for f in found if f.not_reopened])
+    alerted = _fallen_back_alerted(withdrawn, [f for f in found if f.not_reopened])
     return [f._replace(alerted=f.upgrade.pk in alerted) for f in found]
 
 
-def _fallen_back_alerted(withdrawn: ComponentVersion, upgrades: list[Upgrade]) -> set[int]:
+def _fallen_back_alerted(withdrawn: ComponentVersion, fallen: list[FallenBackUpgrade]) -> set[int]:
     """Those an `alert.upgrade_fallen_back` for this withdrawn version (by id) already names since they
-    last completed: a later withdrawal of it (an offboarding in another pool) says it not again."""
-    if not upgrades:
+    last completed, with every host now falling back: a later withdrawal of it (an offboarding in
+    another pool) says it not again. One with a host no alert named (reached the version again after
+    a release, say) is alerted for again; so is one of over 100 hosts, which an alert names in part."""
+    if not fallen:
         return set()
-    finished = {upgrade.pk: upgrade.finished_at for upgrade in upgrades}
+    by_pk = {f.upgrade.pk: f for f in fallen}
     alerts = Event.objects.filter(
         kind="alert.upgrade_fallen_back",
         subject_type=Upgrade._meta.label_lower,
-        subject_id__in=list(finished),
+        subject_id__in=list(by_pk),
         data__withdrawn_id=withdrawn.pk,
-    ).values_list("subject_id", "created_at")
-    return {pk for pk, at in alerts if pk is not None and at >= (finished[pk] or at)}
+    ).values_list("subject_id", "created_at", "data__hosts")
+    return {
+        pk
+        for pk, at, hosts in alerts
+        if pk is not None and at >= (by_pk[pk].upgrade.finished_at or at) and set(by_pk[pk].hosts) <= set(hosts or ())
+    }
 
 
 def upgrades_fallen_back_reopen(
