@@ -181,14 +181,14 @@ def test_one_train_that_fails_does_not_stop_the_others(
     healthy = make_train(second_pool, name="train-b")
     for pool in (first_pool, second_pool):
         upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
-    forecast = tick.train_forecast
+    forecasts = tick.trains_forecasts_with_visits
 
-    def broken_for_the_first(train: Train, **kwargs: object) -> object:
-        if train.pk == failing.pk:
+    def broken_for_the_first(trains: list[Train], **kwargs: object) -> object:
+        if any(train.pk == failing.pk for train in trains):
             raise RuntimeError("the forecast of train-a broke")
-        return forecast(train, **kwargs)
+        return forecasts(trains, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tick, "train_forecast", broken_for_the_first)
+    monkeypatch.setattr(tick, "trains_forecasts_with_visits", broken_for_the_first)
 
     reports = trains_tick()
 

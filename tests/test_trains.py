@@ -495,14 +495,14 @@ def test_a_train_tick_in_progress_does_not_lock_the_pool_tick_out(monkeypatch) -
     upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout")
     operation_submit(kind="reboot", scope=f"pool {pool.name}", reason="ad hoc", host_ids=[hosts[0].pk])
     inside, release = threading.Event(), threading.Event()
-    real_forecast = train_tick_module.train_forecast
+    real_forecast = train_tick_module.trains_forecasts_with_visits
 
     def slow_forecast(*args, **kwargs):
         inside.set()
         release.wait(30)
         return real_forecast(*args, **kwargs)
 
-    monkeypatch.setattr(train_tick_module, "train_forecast", slow_forecast)
+    monkeypatch.setattr(train_tick_module, "trains_forecasts_with_visits", slow_forecast)
     reports = []
 
     def tick_the_train() -> None:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from django.db.models import Count, Min, Q
 
 from fleet.models import Host, HostState
+from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import STOPPED_TRAIN_STATES, Cycle, Train, TrainState, TrainStop, Visit, VisitState
 from trains.services.budget import Correction
 
@@ -63,47 +64,80 @@ def forecast_from_rows(
     stops: list[TrainStop],
     now: dt.datetime,
 ) -> TrainForecast:
-    """The lane arithmetic of the forecast on rows already read (pages read many trains' rows at once)."""
+    """The forecast on rows already read (pages read many trains' rows at once): its domains in the
+    train's order, timed by `forecast_times`."""
     forecast = TrainForecast(train=train, cycle=cycle, visit_seconds=seconds)
-    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
-    # Slots: `concurrency` lanes; a running visit holds its lane until its expected end.
-    lanes = [now] * train.visit_concurrency
-    running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
-    for i, running_visit in enumerate(running[: len(lanes)]):
-        lanes[i] = max(now, (running_visit.started_at or now) + dt.timedelta(seconds=seconds))
-    step = dt.timedelta(seconds=seconds)
     for stop in stops:
         visit = visits.get(stop.domain_id)
-        state = visit.state if visit else "not in a cycle"
-        starts = ends = None
-        if visit is not None and visit.state == VisitState.RUNNING:
-            starts, ends = visit.started_at, max(now, (visit.started_at or now) + step)
-        elif visit is not None and visit.state == VisitState.DONE:
-            starts, ends = visit.started_at, visit.ended_at
-        elif train.state not in (TrainState.FINISHED, TrainState.CANCELLED):
-            lane = min(range(len(lanes)), key=lambda i: lanes[i])
-            starts = lanes[lane]
-            ends = starts + step
-            lanes[lane] = ends
         forecast.domains.append(
             DomainForecast(
                 domain_id=stop.domain_id,
                 domain=stop.domain.name,
                 position=stop.position,
-                state=state,
+                state=visit.state if visit else "not in a cycle",
                 last_visited_at=last.get(stop.domain_id),
-                starts_at=starts,
-                ends_at=ends,
+                starts_at=None,
+                ends_at=None,
                 skip_reason=visit.skip_reason if visit else "",
             )
         )
+    forecast_times(forecast, visits, now)
+    return forecast
+
+
+def forecast_times(forecast: TrainForecast, visits: dict[int, Visit], now: dt.datetime) -> None:
+    """The lane arithmetic (no query): a running visit until `running_visit_end`, each visit to come
+    what the per-upgrade forecast played it at when its cycle's inputs last changed
+    (`Cycle.played_s`, stored by the train tick: trains/services/cycle_played.py), else the train's
+    typical visit; then the cycle's forecast end, and whether it meets its deadline and why not."""
+    train, cycle, seconds = forecast.train, forecast.cycle, forecast.visit_seconds
+    played = cycle.played_s if cycle is not None else {}
+    # Slots: `concurrency` lanes; a running visit holds its lane until its expected end.
+    lanes = [now] * train.visit_concurrency
+    running = sorted((v for v in visits.values() if v.state == VisitState.RUNNING), key=lambda v: v.started_at or now)
+    for i, running_visit in enumerate(running[: len(lanes)]):
+        lanes[i] = running_visit_end(running_visit, seconds, now)
+    for domain in forecast.domains:
+        visit = visits.get(domain.domain_id)
+        domain.starts_at = domain.ends_at = None
+        if visit is not None and visit.state == VisitState.RUNNING:
+            domain.starts_at, domain.ends_at = visit.started_at, running_visit_end(visit, seconds, now)
+        elif visit is not None and visit.state == VisitState.DONE:
+            domain.starts_at, domain.ends_at = visit.started_at, visit.ended_at
+        elif train.state not in (TrainState.FINISHED, TrainState.CANCELLED):
+            lane = min(range(len(lanes)), key=lambda i: lanes[i])
+            domain.starts_at = lanes[lane]
+            domain.ends_at = lanes[lane] = lanes[lane] + dt.timedelta(
+                seconds=played.get(str(domain.domain_id), seconds)
+            )
     if cycle is None:
-        return forecast
+        return
+    stopped_for = (now - train.state_changed_at) if train.state in STOPPED_TRAIN_STATES else dt.timedelta(0)
     forecast.cycle_end = max([now, *(d.ends_at for d in forecast.domains if d.ends_at)])
     forecast.meets_slo = forecast.cycle_end <= cycle.deadline_at
+    forecast.miss_cause = ""
     if not forecast.meets_slo:
         forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for)
-    return forecast
+
+
+# An overdue visit (past its expected length) runs on for at least this share of that length more.
+OVERDUE_MIN_SHARE = 0.1
+
+
+def running_visit_end(visit: Visit, typical_s: float, now: dt.datetime) -> dt.datetime:
+    """When a running visit's hosts are expected back; the one rule of the train's forecast and the
+    per-upgrade forecast. Its expected length is its plan's estimate (what its work costs), else the
+    train's typical visit (`typical_s`). Past it (overdue), it is expected to run on for as long
+    again as it has overrun, and at least OVERDUE_MIN_SHARE of its expected length: never "now",
+    which hid the overrun (the visits after it then looked as if they could start at once, and
+    `alert.cycle_will_miss` came only at the deadline). So the forecast end of an overrunning
+    visit's cycle moves ahead faster than the clock and crosses the deadline before it does."""
+    started = visit.started_at or now
+    expected_s = float((visit.plan or {}).get("estimate_s") or 0) or typical_s
+    ends = started + dt.timedelta(seconds=expected_s)
+    if ends > now:
+        return ends
+    return now + max(now - ends, dt.timedelta(seconds=OVERDUE_MIN_SHARE * expected_s))
 
 
 def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.timedelta) -> str:
@@ -138,11 +172,10 @@ class DomainHosts(NamedTuple):
     broken: int = 0
 
 
-def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
-    """Every domain of these pools with live hosts (one query)."""
-    return [
-        DomainHosts(*row)
-        for row in Host.objects.filter(pool_id__in=sorted(pool_ids))
+# Every per-upgrade forecast reads it, and the train tick's played cycle (services/cycle_played.py): compiled once.
+_DOMAIN_HOSTS = PreparedQuery(
+    lambda *, ids: (
+        Host.objects.filter(pool_id__any=ids)
         .values_list("pool_id", "domain_id", "domain__position", "domain__name")
         .annotate(
             n=Count("id"),
@@ -151,7 +184,14 @@ def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
             broken=Count("id", filter=Q(state__in=BROKEN_STATES)),
         )
         .order_by()
-    ]
+    ),
+    ids=IDS,
+)
+
+
+def pools_domain_hosts(pool_ids: Collection[int]) -> list[DomainHosts]:
+    """Every domain of these pools with live hosts (one query)."""
+    return [DomainHosts(*row) for row in _DOMAIN_HOSTS.rows(ids=sorted(pool_ids))]
 
 
 def stops_to_add(train: Train, stop_ids: Collection[int], domains: Iterable[DomainHosts]) -> list[int]:

@@ -4,10 +4,12 @@ around <date>"), from its place in the backlog.
 The coming visits are played forward on rows read once (a fixed number of queries per pool, not per
 host or upgrade): the open cycle's remaining visits, then whole cycles in the train's domain order,
 each visit starting when the one before it on its lane is expected to end (a running visit at its
-plan's estimate), and lasting at least the train's typical recent visit if it takes anything (new
-upgrades keep arriving and fill it: `_held_for`). Not at the train forecast's times: those give
-every visit the train's typical length whatever it takes, and a meta run's first upgrade, a kernel
-longer than a visit's share, was forecast at 25.7 h and was still rolling out at 10 days. Each
+plan's estimate, past it a while longer: `trains.selectors.running_visit_end`), and lasting at least
+the train's typical recent visit if it takes anything (new upgrades keep arriving and fill it:
+`_held_for`). Not every visit at the train's typical length: a meta run's first upgrade, a kernel
+longer than a visit's share, was forecast at 25.7 h and was still rolling out at 10 days. The
+train's own forecast lasts its open cycle's visits to come what this play gives them
+(`played_durations`, stored on the cycle when their inputs change). Each
 visit takes, as the train tick does (trains/services/budget.py), the pending upgrades of its domain
 that fit its budget in (priority, deadline, age) order, the newest release of a component standing
 in for the older ones it supersedes, a multi-cycle one's places on hosts where it fits
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from opsplanner import clock
+from opsplanner.prepared import IDS, PreparedModels
 from trains.models import (
     LIVE_TRAIN_STATES,
     STOPPED_TRAIN_STATES,
@@ -45,7 +48,7 @@ from trains.models import (
     Visit,
     VisitState,
 )
-from trains.selectors import TrainForecast, pools_domain_hosts, stops_to_add
+from trains.selectors import TrainForecast, pools_domain_hosts, running_visit_end, stops_to_add
 from trains.selectors_forecast_sliding import HostsOut, SlidingFlow, sliding_flow_open
 from trains.selectors_forecast_takes import ranked_takes
 from trains.selectors_forecast_verdict import (
@@ -162,6 +165,8 @@ class _State:
     # The hosts out broken per upgrade and domain, added to `remaining` as cycle `returns_in` starts.
     broken: dict[int, dict[int, int]] = field(default_factory=dict)
     returns_in: int = 0
+    # The open cycle's played visits, domain -> seconds (`played_durations`).
+    durations: dict[int, float] = field(default_factory=dict)
 
 
 def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, PoolBacklog], list[Upgrade]]:
@@ -171,15 +176,40 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
     trains = list(
         Train.objects.filter(pool_id__in=pool_ids, emergency=False, state__in=LIVE_TRAIN_STATES).select_related("pool")
     )
-    upgrades = list(
-        Upgrade.objects.filter(pool_id__in=pool_ids, emergency=False, state=UpgradeState.ACTIVE)
+    upgrades = active_upgrades(pool_ids)
+    if not trains:
+        return {}, upgrades
+    read = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
+    return backlogs_of(trains, upgrades, read, now=now), upgrades
+
+
+# Every per-upgrade forecast reads them, and the train tick's played cycle (services/cycle_played.py): compiled once.
+_ACTIVE_UPGRADES = PreparedModels(
+    lambda *, ids: (
+        Upgrade.objects.filter(pool_id__any=ids, emergency=False, state=UpgradeState.ACTIVE)
         .select_related("pool", "component_version__component")
         .annotate(**{RULE_MAY_REFUSE: rule_may_refuse()}, **held_phase_annotations())
         .order_by("created_at", "id")
-    )
-    if not trains:
-        return {}, upgrades
-    forecasts, visits = trains_forecasts_with_visits(trains, now=now, last_visits=False)  # only what is to come
+    ),
+    ids=IDS,
+)
+
+
+def active_upgrades(pool_ids: list[int]) -> list[Upgrade]:
+    """The active regular upgrades of the pools, oldest first, as the forecast plays them (one query)."""
+    return _ACTIVE_UPGRADES.objects(ids=pool_ids)
+
+
+def backlogs_of(
+    trains: list[Train],
+    upgrades: list[Upgrade],
+    read: tuple[dict[int, TrainForecast], dict[int, dict[int, Visit]]],
+    *,
+    now: dt.datetime,
+) -> dict[int, PoolBacklog]:
+    """The backlog of each of these live regular trains' pools (their pools with them), from their
+    pools' active upgrades and the trains' forecasts and open-cycle visits (`read`)."""
+    forecasts, visits = read
     domains = pools_domain_hosts([t.pool_id for t in trains])
     below = pending_by_domain(upgrades, domains)
     missed = trains_missed_share([t.pk for t in trains], now=now)
@@ -222,7 +252,7 @@ def pool_backlogs(pool_ids: list[int], *, now: dt.datetime) -> tuple[dict[int, P
             held={u.pk: held for u in ours if (held := held_phase(u))},
         )
         _joins_expected(backlogs[train.pool_id])
-    return backlogs, upgrades
+    return backlogs
 
 
 def _joins_expected(backlog: PoolBacklog) -> None:
@@ -251,7 +281,7 @@ def _coming_visits(backlog: PoolBacklog, now: dt.datetime, state: _State) -> Gen
             visit = backlog.visits.get(domain.domain_id)
             if visit is not None and visit.state == VisitState.RUNNING:
                 its = backlog.running.get(visit.pk, RunningVisit({}, 0))
-                ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=its.extra_s)
+                ends = running_visit_end(visit, backlog.forecast.visit_seconds, now) + dt.timedelta(seconds=its.extra_s)
                 for upgrade_id, hosts in its.takes.items():
                     left = state.remaining.get(upgrade_id, {})
                     if left.get(domain.domain_id):
@@ -323,20 +353,11 @@ def _running_visits_out(backlog: PoolBacklog, now: dt.datetime) -> list[HostsOut
         plan = visit.plan or {}
         hosts = len(plan.get("hosts") or [])
         extra = backlog.running.get(visit.pk, RunningVisit({}, 0)).extra_s
-        ends = _running_visit_end(visit, domain.ends_at, now) + dt.timedelta(seconds=extra)
+        ends = running_visit_end(visit, backlog.forecast.visit_seconds, now) + dt.timedelta(seconds=extra)
         waves = backlog.sizing.waves(hosts)
         per_wave = float(plan.get("estimate_s") or 0) / waves if waves else 0.0
         out.append(HostsOut(ends, min(hosts, backlog.sizing.hosts_at_once), per_wave, bool(plan.get("unreleased"))))
     return out
-
-
-def _running_visit_end(visit: Visit, forecast_end: dt.datetime | None, now: dt.datetime) -> dt.datetime:
-    """When a running visit's hosts are expected back: at its plan's estimate (what its work takes),
-    else where the train forecast puts it (the train's typical visit); not before now."""
-    estimate_s = float((visit.plan or {}).get("estimate_s") or 0)
-    if estimate_s and visit.started_at is not None:
-        return max(now, visit.started_at + dt.timedelta(seconds=estimate_s))
-    return max(now, forecast_end or now)
 
 
 def _note_took(state: _State, upgrade_id: int, cycle: int, ends: dt.datetime) -> None:
@@ -436,6 +457,28 @@ def play_forward(
     """Per upgrade, (cycle, time) when its last pending host is reached; missing: beyond the horizon.
     What-if (would it meet a deadline?): `priorities` overrides some upgrades' priority, and the
     multi-cycle upgrades in `whole_visits` are played as taking every host of a visit."""
+    return _played(backlog, now=now, priorities=priorities, whole_visits=whole_visits).done
+
+
+def played_durations(backlog: PoolBacklog, *, now: dt.datetime) -> dict[int, float]:
+    """Per domain, the seconds the open cycle's visit to come lasts as play_forward plays it (what
+    its work costs, at least the train's typical visit; a visit with nothing to take, 0: the tick
+    skips it). Played no further than that cycle. None open: nothing."""
+    if backlog.forecast.cycle is None:
+        return {}
+    return _played(backlog, now=now, open_cycle=backlog.cycle_number).durations
+
+
+def _played(
+    backlog: PoolBacklog,
+    *,
+    now: dt.datetime,
+    priorities: dict[int, int] | None = None,
+    whole_visits: frozenset[int] = frozenset(),
+    open_cycle: int = 0,
+) -> _State:
+    """The visits played forward (play_forward); with `open_cycle`, only up to its end, noting
+    how long each of its visits lasts."""
     upgrades = [_as_if(u, (priorities or {}).get(u.pk), whole=u.pk in whole_visits) for u in backlog.upgrades]
     state = _State(
         remaining={u.pk: dict(backlog.pending.get(u.pk, {})) for u in upgrades},
@@ -450,15 +493,19 @@ def play_forward(
     try:
         while True:
             visit = visits.send(played)
+            if open_cycle and visit.cycle > open_cycle:
+                break
             work_s, reached, hosts = _visit_takes(backlog, state, upgrades, visit)
             played = _Played(_held_for(backlog, work_s), hosts)
             ends = visit.starts_at + dt.timedelta(seconds=played.cost_s)
             for upgrade_id in reached:
                 _note_took(state, upgrade_id, visit.cycle, ends)
             _note_done(state, visit.cycle, ends)
+            if visit.cycle == open_cycle:
+                state.durations[visit.domain_id] = played.cost_s
     except StopIteration:
         pass
-    return state.done
+    return state
 
 
 def _held_for(backlog: PoolBacklog, cost: float) -> float:

@@ -11,6 +11,7 @@ from django.db.models import Count, Q
 
 from opsplanner.models import HostTask, TaskState
 from opsplanner.models.operations import FailureCode
+from opsplanner.prepared import IDS, PreparedQuery
 
 MISSED_WINDOW = dt.timedelta(days=7)  # the visits ended this recently say how many hosts a visit misses
 MISSED_MIN_TASKS = 50  # fewer finished tasks than this in the window and no host is expected to be missed
@@ -27,26 +28,34 @@ MISSED_TASK = Q(
 _CATCH_UP = Q(operation__visit_link__catch_up=True)
 
 
-def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
-    """Per train, of the tasks of its visits that ended within MISSED_WINDOW, the share that left
-    their host below the target for that pass (MISSED_TASK, less the catch-ups that made up for
-    one); such a host is taken again at its domain's next visit. Trains with fewer than
-    MISSED_MIN_TASKS such tasks are left out (one query)."""
-    visit = "operation__visit_link__visit__"
-    rows = (
+_VISIT = "operation__visit_link__visit__"
+# Every per-upgrade forecast reads it, and the train tick's played cycle (services/cycle_played.py): compiled once.
+_MISSED = PreparedQuery(
+    lambda *, ids, since: (
         HostTask.objects.filter(
-            **{f"{visit}train_id__in": train_ids, f"{visit}ended_at__gte": now - MISSED_WINDOW},
+            **{f"{_VISIT}train_id__any": ids, f"{_VISIT}ended_at__gte": since},
             state__in=[TaskState.DONE, TaskState.HANDED_OVER, TaskState.FAILED, TaskState.CANCELLED],
         )
         .exclude(state=TaskState.CANCELLED, failure_code__in=[FailureCode.CANCELLED, FailureCode.SUPERSEDED])
-        .values_list(f"{visit}train_id")
+        .values_list(f"{_VISIT}train_id")
         .annotate(
             finished=Count("id", filter=~_CATCH_UP),
             missed=Count("id", filter=MISSED_TASK & ~_CATCH_UP),
             caught_up=Count("id", filter=_CATCH_UP & Q(state__in=[TaskState.DONE, TaskState.HANDED_OVER])),
         )
         .order_by()
-    )
+    ),
+    ids=IDS,
+    since=dt.datetime,
+)
+
+
+def trains_missed_share(train_ids: list[int], *, now: dt.datetime) -> dict[int, float]:
+    """Per train, of the tasks of its visits that ended within MISSED_WINDOW, the share that left
+    their host below the target for that pass (MISSED_TASK, less the catch-ups that made up for
+    one); such a host is taken again at its domain's next visit. Trains with fewer than
+    MISSED_MIN_TASKS such tasks are left out (one query)."""
+    rows = _MISSED.rows(ids=train_ids, since=now - MISSED_WINDOW)
     return {
         train_id: max(0, missed - caught_up) / finished
         for train_id, finished, missed, caught_up in rows

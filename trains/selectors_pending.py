@@ -13,6 +13,7 @@ from django.db.models import Count, Q
 
 from fleet.models import HostState, InstalledVersion
 from fleet.models.hosts import RETIRED
+from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import Upgrade
 from trains.selectors import BROKEN_STATES, DomainHosts
 from trains.services.upgrade_scopes import scope_host_ids, scope_is_pool
@@ -102,16 +103,12 @@ class _Installed(NamedTuple):
     broken: int  # of those hosts
 
 
-def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tuple[int, int], list[_Installed]]:
-    """{(pool, component): [hosts per domain and installed version]} for the components of these
-    upgrades, on live hosts only, as the domains' sizes count them (one query; none without upgrades)."""
-    components = sorted({u.component_version.component_id for u in upgrades})
-    if not components:
-        return {}
-    rows = (
+# Every per-upgrade forecast reads it, and the train tick's played cycle (services/cycle_played.py): compiled once.
+_INSTALLED = PreparedQuery(
+    lambda *, pools, components: (
         # A withdrawn release reaches no target (upgrades._at_or_beyond): its hosts are pending.
         InstalledVersion.objects.filter(
-            host__pool_id__in=pool_ids, component_id__in=components, version__withdrawn_at__isnull=True
+            host__pool_id__any=pools, component_id__any=components, version__withdrawn_at__isnull=True
         )
         .exclude(host__state=RETIRED)  # the join reaches past Host.objects, which leaves them out
         .values_list("host__pool_id", "component_id", "host__domain_id", "version__sort_key")
@@ -121,7 +118,19 @@ def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tupl
             broken=Count("id", filter=Q(host__state__in=BROKEN_STATES)),
         )
         .order_by()
-    )
+    ),
+    pools=IDS,
+    components=IDS,
+)
+
+
+def _hosts_by_version(upgrades: list[Upgrade], pool_ids: list[int]) -> dict[tuple[int, int], list[_Installed]]:
+    """{(pool, component): [hosts per domain and installed version]} for the components of these
+    upgrades, on live hosts only, as the domains' sizes count them (one query; none without upgrades)."""
+    components = sorted({u.component_version.component_id for u in upgrades})
+    if not components:
+        return {}
+    rows = _INSTALLED.rows(pools=pool_ids, components=components)
     histogram: dict[tuple[int, int], list[_Installed]] = defaultdict(list)
     for pool_id, component_id, domain_id, sort_key, n, escalated, broken in rows:
         histogram[(pool_id, component_id)].append(_Installed(domain_id, sort_key, n, escalated, broken))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Count
 
 from opsplanner.models import HostTask
+from opsplanner.prepared import IDS, PreparedQuery
 from trains.models import Upgrade, Visit, VisitState
 from trains.services.budget import VisitSizing, upgrade_order_key
 from trains.services.visits import JOINABLE_TASK_STATES, REFUSED_KEY, late_joiner_candidates, unreleased_hosts
@@ -25,6 +26,24 @@ class RunningVisit:
     extra_s: float = 0.0
 
 
+_LINK = "operation__visit_link__"
+# Per running visit and upgrade, its tasks not installed yet; every per-upgrade forecast reads it, and
+# the train tick's played cycle (services/cycle_played.py): compiled once.
+_UNFINISHED = PreparedQuery(
+    lambda *, ids: (
+        HostTask.objects.filter(
+            **{f"{_LINK}visit__train_id__any": ids, f"{_LINK}visit__state": VisitState.RUNNING},
+            **{f"{_LINK}catch_up": False},
+            state__in=JOINABLE_TASK_STATES,  # before the install: the host is still below the target
+        )
+        .values_list(f"{_LINK}visit_id", f"{_LINK}upgrade_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    ),
+    ids=IDS,
+)
+
+
 def running_visits_takes(train_ids: list[int], visits: list[Visit]) -> dict[int, RunningVisit]:
     """Per running visit, per upgrade, how many of its hosts the visit has yet to install it on: the
     hosts still below its target that the visit reaches (one grouped query, asked by train so the
@@ -34,19 +53,8 @@ def running_visits_takes(train_ids: list[int], visits: list[Visit]) -> dict[int,
     released; an upgrade it refused as incompatible, none. An older release a newer one supersedes
     gets the share of its hosts the newer one still has to reach (the plan counts them, not which)."""
     running = [v for v in visits if v.state == VisitState.RUNNING]
-    link = "operation__visit_link__"
     unfinished: dict[tuple[int, int], int] = defaultdict(int)
-    rows = (
-        HostTask.objects.filter(
-            **{f"{link}visit__train_id__in": train_ids, f"{link}visit__state": VisitState.RUNNING},
-            **{f"{link}catch_up": False},
-            state__in=JOINABLE_TASK_STATES,  # before the install: the host is still below the target
-        )
-        .values_list(f"{link}visit_id", f"{link}upgrade_id")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for visit_id, upgrade_id, n in rows:
+    for visit_id, upgrade_id, n in _UNFINISHED.rows(ids=train_ids):
         unfinished[(visit_id, upgrade_id)] = n
     takes: dict[int, RunningVisit] = {}
     for visit in running:

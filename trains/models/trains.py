@@ -160,6 +160,11 @@ class Cycle(models.Model):
     forecast_end_at = models.DateTimeField(null=True, blank=True)
     miss_alerted_at = models.DateTimeField(null=True, blank=True)
     miss_cause = models.CharField(max_length=500, blank=True)
+    # The seconds the per-upgrade forecast plays the cycle's visits to come at ({domain id: s}), as
+    # of `played_key` (what they were played from: trains/services/cycle_played.py); the train's
+    # forecast lasts its visits these, the train tick plays them again only when the key changes.
+    played_s = models.JSONField(default=dict, blank=True, help_text="{domain id: seconds} of the visits to come")
+    played_key = models.CharField(max_length=32, blank=True, help_text="what played_s was played from")
 
     class Meta:
         ordering = ["train_id", "-number"]

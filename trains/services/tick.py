@@ -41,8 +41,8 @@ from trains.models import (
     VisitOperation,
     VisitState,
 )
-from trains.selectors import train_forecast
 from trains.selectors_promise import upgrade_promise
+from trains.selectors_web import trains_forecasts_with_visits
 from trains.services.actor import ACTOR
 from trains.services.budget import (
     HOST_TIME_KEY,
@@ -51,6 +51,7 @@ from trains.services.budget import (
     train_sizing,
 )
 from trains.services.catch_up import visits_catch_up
+from trains.services.cycle_played import cycle_played_store, played_key
 from trains.services.cycles import cycle_visits_start, visit_end
 from trains.services.emergency import emergency_train_finish_if_done
 from trains.services.offboarding import upgrade_offboard
@@ -143,7 +144,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
                 cycle_visits_start(train=train, plans=plans, now=now, events=report.events)
     if train.emergency and emergency_train_finish_if_done(train=train):
         report.events.append("finished")
-    _forecast_step(train, now, report)
+    _forecast_step(train, active, now, report)
     return report
 
 
@@ -520,11 +521,16 @@ def _autostop_step(train: Train, capacity: PoolCapacity, now: dt.datetime, repor
 
 
 # --- 5. forecast ------------------------------------------------------------------------------------
-def _forecast_step(train: Train, now: dt.datetime, report: TrainTickReport) -> None:
-    forecast = train_forecast(train, now=now, last_visits=False)  # when the domains were last visited: not needed
+def _forecast_step(train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport) -> None:
+    # When the domains were last visited: not needed.
+    forecasts, visits = trains_forecasts_with_visits([train], now=now, last_visits=False)
+    forecast = forecasts[train.pk]
     cycle = forecast.cycle  # the open one
     if cycle is None:
         return
+    key = played_key(train, visits[train.pk].values(), [a.upgrade for a in active])
+    if key != cycle.played_key:  # its visits to come played again, only when what they depend on changed
+        cycle_played_store(train=train, forecast=forecast, visits=visits[train.pk], key=key, now=now)
     if forecast.cycle_end != cycle.forecast_end_at:
         Cycle.objects.filter(pk=cycle.pk).update(forecast_end_at=forecast.cycle_end)
     # A forecast that misses its SLO has an end (cycle_end is None only before one is computed).
