@@ -326,3 +326,36 @@ def test_a_version_offboarded_in_two_pools_at_once_refuses_a_hosts_rollback_once
 
     assert said == done_by_the_apply()
     assert Event.objects.filter(kind="upgrade.rollback_refused").count() == 1
+
+
+def test_re_onboarding_the_second_pools_upgrade_cancels_the_rollbacks_the_first_pools_offboarding_queued() -> None:
+    # One withdrawal offboards 2.17.0 in two pools; the first offboarding rolls it back everywhere and
+    # the second's event names no rollback. Released and re-onboarded from the second pool, the
+    # version may serve again: its rollbacks not started are cancelled, as from the first pool.
+    from fleet.services.catalogue import component_version_release
+    from opsplanner.models import Approval, OperationState, TaskState
+    from opsplanner.services.approvals import approval_decide
+    from tests.trains_builders import make_user
+    from trains.services.reonboarding import upgrade_reonboard_request
+
+    world = World(newer_still_active=True)
+    other = a_second_pool_upgrading_to("2.17.0")
+    operator_withdraws("2.17.0", "bricks NICs")
+    [first] = Event.objects.filter(kind="upgrade.offboarded", subject_id=world.newer.pk).values_list("data", flat=True)
+    rollbacks = Operation.objects.filter(pk__in=first["rollbacks"], tasks__state=TaskState.PENDING).distinct()
+    assert rollbacks.exists()
+    bios = ComponentVersion.objects.get(component__name="bios", version="2.17.0")
+    component_version_release(version_id=bios.pk, reason="false alarm", actor="op")
+
+    requester, approver = make_user(), make_user()
+    upgrade_reonboard_request(upgrade_id=other.pk, reason="false alarm", actor=requester)
+    approval = Approval.objects.get(subject_type="trains.upgrade", subject_id=other.pk)
+    approval_decide(approval_id=approval.pk, approve=True, reason="agreed", actor=approver)
+
+    assert Upgrade.objects.get(pk=other.pk).state == UpgradeState.ACTIVE
+    assert not Operation.objects.filter(pk__in=first["rollbacks"], tasks__state=TaskState.PENDING).exists()
+    assert set(Operation.objects.filter(pk__in=first["rollbacks"]).values_list("state", flat=True)) == {
+        OperationState.CANCELLED
+    }
+    [reonboarded] = Event.objects.filter(kind="upgrade.reonboarded", subject_id=other.pk)
+    assert reonboarded.data["cancelled_rollback_tasks"] > 0

@@ -1,6 +1,6 @@
 """Re-onboarding an offboarded upgrade (trains/services/offboarding.py::upgrade_offboard): asked by one
 operator, approved by another. Approved, the upgrade is back in its current phase, its version no
-longer withdrawn, and the rollbacks its offboarding queued that have not started are cancelled:
+longer withdrawn, and the rollbacks of it that offboardings queued that have not started are cancelled:
 the hosts may keep the version, and rolled back they would only be drained again to get it."""
 
 from __future__ import annotations
@@ -89,15 +89,15 @@ def _withdrawal_made_elsewhere_refuse(version: ComponentVersion) -> None:
 
 
 def _rollbacks_cancel(upgrade: Upgrade, *, actor: Actor) -> int:
-    """Cancel the pending tasks of the rollbacks the upgrade's last offboarding queued (its
-    `upgrade.offboarded` event names them); those under way finish. How many were cancelled."""
-    offboarded = (
-        Event.objects.filter(kind="upgrade.offboarded", subject_type=SUBJECT, subject_id=upgrade.pk)
-        .order_by("-id")
-        .values_list("data", flat=True)
-        .first()
-    )
-    rollbacks = (offboarded or {}).get("rollbacks", [])
+    """Cancel the pending tasks of the rollbacks of its version that offboardings queued (their
+    `upgrade.offboarded` events name them), its own and those of the version's upgrades in other
+    pools: a withdrawal offboarding it in several pools has the first roll it back everywhere, and the
+    others' events name none. Those under way finish; closed ones are left. How many were cancelled."""
+    same_version = Upgrade.objects.filter(component_version_id=upgrade.component_version_id).values("pk")
+    offboardings = Event.objects.filter(
+        kind="upgrade.offboarded", subject_type=SUBJECT, subject_id__in=same_version
+    ).values_list("data", flat=True)
+    rollbacks = sorted({pk for data in offboardings for pk in (data or {}).get("rollbacks", [])})
     cancelled = 0
     for operation_id in Operation.objects.filter(pk__in=rollbacks, state=OperationState.OPEN).values_list(
         "id", flat=True
