@@ -13,7 +13,7 @@ from opsplanner.services.housekeeping import (
     idempotency_records_purge,
     resubmissions_left_sweep,
 )
-from opsplanner.services.operations import resubmissions_left_cancel as resubmissions_left_cancel_service
+from opsplanner.services.operation_cancel import resubmissions_left_cancel as resubmissions_left_cancel_service
 from opsplanner.services.tick import fleet_tick
 from opsplanner.services.tick import pool_tick as pool_tick_service
 from opsplanner.services.workers import worker_heartbeat_record

@@ -52,7 +52,8 @@ def run(*, seed: int, seconds: float, backlog: int) -> tuple[dict[str, int], lis
     from fleet.models import Host, HostState, Pool
     from opsplanner.models import HostTask, OperationState, TaskState
     from opsplanner.services.failures import host_failure_report
-    from opsplanner.services.operations import operation_cancel, operation_submit
+    from opsplanner.services.operation_cancel import operation_cancel
+    from opsplanner.services.operations import operation_submit
     from opsplanner.services.simulator import simulated_work_step
     from opsplanner.services.tick import pool_tick
 

@@ -15,7 +15,8 @@ from opsplanner.models import MAX_PRIORITY, REPAIR_PRIORITY, Event, HostTask, Ta
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.escalations import host_escalation_release
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet, make_service
 from tests.driving import drive, instant_simulator

@@ -13,7 +13,8 @@ from fleet.models import Host, HostState, Pool
 from opsplanner.models import HostTask, Lease, TaskState
 from opsplanner.selectors.invariants import check_invariants
 from opsplanner.services.escalations import host_escalation_release
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet

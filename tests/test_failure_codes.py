@@ -15,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from fleet.models import Pool
 from opsplanner.models import HostTask, Operation, TaskState, WorkItem, WorkKind
 from opsplanner.models.operations import FailureCode
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_item_report, work_items_claim
 from tests.api_helpers import role_client

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from opsplanner.models import Event, Operation, OperationState, TaskState, WorkItem, WorkKind, WorkState
 from opsplanner.services.housekeeping import resubmissions_left_sweep
-from opsplanner.services.operations import resubmissions_left_cancel
+from opsplanner.services.operation_cancel import resubmissions_left_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.work_items import work_items_claim

@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from fleet.models import Host
 from opsplanner.models import Event, HostTask, Operation
 from opsplanner.scopes import parse_scope, resolve_scope
-from opsplanner.services.operations import OperationRequest, operation_cancel, operation_submit, operations_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import OperationRequest, operation_submit, operations_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator

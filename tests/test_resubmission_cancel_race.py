@@ -14,7 +14,7 @@ import pytest
 
 from opsplanner.models import Operation, OperationState, TaskState
 from opsplanner.services import resubmission
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from tests.test_resubmissions_shown_and_cancelled import an_original_superseded_on_its_first_host
 from tests.test_superseded_resubmitted import resubmissions_of, withdraw_n_plus_one
 from tests.test_train_service_races import named_threads

@@ -14,7 +14,7 @@ from fleet.services.catalogue import component_version_withdraw
 from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.roles import Role
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from tests.builders import make_fleet
 from tests.driving import drive, instant_simulator
 from tests.test_superseded_resubmitted import (

@@ -44,7 +44,7 @@ from opsplanner.models import (
 )
 from opsplanner.models.operations import FailureCode
 from opsplanner.selectors.invariants import check_invariants
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.run import operations_close_finished

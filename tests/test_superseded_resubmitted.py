@@ -22,7 +22,7 @@ from fleet.services.inventory import compatibility_rule_create
 from opsplanner.models import Event, HostTask, Operation, OperationSource, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.approvals import approval_decide
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from tests.builders import make_fleet, make_version
 from tests.driving import drive, instant_simulator
 from tests.test_offboard_rollback import bios_fix_then_newer_bios

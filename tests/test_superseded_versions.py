@@ -28,7 +28,8 @@ from opsplanner.models import (
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.approvals import approval_decide
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from opsplanner.services.tick.context import task_refs

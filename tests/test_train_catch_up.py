@@ -10,7 +10,7 @@ from fleet.models import Host, HostState, InstalledVersion, Pool
 from opsplanner.models import HostTask, OperationKind, TaskState
 from opsplanner.models.operations import FailureCode
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet

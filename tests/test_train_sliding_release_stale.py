@@ -9,7 +9,7 @@ from fleet.models import Host, HostState, Pool
 from fleet.services.host_changes import host_retire, host_update
 from opsplanner.models import Event, HostTask
 from opsplanner.services.failures import host_failure_report
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from opsplanner.services.simulator import simulated_work_step
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet

@@ -9,7 +9,8 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Pool
 from opsplanner.models import HostTask, Operation, TaskState, WaitingCode
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from opsplanner.services.tick import pool_tick
 from tests.builders import make_fleet
 

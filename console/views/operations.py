@@ -25,7 +25,8 @@ from console.selectors.scope_preview import scope_preview
 from console.web import action_required
 from opsplanner.models import Operation, OperationState, TaskState
 from opsplanner.permissions import Action
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 
 FILTER_FIELDS = ("state", "kind", "source", "pool")
 

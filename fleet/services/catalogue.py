@@ -200,7 +200,7 @@ def _pending_operations_cancel(
     stopped (`stopped`, `stopped_operations_open`). Tasks under way finish; the
     operation then closes cancelled. Not one an offboarding cancelled already. How many tasks were
     cancelled."""
-    from opsplanner.services.operations import operations_cancel
+    from opsplanner.services.operation_cancel import operations_cancel
 
     pending = set(_operations_pending_to(version_ids).values_list("pk", flat=True)) | stopped_operations_open(stopped)
     return sum(operations_cancel(operation_ids=pending, reason=reason, actor=actor).values())

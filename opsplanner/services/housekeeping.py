@@ -12,7 +12,7 @@ from knox.models import AuthToken
 
 from opsplanner import clock
 from opsplanner.models import Event, IdempotencyRecord, Operation, OperationState
-from opsplanner.services.operations import CANCEL_DEFERRED, resubmissions_left_cancel
+from opsplanner.services.operation_cancel import CANCEL_DEFERRED, resubmissions_left_cancel
 from opsplanner.services.tick.context import SUBJECT_OPERATION
 
 

@@ -15,7 +15,7 @@ from fleet.models import ComponentVersion, InstalledVersion, Pool, WithdrawnBy
 from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import Event, HostTask, Operation, OperationState, TaskState
-from opsplanner.services.operations import operations_cancel
+from opsplanner.services.operation_cancel import operations_cancel
 from opsplanner.services.resubmission import superseded_work_resubmit
 from opsplanner.services.rollback import (
     AS_THEY_ARE,

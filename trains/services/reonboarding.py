@@ -15,7 +15,7 @@ from opsplanner import clock
 from opsplanner.events import Actor, event_record
 from opsplanner.models import ApprovalKind, Event, HostTask, Operation, OperationState, TaskState
 from opsplanner.services.approvals import approval_request
-from opsplanner.services.operations import operation_cancel
+from opsplanner.services.operation_cancel import operation_cancel
 from trains.models import Upgrade, UpgradePhase, UpgradeState
 from trains.services.upgrades import SUBJECT
 

@@ -21,7 +21,8 @@ from opsplanner.models import Approval, ApprovalKind, Event, HostTask, Operation
 from opsplanner.permissions import Action
 from opsplanner.scopes import MAX_SCOPE_LENGTH
 from opsplanner.services.approvals import approval_decide
-from opsplanner.services.operations import operation_cancel, operation_submit
+from opsplanner.services.operation_cancel import operation_cancel
+from opsplanner.services.operations import operation_submit
 from trains.services.emergency import emergency_train_request
 from trains.services.reonboarding import upgrade_reonboard_request
 
