@@ -79,7 +79,8 @@ def upgrades_snapshot(pool: Pool) -> list[dict[str, Any]]:
     counted = _in_force_counted(upgrades, in_force)
     picked = {h for u in upgrades for p in phases[u.pk] if p.position <= u.current_phase for h in p.picked_hosts}
     picked |= {h for c in counted.values() for h in c.failed | c.rate_succeeded}
-    names = dict(Host.objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
+    # Retired hosts too: one the phase counted failed live still counts (and the lane has none of its name).
+    names = dict(Host.all_objects.filter(pk__in=picked).values_list("id", "hostname")) if picked else {}
     return [_upgrade_snapshot(u, phases[u.pk], counted[u.pk], names, u.pk not in emptied) for u in upgrades]
 
 

@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import ComponentVersion, Host, Pool
+from fleet.models.hosts import RETIRED
 from fleet.services import installed_version_set
 from opsplanner import clock
 from opsplanner.events import event_record
@@ -234,3 +235,14 @@ def test_the_live_fleets_counts_read_no_carried_hosts_and_plan_as_before(tmp_pat
     with CaptureQueriesContext(connection) as lane_counts:
         assert upgrade_phase_failures(lane, phase) == 1
     assert any("trains_carriedhost" in q["sql"] for q in lane_counts.captured_queries)
+
+
+def test_a_host_the_live_phase_counted_failed_that_was_retired_since_still_counts_in_the_lane(tmp_path: Path) -> None:
+    pool, live = canary_with_a_failed_host(max_failures=1)
+    failed = HostTask.objects.get(operation__visit_link__upgrade=live, state=TaskState.FAILED).host
+    Host.all_objects.filter(pk=failed.pk).update(state=RETIRED)  # the snapshot read its name as a KeyError
+
+    lane, _ = lane_of(pool, live, tmp_path)
+
+    assert list(canary_of(lane).carried_hosts.filter(failed=True).values_list("host_id", flat=True)) == [None]
+    assert upgrade_phase_failures(lane, canary_of(lane)) == 1
