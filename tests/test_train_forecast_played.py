@@ -14,7 +14,7 @@ import pytest
 
 from console.gantt.params import gantt_params
 from console.gantt.rows import gantt_rows
-from fleet.models import Host, Pool
+from fleet.models import Host, HostState, Pool
 from opsplanner import clock
 from opsplanner.models import Event
 from opsplanner.roles import Role
@@ -170,3 +170,47 @@ def test_the_stored_durations_are_played_again_when_an_upgrade_arrives_and_when_
         train_tick(train_id=train.pk)
     assert Visit.objects.get(train=train, domain_id=later[0]).state == VisitState.RUNNING
     assert Cycle.objects.get(pk=cycle.pk).played_s == {str(later[1]): 3000.0}
+
+
+def test_the_stored_durations_follow_a_later_racks_hosts_breaking_and_coming_back() -> None:
+    # Both hosts of the last rack out broken: its visit this cycle has nothing to take (0 s); back
+    # in service, it takes the bios again (1800 s). Neither moves a visit or an upgrade.
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=2, failure_buffer_hosts=3)
+    train = make_train(pool, cycle_slo_s=4 * 3600, visit_estimate_s=60, visit_overhead_s=600)
+    upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+    train_tick(train_id=train.pk)
+    first = Visit.objects.get(train=train, state=VisitState.RUNNING)
+    cycle = Cycle.objects.get(train=train, number=1)
+    last_rack = pool.domains.order_by("-position").first()
+    assert last_rack is not None
+
+    Host.objects.filter(domain=last_rack).update(state=HostState.REPAIR)
+    train_tick(train_id=train.pk)
+    assert Cycle.objects.get(pk=cycle.pk).played_s[str(last_rack.pk)] == 0
+
+    Host.objects.filter(domain=last_rack).update(state=HostState.IN_SERVICE)
+    train_tick(train_id=train.pk)
+    assert Cycle.objects.get(pk=cycle.pk).played_s[str(last_rack.pk)] == VISIT.total_seconds()
+    _, forecast = forecasts_of(train, pool.upgrades.get().pk)
+    cycle_end = dt.datetime.fromisoformat(str(forecast["cycle_end"]))
+    assert abs(cycle_end - (first.started_at + 3 * VISIT)) <= SLACK
+
+
+def test_the_stored_durations_are_played_again_when_an_upgrade_is_replanned() -> None:
+    # Four hosts a rack, two out at once: a visit takes the bios in two waves (3600 s); replanned
+    # to two hosts a visit, the visits to come take one wave (1800 s). No visit starts or ends.
+    from trains.services.replan import upgrade_replan
+
+    instant_simulator()
+    pool, _ = make_fleet(domains=3, hosts_per_domain=4, planned_buffer_hosts=2, failure_buffer_hosts=3)
+    train = make_train(pool, cycle_slo_s=6 * 3600, visit_estimate_s=60, visit_overhead_s=600)
+    bios = upgrade_create(pool=pool, component="bios", version="2.16.0", reason="rollout", duration_s=1200)
+    train_tick(train_id=train.pk)
+    cycle = Cycle.objects.get(train=train, number=1)
+    assert set(cycle.played_s.values()) == {2 * VISIT.total_seconds()}
+
+    upgrade_replan(upgrade_id=bios.pk, actor="ops", multi_cycle=True, hosts_per_visit=2)
+    train_tick(train_id=train.pk)
+
+    assert set(Cycle.objects.get(pk=cycle.pk).played_s.values()) == {VISIT.total_seconds()}

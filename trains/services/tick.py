@@ -124,7 +124,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
     active = _upgrades_policy_step(train, report)
     # The running visits, read once: the steps below only change their plans (in place) and end them.
     running = _RUNNING_VISITS.objects(train_id=train.pk)
-    capacity = pool_capacity(train.pool)  # read once, as the tick began, for the catch-up and the autostop
+    capacity = pool_capacity(train.pool)  # read once, as the tick began: the catch-up, the autostop, the played key
     if train.state == TrainState.RUNNING and capacity.by_state.get(HostState.REPAIR):
         _catch_up_step(train, running, active, report)  # before the visits finish: a failed host may be their last
     running = _finish_visits(train, running, now, report)
@@ -144,7 +144,7 @@ def train_tick(*, train_id: int) -> TrainTickReport:
                 cycle_visits_start(train=train, plans=plans, now=now, events=report.events)
     if train.emergency and emergency_train_finish_if_done(train=train):
         report.events.append("finished")
-    _forecast_step(train, active, now, report)
+    _forecast_step(train, active, capacity, now, report)
     return report
 
 
@@ -521,14 +521,16 @@ def _autostop_step(train: Train, capacity: PoolCapacity, now: dt.datetime, repor
 
 
 # --- 5. forecast ------------------------------------------------------------------------------------
-def _forecast_step(train: Train, active: list[_Active], now: dt.datetime, report: TrainTickReport) -> None:
+def _forecast_step(
+    train: Train, active: list[_Active], capacity: PoolCapacity, now: dt.datetime, report: TrainTickReport
+) -> None:
     # When the domains were last visited: not needed.
     forecasts, visits = trains_forecasts_with_visits([train], now=now, last_visits=False)
     forecast = forecasts[train.pk]
     cycle = forecast.cycle  # the open one
     if cycle is None:
         return
-    key = played_key(train, visits[train.pk].values(), [a.upgrade for a in active])
+    key = played_key(train, visits[train.pk].values(), [a.upgrade for a in active], capacity)
     if key != cycle.played_key:  # its visits to come played again, only when what they depend on changed
         cycle_played_store(train=train, forecast=forecast, visits=visits[train.pk], key=key, now=now)
     if forecast.cycle_end != cycle.forecast_end_at:
