@@ -133,6 +133,8 @@ def test_an_overrunning_visit_raises_the_cycle_alert_before_the_deadline() -> No
     forecast_end = dt.datetime.fromisoformat(alert.data["forecast_end"])
     assert forecast_end == overrun + dt.timedelta(seconds=300) + 2 * VISIT
     assert Cycle.objects.get(pk=cycle.pk).forecast_end_at == forecast_end
+    # The alert names the visit that overran, so an operator knows it is a prediction from it.
+    assert f"the visit of {first.domain.name} runs 5 min past its expected 30 min" in alert.reason
 
 
 def test_an_overdue_visit_is_expected_to_run_on_never_to_end_now() -> None:

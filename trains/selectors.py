@@ -117,7 +117,8 @@ def forecast_times(forecast: TrainForecast, visits: dict[int, Visit], now: dt.da
     forecast.meets_slo = forecast.cycle_end <= cycle.deadline_at
     forecast.miss_cause = ""
     if not forecast.meets_slo:
-        forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for)
+        overruns = _overruns(forecast, visits.values(), now)
+        forecast.miss_cause = _miss_cause(train, visits.values(), seconds, stopped_for, overruns)
 
 
 # An overdue visit (past its expected length) runs on for at least this share of that length more.
@@ -132,16 +133,37 @@ def running_visit_end(visit: Visit, typical_s: float, now: dt.datetime) -> dt.da
     which hid the overrun (the visits after it then looked as if they could start at once, and
     `alert.cycle_will_miss` came only at the deadline). So the forecast end of an overrunning
     visit's cycle moves ahead faster than the clock and crosses the deadline before it does."""
-    started = visit.started_at or now
-    expected_s = float((visit.plan or {}).get("estimate_s") or 0) or typical_s
-    ends = started + dt.timedelta(seconds=expected_s)
+    expected_s, ends = _expected_end(visit, typical_s, now)
     if ends > now:
         return ends
     return now + max(now - ends, dt.timedelta(seconds=OVERDUE_MIN_SHARE * expected_s))
 
 
-def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.timedelta) -> str:
-    causes = []
+def _expected_end(visit: Visit, typical_s: float, now: dt.datetime) -> tuple[float, dt.datetime]:
+    """A running visit's expected length (its plan's estimate, else the typical visit) and end by it."""
+    expected_s = float((visit.plan or {}).get("estimate_s") or 0) or typical_s
+    return expected_s, (visit.started_at or now) + dt.timedelta(seconds=expected_s)
+
+
+def _overruns(forecast: TrainForecast, visits: Iterable[Visit], now: dt.datetime) -> list[str]:
+    """The running visits past their expected end (running_visit_end's overdue ones), said for a miss."""
+    names = {d.domain_id: d.domain for d in forecast.domains}
+    said = []
+    for visit in visits:
+        if visit.state != VisitState.RUNNING:
+            continue
+        expected_s, ends = _expected_end(visit, forecast.visit_seconds, now)
+        if ends < now:
+            over_min = (now - ends).total_seconds() / 60
+            said.append(
+                f"the visit of {names.get(visit.domain_id, visit.domain_id)} runs {over_min:.0f} min past its "
+                f"expected {expected_s / 60:.0f} min, and is forecast to run as long again"
+            )
+    return said
+
+
+def _miss_cause(train: Train, visits: object, seconds: float, stopped_for: dt.timedelta, overruns: list[str]) -> str:
+    causes = list(overruns)
     if train.state in STOPPED_TRAIN_STATES:
         causes.append(f"{train.state} for {stopped_for.total_seconds() / 3600:.1f} h ({train.state_reason})")
     skipped = [v for v in visits if v.skip_reason and v.state == VisitState.PLANNED]  # type: ignore[attr-defined]
