@@ -285,3 +285,23 @@ def test_an_operation_applied_on_one_host_whose_other_install_was_stopped_closes
     operation.refresh_from_db()
     assert operation.state == OperationState.CANCELLED
     assert not Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()
+
+
+def test_an_operation_whose_installs_passed_their_deadline_unclaimed_after_the_withdrawal_closes_cancelled() -> None:
+    # The other install the tick ends not applied (tick/advance.py _never_ran): made ready past the
+    # stop, no executor came before its deadline. It installed nothing either: cancelled, as stopped.
+    pool, operation = adhoc_installs_ready(executor="external")
+    withdrawn_past_the_stop()
+    later = clock.now() + dt.timedelta(days=1)
+    with clock.use_clock(lambda: later):
+        drive(pool, until=lambda: all_in_service(pool))
+
+    assert hosts_running("2.16.0") == set()
+    assert_not_applied(list(operation.tasks.all()), "bios 2.16.0")
+    operation.refresh_from_db()
+    assert operation.state == OperationState.CANCELLED  # it was "completed"
+    cancelled = Event.objects.get(kind="operation.cancelled", subject_id=operation.pk)
+    assert cancelled.data == {NOT_RUN_KEY: NotRunCode.TARGET_WITHDRAWN}
+    late = "execute did not finish within its deadline of 5400 s, never claimed: bios 2.16.0 is withdrawn: bricks NICs"
+    assert cancelled.reason == late
+    assert not Event.objects.filter(kind="operation.completed", subject_id=operation.pk).exists()

@@ -19,7 +19,7 @@ from opsplanner.services.operations import operation_submit, operator_source_ref
 
 
 class Command(BaseCommand):
-    help = "Submit an operation (upgrade, reboot, verification, repair) over a scope of hosts."
+    help = "Submit an ad-hoc operation (upgrade, reboot, verification) over a scope of hosts."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--kind", required=True, choices=OPERATOR_KINDS, help="repairs are the repair flow's own")

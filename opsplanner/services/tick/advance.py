@@ -330,6 +330,13 @@ def _executions_failed(
     it (`NOT_RUN_KEY`, whatever became of the version since), or past its deadline still unclaimed
     with its target withdrawn."""
     never_ran = _never_ran(failed, unclaimed)
+    # Those past their deadline carry no stop's mark (result): marked now, as the stop would have.
+    late = {
+        task.id: f"{reason}, never claimed: {never_ran[task.id]}"
+        for task, result, reason in failed
+        if task.id in never_ran and not result
+    }
+    _late_installs_not_run(ctx, late)
     _not_applied(
         ctx, [task for task, _, _ in failed if task.id in never_ran], never_ran, host_state=HostState.MAINTENANCE
     )
@@ -356,6 +363,20 @@ def _never_ran(failed: list[tuple[TaskRef, dict[str, Any], str]], unclaimed: set
         or (task.id in unclaimed and task.kind == OperationKind.UPGRADE and task.target_withdrawn_at is not None)
     ]
     return {**stopped, **(withdrawn_targets(never_ran) if never_ran else {})}
+
+
+def _late_installs_not_run(ctx: TickContext, late: dict[int, str]) -> None:
+    """Mark the installs that passed their deadline unclaimed, their target withdrawn (`_never_ran`;
+    `late`: by task, why), not run as a stop marks them (`NOT_RUN_KEY`), their reason saying so:
+    their operation then closes cancelled as one whose install was stopped (tick/closing.py,
+    install_stopped_for_withdrawn_target), not completed. A statement per reason, none without one."""
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for task_id, why in late.items():
+        by_reason[why[:500]].append(task_id)
+    for why, task_ids in by_reason.items():
+        WorkItem.objects.filter(
+            host_task_id__in=task_ids, kind=WorkKind.EXECUTE, state=WorkState.FAILED, attempts=0, consumed_at=ctx.now
+        ).update(result={NOT_RUN_KEY: NotRunCode.TARGET_WITHDRAWN}, outcome_reason=why)
 
 
 def _hand_over_or_verify(ctx: TickContext, applied: list[TaskRef]) -> None:
