@@ -392,7 +392,6 @@ def test_a_cycle_forecast_to_miss_its_slo_raises_an_alert_with_the_cause() -> No
         train_tick(train_id=train.pk)
     alert = Event.objects.get(kind="alert.cycle_will_miss")
     assert "after its deadline" in alert.reason
-    # The visit running past what it was expected to take is the cause, said as such.
     assert "the visit of rack-" in alert.reason
     assert "is forecast to run as long again" in alert.reason
 
